@@ -1,0 +1,131 @@
+"""Names → schedule builders, with the constraints each one places on its arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pandas as pd
+
+from sapptk.errors import ScheduleError
+from sapptk.schedules.basic import build_1f1b, build_gpipe, build_seq1f1b
+from sapptk.schedules.interleaved import build_interleaved, build_interleaved_lm
+from sapptk.schedules.program import Program
+
+Builder = Callable[[int, int, int, int], Program]
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """A schedule family: its builder and the arguments it accepts.
+
+    ``chunks``: the allowed chunks per device (None: any >= 1). ``splits``: whether
+    sequence slices (splits > 1) are allowed. ``min_micro_batches(p, v)``: the fewest
+    micro-batches it needs. ``placement``: "line" (virtual stage c·p + s on device s) or
+    "v" (chunk 0 runs devices 0→p−1, chunk 1 back p−1→0).
+    """
+
+    name: str
+    builder: Builder
+    description: str
+    placement: str = "line"
+    chunks: tuple[int, ...] | None = (1,)
+    splits: bool = False
+    split_backward: bool = False
+    min_micro_batches: Callable[[int, int], int] = lambda p, v: 1
+    min_micro_batches_text: str = "m >= 1"
+
+    def check(self, stages: int, micro_batches: int, chunks: int, splits: int) -> None:
+        """Raise :class:`ScheduleError` naming the first constraint the arguments break."""
+        for label, value in (("stages", stages), ("micro_batches", micro_batches),
+                             ("chunks", chunks), ("splits", splits)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ScheduleError(f"{self.name}: {label} = {value!r}: expected an integer >= 1")
+        if self.chunks is not None and chunks not in self.chunks:
+            allowed = " or ".join(map(str, self.chunks))
+            raise ScheduleError(f"{self.name}: chunks = {chunks}: this schedule needs chunks = {allowed}")
+        if splits != 1 and not self.splits:
+            raise ScheduleError(f"{self.name}: splits = {splits}: this schedule has no sequence slices (splits = 1)")
+        need = self.min_micro_batches(stages, chunks)
+        if micro_batches < need:
+            raise ScheduleError(
+                f"{self.name}: micro_batches = {micro_batches} with stages = {stages}: "
+                f"needs {self.min_micro_batches_text} (at least {need})"
+            )
+
+    @property
+    def constraints(self) -> str:
+        chunks = "any" if self.chunks is None else " or ".join(map(str, self.chunks))
+        parts = [f"chunks: {chunks}", self.min_micro_batches_text]
+        parts.append("splits >= 1" if self.splits else "splits = 1")
+        return "; ".join(parts)
+
+
+_REGISTRY: dict[str, ScheduleSpec] = {}
+
+
+def register(spec: ScheduleSpec) -> ScheduleSpec:
+    """Add a schedule family to the registry (names are unique)."""
+    if spec.name in _REGISTRY:
+        raise ValueError(f"schedule {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def get(name: str) -> ScheduleSpec:
+    """The spec of a schedule by name; a clear error listing the names otherwise."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ScheduleError(f"unknown schedule {name!r}; available: {', '.join(_REGISTRY)}") from None
+
+
+def names() -> tuple[str, ...]:
+    """Registered schedule names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def available() -> pd.DataFrame:
+    """One row per schedule: name, description, placement, constraints."""
+    rows = [
+        {
+            "name": s.name,
+            "description": s.description,
+            "placement": s.placement,
+            "chunks": "any" if s.chunks is None else ",".join(map(str, s.chunks)),
+            "splits": s.splits,
+            "split_backward": s.split_backward,
+            "micro_batches": s.min_micro_batches_text,
+            "constraints": s.constraints,
+        }
+        for s in _REGISTRY.values()
+    ]
+    return pd.DataFrame(rows)
+
+
+def build(name: str, *, stages: int, micro_batches: int, chunks: int = 1, splits: int = 1) -> Program:
+    """Build the :class:`Program` of schedule ``name`` for (p, m, v, k).
+
+    Raises :class:`ScheduleError` if the arguments break the schedule's constraints.
+    """
+    spec = get(name)
+    spec.check(stages, micro_batches, chunks, splits)
+    return spec.builder(stages, micro_batches, chunks, splits)
+
+
+register(ScheduleSpec("gpipe", build_gpipe, "GPipe: all forwards, then all backwards"))
+register(ScheduleSpec("1f1b", build_1f1b, "1F1B: p − s − 1 warm-up forwards, then one forward one backward"))
+register(ScheduleSpec(
+    "interleaved", build_interleaved,
+    "Interleaved 1F1B (Megatron virtual pipeline); m mod p handled",
+    chunks=None, min_micro_batches=lambda p, v: p, min_micro_batches_text="m >= p",
+))
+register(ScheduleSpec(
+    "interleaved-lm", build_interleaved_lm,
+    "Less-memory interleaved 1F1B (warm-up v·p − s − 1)",
+    chunks=None, min_micro_batches=lambda p, v: p, min_micro_batches_text="m >= p",
+))
+register(ScheduleSpec(
+    "seq1f1b", build_seq1f1b,
+    "Seq1F1B: 1F1B over k sequence slices per micro-batch", splits=True,
+))
