@@ -1,0 +1,169 @@
+"""The pipeline setup a plan is made for: stages, micro-batches, schedule, budget.
+
+:class:`PipelineConfig` is plain, frozen, picklable data (sweeps send it to other
+processes). It is validated at the boundary by :meth:`PipelineConfig.check`, which raises
+:class:`~sapptk.errors.ConfigError` naming the field, the value and the rule, before any
+program is built or any solver runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from numbers import Real
+from typing import TYPE_CHECKING, Any
+
+from sapptk.errors import ConfigError, ScheduleError
+from sapptk.profile import MODES
+from sapptk.schedules import Program, build, get, names
+
+if TYPE_CHECKING:
+    from sapptk.profile import Profile
+
+__all__ = ["PipelineConfig", "build_program"]
+
+
+@lru_cache(maxsize=256)
+def build_program(schedule: str, stages: int, micro_batches: int, chunks: int, splits: int) -> Program:
+    """The :class:`Program` of a schedule instance, built once per argument tuple.
+
+    Programs are immutable and cache their compiled graph, so sharing them between plans,
+    the solver and the simulator is safe and saves the (linear, but not free) build.
+    """
+    return build(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks, splits=splits)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """One pipeline setup.
+
+    Parameters
+    ----------
+    stages: devices in the pipeline, ``p``.
+    micro_batches: micro-batches per step, ``m`` (at least ``p``).
+    chunks: virtual stages (model chunks) per device, ``v``.
+    schedule: a name from :func:`sapptk.schedules.names`.
+    splits: sequence slices per micro-batch, ``k`` (seq-pipe schedules only).
+    memory_budget: MB available on each device; ``None`` means unlimited.
+    constant_memory: MB every device holds besides parameters and activations.
+    comm: point-to-point latency between devices, ms.
+    recompute: the recompute modes the solver may use. A group may only use the modes
+        that are both listed here and available in the profile; every group needs at
+        least one such mode (``"none"`` is *not* implicitly allowed: listing only
+        ``"full"`` forces full recompute everywhere).
+    """
+
+    stages: int
+    micro_batches: int
+    chunks: int = 1
+    schedule: str = "1f1b"
+    splits: int = 1
+    memory_budget: float | None = None
+    constant_memory: float = 0
+    comm: float = 0
+    recompute: tuple[str, ...] = field(default=MODES)
+
+    def __post_init__(self) -> None:
+        # normalise a list or a single name to a tuple so the config stays hashable
+        rec = self.recompute
+        if isinstance(rec, str):
+            rec = (rec,)
+        elif isinstance(rec, list | set | frozenset):
+            rec = tuple(sorted(rec, key=lambda r: MODES.index(r) if r in MODES else len(MODES)))
+        object.__setattr__(self, "recompute", tuple(rec) if isinstance(rec, tuple) else rec)
+
+    # ------------------------------------------------------------- derived
+    @property
+    def num_virtual_stages(self) -> int:
+        """Virtual stages in the pipeline: ``stages · chunks``."""
+        return self.stages * self.chunks
+
+    def replace(self, **changes: Any) -> PipelineConfig:
+        """A copy with some fields changed."""
+        return replace(self, **changes)
+
+    def program(self) -> Program:
+        """The schedule's :class:`Program` for this setup (cached per (schedule, p, m, v, k))."""
+        self.validate()
+        try:
+            return build_program(self.schedule, self.stages, self.micro_batches, self.chunks, self.splits)
+        except ScheduleError as exc:
+            raise ConfigError(f"schedule = {self.schedule!r}: {exc}") from exc
+
+    @property
+    def split_backward(self) -> bool:
+        """Whether the schedule splits the backward into input- and weight-gradient ops."""
+        return get(self.schedule).split_backward
+
+    # ---------------------------------------------------------- validation
+    def validate(self) -> None:
+        """Check the fields that do not depend on a profile; raise :class:`ConfigError`."""
+        for name in ("stages", "micro_batches", "chunks", "splits"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ConfigError(f"{name} = {value!r}: expected an integer >= 1")
+        if not isinstance(self.schedule, str) or self.schedule not in names():
+            raise ConfigError(f"schedule = {self.schedule!r}: unknown schedule; available: {', '.join(names())}")
+        try:
+            get(self.schedule).check(self.stages, self.micro_batches, self.chunks, self.splits)
+        except ScheduleError as exc:
+            raise ConfigError(f"schedule = {self.schedule!r}: {exc}") from exc
+        if self.micro_batches < self.stages:
+            raise ConfigError(
+                f"micro_batches = {self.micro_batches}: expected at least stages = {self.stages} "
+                "(fewer micro-batches than stages leaves devices idle for the whole step)"
+            )
+        if self.memory_budget is not None and (not _is_number(self.memory_budget) or self.memory_budget <= 0):
+            raise ConfigError(f"memory_budget = {self.memory_budget!r}: expected MB > 0, or None for unlimited")
+        if not _is_number(self.constant_memory) or self.constant_memory < 0:
+            raise ConfigError(f"constant_memory = {self.constant_memory!r}: expected MB >= 0")
+        if not _is_number(self.comm) or self.comm < 0:
+            raise ConfigError(f"comm = {self.comm!r}: expected a latency in ms >= 0")
+        rec = self.recompute
+        if not isinstance(rec, tuple) or not rec or not all(isinstance(r, str) for r in rec):
+            raise ConfigError(f"recompute = {rec!r}: expected a non-empty tuple of mode names from {MODES}")
+        unknown = [r for r in rec if r not in MODES]
+        if unknown:
+            raise ConfigError(f"recompute = {rec!r}: unknown mode {unknown[0]!r}; modes are {', '.join(MODES)}")
+        if len(set(rec)) != len(rec):
+            raise ConfigError(f"recompute = {rec!r}: a mode is listed twice")
+
+    def check(self, profile: Profile, *, allow_empty_stages: bool = False) -> None:
+        """Validate this setup against a profile; raise :class:`ConfigError` on the first problem.
+
+        Beyond :meth:`validate`: every body group needs an allowed mode that the profile
+        provides, and (unless ``allow_empty_stages``) there must be at least one body layer
+        for every virtual stage that holds neither the head nor the tail.
+        """
+        self.validate()
+        body = tuple(profile.body)
+        if not body:
+            raise ConfigError(f"profile {profile.name!r}: no BODY layer group to distribute")
+        for group in body:
+            allowed = [r for r in self.recompute if r in group.modes]
+            if not allowed:
+                raise ConfigError(
+                    f"recompute = {self.recompute!r}: body group {group.name!r} offers only "
+                    f"{tuple(group.modes)}; allow at least one of them"
+                )
+        if not allow_empty_stages:
+            layers = sum(g.count for g in body)
+            ends = {0} if profile.head is not None else set()
+            if profile.tail is not None:
+                ends.add(self.num_virtual_stages - 1)
+            need = self.num_virtual_stages - len(ends)
+            if layers < need:
+                raise ConfigError(
+                    f"stages = {self.stages}, chunks = {self.chunks}: {self.num_virtual_stages} virtual stages "
+                    f"need at least {need} body layers (one per stage without head or tail), "
+                    f"the profile has {layers}; use fewer stages/chunks or allow empty stages"
+                )

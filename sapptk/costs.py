@@ -1,0 +1,358 @@
+"""Per-virtual-stage costs of a layer assignment: the one place where the profile meets the program.
+
+A layer assignment (``counts``) is an integer array of shape
+``(n_body_groups, len(MODES), n_virtual_stages)``: ``counts[g, r, vs]`` layers of body group
+``g`` use recompute mode ``MODES[r]`` on virtual stage ``vs``. The head (if any) lives on
+virtual stage 0, the tail (if any) on the last virtual stage (for V-shaped placements that
+is device 0 again, which the program's placement takes care of).
+
+Integer units
+-------------
+The solver needs integers, and the solver and the simulator must agree exactly. So every
+per-layer figure of the profile is rounded ONCE, here, to an integer number of
+:data:`TIME_UNIT_MS` (1 µs) or :data:`MEMORY_UNIT_MB` (0.001 MB), and both the solver and
+:func:`stage_costs` / :func:`simulate_counts` use the rounded figures. The solver's step
+time therefore equals the simulated one exactly, and the rounded model differs from the raw
+profile by at most 0.5 µs per layer-op and 0.0005 MB per layer and in-flight micro-batch:
+for a 16-stage, 96-layer model that is below 0.1 ms on a step of tens of seconds, far below
+any difference between two plans that matters. Profiles given in whole ms / MB (the usual
+case) are represented exactly.
+
+Split backward
+--------------
+The profile gives one backward time per mode. Schedules with a split backward (their
+programs have ``I`` and ``W`` ops) need the weight-gradient part separately: we take
+``W = WEIGHT_SHARE`` × the layer's backward without recompute (the cheapest backward the
+group offers) and give the input-gradient op ``I`` the rest, including any recompute. For
+schedules without split the weight cost is 0 and ``B`` carries the whole backward, so a
+layer's backward total is the same either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sapptk.errors import ConfigError
+from sapptk.profile import MODES
+from sapptk.simulate import WEIGHT_HOLDS, Simulation, simulate
+
+if TYPE_CHECKING:
+    from sapptk.config import PipelineConfig
+    from sapptk.profile import LayerGroup, Profile
+
+__all__ = [
+    "MEMORY_UNIT_MB",
+    "TIME_UNIT_MS",
+    "WEIGHT_SHARE",
+    "LayerCoefficients",
+    "StageCosts",
+    "check_counts",
+    "even_counts",
+    "layer_coefficients",
+    "memory_units",
+    "peak_memory",
+    "simulate_counts",
+    "stage_costs",
+    "time_units",
+]
+
+TIME_UNIT_MS = 1e-3
+"""The integer time unit, in ms (1 µs)."""
+
+MEMORY_UNIT_MB = 1e-3
+"""The integer memory unit, in MB (0.001 MB)."""
+
+WEIGHT_SHARE = 0.5
+"""Share of a layer's no-recompute backward that is weight-gradient work (``W`` ops)."""
+
+
+def time_units(ms: float) -> int:
+    """ms → integer time units, rounded to nearest (halves up)."""
+    return int(np.floor(float(ms) / TIME_UNIT_MS + 0.5))
+
+
+def memory_units(mb: float) -> int:
+    """MB → integer memory units, rounded to nearest (halves up)."""
+    return int(np.floor(float(mb) / MEMORY_UNIT_MB + 0.5))
+
+
+@dataclass(frozen=True, eq=False)
+class LayerCoefficients:
+    """Integer per-layer costs (time units per micro-batch, memory units) of a profile on a setup.
+
+    Body arrays are indexed ``[g]`` or ``[g, r]`` (``r`` into :data:`MODES`); entries of
+    unavailable modes are 0 and ``available[g, r]`` is False. ``fixed_*`` arrays, indexed
+    by virtual stage, hold the head's and tail's costs where they live.
+
+    ``backward[g, r]`` is the duration of the backward op that carries the recompute: the
+    ``I`` op of a split backward, or the whole ``B``; ``weight[g]`` is the ``W`` part (0
+    without split). A ``B`` op lasts ``backward + weight`` either way.
+    ``overhead[g, r]`` is the backward time above the group's no-recompute backward.
+    """
+
+    group_names: tuple[str, ...]
+    counts: np.ndarray  # (G,) layers per body group
+    available: np.ndarray  # (G, R) bool: the profile offers this mode
+    allowed: np.ndarray  # (G, R) bool: available and listed in config.recompute
+    forward: np.ndarray  # (G,)
+    backward: np.ndarray  # (G, R)
+    weight: np.ndarray  # (G,)
+    overhead: np.ndarray  # (G, R)
+    activation: np.ndarray  # (G, R)
+    params: np.ndarray  # (G,)
+    fixed_forward: np.ndarray  # (nvs,)
+    fixed_backward: np.ndarray
+    fixed_weight: np.ndarray
+    fixed_activation: np.ndarray
+    fixed_params: np.ndarray
+    fixed_layers: np.ndarray  # (nvs,) head/tail layers on each virtual stage (0, 1 or 2)
+    comm: int  # p2p latency, time units
+    constant: int  # constant memory per device, memory units
+    split: bool
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """Shape of a ``counts`` array for this setup."""
+        return (len(self.counts), len(MODES), len(self.fixed_forward))
+
+    def per_stage(self, counts: np.ndarray) -> dict[str, np.ndarray]:
+        """Integer per-virtual-stage totals of an assignment (same formulas the solver uses)."""
+        c = np.asarray(counts, dtype=np.int64)
+        return {
+            "forward": np.einsum("grv,g->v", c, self.forward) + self.fixed_forward,
+            "backward": np.einsum("grv,gr->v", c, self.backward) + self.fixed_backward,
+            "weight": np.einsum("grv,g->v", c, self.weight) + self.fixed_weight,
+            "overhead": np.einsum("grv,gr->v", c, self.overhead),
+            "activation": np.einsum("grv,gr->v", c, self.activation) + self.fixed_activation,
+            "params": np.einsum("grv,g->v", c, self.params) + self.fixed_params,
+        }
+
+
+def _base_backward(group: LayerGroup) -> float:
+    """The group's backward time without recompute: mode "none", else its cheapest mode."""
+    if "none" in group.modes:
+        return float(group.modes["none"].backward)
+    return min(float(mc.backward) for mc in group.modes.values())
+
+
+def layer_coefficients(profile: Profile, config: PipelineConfig) -> LayerCoefficients:
+    """Integer per-layer costs of ``profile`` for ``config``: what the solver and the simulator share."""
+    body = tuple(profile.body)
+    G, R = len(body), len(MODES)
+    split = bool(config.split_backward)
+    nvs = config.num_virtual_stages
+    available = np.zeros((G, R), dtype=bool)
+    forward = np.zeros(G, dtype=np.int64)
+    backward = np.zeros((G, R), dtype=np.int64)
+    weight = np.zeros(G, dtype=np.int64)
+    overhead = np.zeros((G, R), dtype=np.int64)
+    activation = np.zeros((G, R), dtype=np.int64)
+    params = np.zeros(G, dtype=np.int64)
+    for g, group in enumerate(body):
+        forward[g] = time_units(group.forward)
+        params[g] = memory_units(group.params)
+        base = time_units(_base_backward(group))
+        w = time_units(WEIGHT_SHARE * base * TIME_UNIT_MS) if split else 0
+        weight[g] = w
+        for r, mode in enumerate(MODES):
+            mc = group.modes.get(mode) if isinstance(group.modes, Mapping) else None
+            if mc is None:
+                continue
+            available[g, r] = True
+            total = time_units(mc.backward)
+            backward[g, r] = total - w
+            overhead[g, r] = total - base
+            activation[g, r] = memory_units(mc.activation)
+    if (backward < 0).any() or (overhead < 0).any():
+        g, r = np.argwhere((backward < 0) | (overhead < 0))[0]
+        raise ConfigError(
+            f"profile {profile.name!r}: group {body[g].name!r} mode {MODES[r]!r} has a backward shorter "
+            "than the group's no-recompute backward"
+        )
+    allowed = available & np.isin(np.array(MODES), config.recompute)[None, :]
+
+    fixed = {k: np.zeros(nvs, dtype=np.int64) for k in ("f", "b", "w", "a", "p", "n")}
+    for group, vs in ((profile.head, 0), (profile.tail, nvs - 1)):
+        if group is None:
+            continue
+        mc = group.modes.get("none") if "none" in group.modes else next(iter(group.modes.values()))
+        n = int(group.count)
+        total = time_units(mc.backward)
+        w = time_units(WEIGHT_SHARE * total * TIME_UNIT_MS) if split else 0
+        fixed["f"][vs] += n * time_units(group.forward)
+        fixed["b"][vs] += n * (total - w)
+        fixed["w"][vs] += n * w
+        fixed["a"][vs] += n * memory_units(mc.activation)
+        fixed["p"][vs] += n * memory_units(group.params)
+        fixed["n"][vs] += n
+    return LayerCoefficients(
+        group_names=tuple(g.name for g in body),
+        counts=np.array([int(g.count) for g in body], dtype=np.int64),
+        available=available,
+        allowed=allowed,
+        forward=forward,
+        backward=backward,
+        weight=weight,
+        overhead=overhead,
+        activation=activation,
+        params=params,
+        fixed_forward=fixed["f"],
+        fixed_backward=fixed["b"],
+        fixed_weight=fixed["w"],
+        fixed_activation=fixed["a"],
+        fixed_params=fixed["p"],
+        fixed_layers=fixed["n"],
+        comm=time_units(config.comm),
+        constant=memory_units(config.constant_memory),
+        split=split,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class StageCosts:
+    """Per-virtual-stage costs of an assignment, in ms per micro-batch and MB.
+
+    ``forward``, ``backward`` (the op carrying recompute: ``I`` or the whole ``B``),
+    ``weight`` (``W``; 0 without split backward), ``activation`` (MB per in-flight
+    micro-batch), ``params`` (static MB), ``recompute_overhead`` (ms of backward above the
+    no-recompute backward). ``comm`` (ms) and ``constant`` (MB) are the rounded setup values.
+    """
+
+    forward: np.ndarray
+    backward: np.ndarray
+    weight: np.ndarray
+    activation: np.ndarray
+    params: np.ndarray
+    recompute_overhead: np.ndarray
+    comm: float
+    constant: float
+
+    def simulate(self, config: PipelineConfig, **kw: Any) -> Simulation:
+        """Run the config's program with these costs."""
+        return simulate(
+            config.program(),
+            self.forward,
+            self.backward,
+            self.weight,
+            self.activation,
+            self.params,
+            self.comm,
+            constant=self.constant,
+            **kw,
+        )
+
+
+def check_counts(profile: Profile, config: PipelineConfig, counts: Any) -> np.ndarray:
+    """Validate an assignment; return it as an int64 array or raise :class:`ConfigError`.
+
+    Shape ``(body groups, len(MODES), virtual stages)``, non-negative integers, each group's
+    layers summing to its count, only modes the profile offers for the group, and groups
+    contiguous and in model order across the virtual stages.
+    """
+    body = tuple(profile.body)
+    shape = (len(body), len(MODES), config.num_virtual_stages)
+    arr = np.asarray(counts)
+    if arr.shape != shape:
+        raise ConfigError(f"counts: expected shape {shape} (groups, modes, virtual stages), got {arr.shape}")
+    if arr.dtype.kind not in "iu" and (
+        arr.dtype.kind != "f" or not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr))
+    ):
+        raise ConfigError("counts: expected whole numbers of layers")
+    arr = arr.astype(np.int64)
+    if (arr < 0).any():
+        raise ConfigError(f"counts: negative layer count at {tuple(np.argwhere(arr < 0)[0])}")
+    for g, group in enumerate(body):
+        total = int(arr[g].sum())
+        if total != group.count:
+            raise ConfigError(f"counts: group {group.name!r} has {group.count} layers, the assignment places {total}")
+        for r, mode in enumerate(MODES):
+            if mode not in group.modes and arr[g, r].any():
+                raise ConfigError(f"counts: group {group.name!r} does not offer recompute mode {mode!r}")
+    per_group = arr.sum(axis=1)  # (G, nvs)
+    order = per_group.cumsum(axis=1)
+    for g in range(len(body) - 1):
+        # group g+1 may only start on a virtual stage where group g is complete
+        started = order[g + 1] > 0
+        if (started & (order[g] < body[g].count)).any():
+            vs = int(np.flatnonzero(started & (order[g] < body[g].count))[0])
+            raise ConfigError(
+                f"counts: group {body[g + 1].name!r} starts on virtual stage {vs} before group {body[g].name!r} ends"
+            )
+    return arr
+
+
+def stage_costs(profile: Profile, config: PipelineConfig, counts: Any) -> StageCosts:
+    """Per-virtual-stage costs of ``counts`` (validated), in ms and MB, from the rounded figures."""
+    arr = check_counts(profile, config, counts)
+    coef = layer_coefficients(profile, config)
+    tot = coef.per_stage(arr)
+    return StageCosts(
+        forward=tot["forward"] * TIME_UNIT_MS,
+        backward=tot["backward"] * TIME_UNIT_MS,
+        weight=tot["weight"] * TIME_UNIT_MS,
+        activation=tot["activation"] * MEMORY_UNIT_MB,
+        params=tot["params"] * MEMORY_UNIT_MB,
+        recompute_overhead=tot["overhead"] * TIME_UNIT_MS,
+        comm=coef.comm * TIME_UNIT_MS,
+        constant=coef.constant * MEMORY_UNIT_MB,
+    )
+
+
+def simulate_counts(profile: Profile, config: PipelineConfig, counts: Any, **kw: Any) -> Simulation:
+    """Simulate ``counts`` on the config's program (costs from :func:`stage_costs`, its comm and constant)."""
+    return stage_costs(profile, config, counts).simulate(config, **kw)
+
+
+def peak_memory(profile: Profile, config: PipelineConfig, counts: Any) -> np.ndarray:
+    """Peak MB of every device, from the program's live points (equal to the simulator's peak)."""
+    arr = check_counts(profile, config, counts)
+    coef = layer_coefficients(profile, config)
+    program = config.program()
+    tot = coef.per_stage(arr)
+    out = np.zeros(config.stages)
+    for d, pts in enumerate(program.live_points(WEIGHT_HOLDS)):
+        stages = list(program.device_stages[d])
+        static = tot["params"][stages].sum() + coef.constant
+        live = float((pts @ tot["activation"][stages]).max(initial=0.0)) if len(pts) else 0.0
+        out[d] = (static + live) * MEMORY_UNIT_MB
+    return out
+
+
+def even_counts(profile: Profile, config: PipelineConfig, mode: str) -> np.ndarray:
+    """The naive even split with every layer in one recompute mode.
+
+    Body layers (all groups in model order) are cut into ``p·v`` contiguous pieces of
+    ``⌊N/(p·v)⌋`` layers; the ``N mod (p·v)`` extra layers go one each to the virtual
+    stages nearest the middle of the pipeline (the ends carry head and tail). A group
+    that lacks ``mode`` uses its next stronger available mode, else its strongest one.
+    """
+    body = tuple(profile.body)
+    nvs = config.num_virtual_stages
+    total = sum(int(g.count) for g in body)
+    per = np.full(nvs, total // nvs, dtype=np.int64)
+    extra = total - int(per.sum())
+    centre = (nvs - 1) / 2
+    order = sorted(range(nvs), key=lambda vs: (abs(vs - centre), vs))
+    per[order[:extra]] += 1
+    bounds = np.concatenate([[0], np.cumsum(per)])
+    counts = np.zeros((len(body), len(MODES), nvs), dtype=np.int64)
+    start = 0
+    for g, group in enumerate(body):
+        r = _mode_for(group, mode)
+        lo, hi = start, start + int(group.count)
+        counts[g, r] = np.clip(np.minimum(bounds[1:], hi) - np.maximum(bounds[:-1], lo), 0, None)
+        start = hi
+    return counts
+
+
+def _mode_for(group: LayerGroup, mode: str) -> int:
+    if mode not in MODES:
+        raise ConfigError(f"mode = {mode!r}: expected one of {MODES}")
+    for r in range(MODES.index(mode), len(MODES)):
+        if MODES[r] in group.modes:
+            return r
+    return max(MODES.index(r) for r in group.modes)
