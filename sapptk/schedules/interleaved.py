@@ -42,7 +42,8 @@ def _build(name: str, stages: int, micro_batches: int, chunks: int, less_memory:
     devices = []
     for s in range(stages):
         fwd, bwd = _tables(s, stages, chunks, micro_batches)
-        tail = stages - s - 1 if less_memory else 2 * (stages - s - 1)
+        # with one chunk both variants are plain 1F1B (Megatron's non-interleaved path)
+        tail = stages - s - 1 if less_memory or chunks == 1 else 2 * (stages - s - 1)
         devices.append(_one_f_one_b(fwd, bwd, (chunks - 1) * first_group + tail))
     placement = [vs % stages for vs in range(stages * chunks)]
     return make_program(

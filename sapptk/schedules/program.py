@@ -222,33 +222,38 @@ class Program:
         return np.array([pts.sum(axis=1).max(initial=0.0) for pts in self._live_trace(weight_holds)])
 
     def _live_trace(self, weight_holds: float) -> list[np.ndarray]:
+        """Per device, live counts per chunk after the allocations of each allocating unit."""
         g = self.graph
         k = self.splits
-        chunk = np.asarray(self.chunk_of)
+        kind = g.op_kind
+        chunk = np.asarray(self.chunk_of, dtype=np.int64)[g.op_virtual_stage]
+        delta = np.zeros(len(kind))
+        delta[kind == F_CODE] = 1.0 / k
+        delta[kind == B_CODE] = -1.0 / k
+        delta[kind == I_CODE] = -(1.0 - weight_holds) / k
+        delta[kind == W_CODE] = -weight_holds / k
+        alloc = kind == F_CODE
+        # ops are numbered unit by unit and units device by device, in run order; within a
+        # unit allocations come first, so a stable sort on (2*unit + is_free) is chronological
+        order = np.argsort(2 * g.op_unit + (~alloc), kind="stable")
+        width = max(len(s) for s in self.device_stages)
+        steps = np.zeros((len(order), width))
+        steps[np.arange(len(order)), chunk[order]] = delta[order]
+        live = np.cumsum(steps, axis=0)
+        ev_unit = g.op_unit[order]
+        ev_alloc = alloc[order]
+        # a candidate peak: the last allocation event of a unit
+        nxt_same = np.r_[(ev_unit[1:] == ev_unit[:-1]) & ev_alloc[1:], False]
+        cand = ev_alloc & ~nxt_same
+        dev = g.unit_device[ev_unit]
         out = []
         for d in range(self.stages):
-            nchunks = len(self.device_stages[d])
-            live = np.zeros(nchunks)
-            rows = []
-            for u in range(g.unit_ptr[d], g.unit_ptr[d + 1]):
-                ops = range(g.unit_op_ptr[u], g.unit_op_ptr[u + 1])
-                allocated = False
-                for o in ops:
-                    if g.op_kind[o] == F_CODE:
-                        live[chunk[g.op_virtual_stage[o]]] += 1.0 / k
-                        allocated = True
-                if allocated:
-                    rows.append(live.copy())
-                for o in ops:
-                    c = chunk[g.op_virtual_stage[o]]
-                    kind = g.op_kind[o]
-                    if kind == B_CODE:
-                        live[c] -= 1.0 / k
-                    elif kind == I_CODE:
-                        live[c] -= (1.0 - weight_holds) / k
-                    elif kind == W_CODE:
-                        live[c] -= weight_holds / k
-            out.append(np.array(rows).reshape(-1, nchunks))
+            sel = dev == d
+            rows = live[sel]
+            base = live[np.flatnonzero(sel)[0] - 1] if sel.any() and np.flatnonzero(sel)[0] > 0 else 0.0
+            rows = (rows - base)[cand[sel]][:, : len(self.device_stages[d])]
+            rows[np.abs(rows) < 1e-9] = 0.0
+            out.append(rows)
         return out
 
 
@@ -402,18 +407,15 @@ def _compile(program: Program) -> ProgramGraph:
         )
     device_prev = np.arange(n_units, dtype=np.int64) - 1
     device_prev[unit_ptr[:-1][np.array(unit_counts) > 0]] = -1
-    per_unit: list[list[int]] = [[] for _ in range(n_units)]
-    for o, (a, b) in zip(op_unit.tolist(), dep_units.tolist(), strict=True):
-        if a >= 0:
-            per_unit[o].append(a)
-        if b >= 0:
-            per_unit[o].append(b)
-    width = 1 + max((len(x) for x in per_unit), default=0)
+    # scatter each op's two deps into its unit's row: column 1 + 2·(position in unit) + c
+    pos = np.arange(n_ops, dtype=np.int64) - unit_op_ptr[op_unit]
+    width = 1 + 2 * int(sizes.max())
     preds = np.full((n_units, width), n_units, dtype=np.int64)
     preds[:, 0] = np.where(device_prev >= 0, device_prev, n_units)
-    for u, lst in enumerate(per_unit):
-        if lst:
-            preds[u, 1 : 1 + len(lst)] = lst
+    for c in range(2):
+        has = dep_units[:, c] >= 0
+        preds[op_unit[has], 1 + 2 * pos[has] + c] = dep_units[has, c]
+    per_unit = [[x for x in row if x != n_units] for row in preds[:, 1:].tolist()]
     pad_device = np.append(unit_device, -1)
     cross = (preds < n_units) & (pad_device[preds] != unit_device[:, None])
 
