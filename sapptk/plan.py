@@ -1,0 +1,420 @@
+"""A :class:`Plan`: a layer assignment with its provenance, its DataFrame views and its
+MindFormers export/import.
+
+A plan holds ``counts``, an int array ``(body groups, len(MODES), virtual stages)``: how
+many layers of each body group run in each recompute mode on each virtual stage (the head
+sits on virtual stage 0, the tail on the last one). Plans come from the balancer
+(:func:`sapptk.balance.balance`, through :func:`make_plan`), from a naive baseline
+(:func:`even_split`) or from a hand-made MindFormers config (:func:`from_mindformers`).
+The MindFormers format itself lives in :mod:`sapptk.mindformers`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from sapptk import mindformers
+from sapptk.costs import StageCosts, check_counts, simulate_counts, stage_costs
+from sapptk.errors import ConfigError
+from sapptk.profile import MODES
+
+if TYPE_CHECKING:
+    from sapptk.config import PipelineConfig
+    from sapptk.profile import Profile
+    from sapptk.simulate import Simulation
+
+__all__ = ["PLAN_STATUSES", "Plan", "even_layers", "even_split", "from_mindformers", "make_plan"]
+
+PLAN_STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown", "given")
+"""``optimal``/``feasible``: solver results; ``infeasible``/``unknown``: no assignment
+(proved impossible / none found in time); ``given``: fixed by the user or a baseline."""
+
+_SOLVED = ("optimal", "feasible", "given")
+_FIT_TOLERANCE_MB = 1e-6
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """A layer assignment for one profile and pipeline setup.
+
+    Attributes
+    ----------
+    profile, config: what the plan is for.
+    counts: read-only int array (body groups, len(MODES), virtual stages); all zeros when
+        the status is ``infeasible`` or ``unknown``.
+    status: one of :data:`PLAN_STATUSES`.
+    step_time: ms per step: the solver's prediction, or the simulated time of a given plan.
+    bound: the solver's best lower bound on the step time (ms), if any.
+    gap: relative gap ``(step_time − bound) / step_time``, if known.
+    solve_seconds: wall time spent solving.
+    message: free text from whoever made the plan (solver notes, warnings).
+    source: ``"balance"``, ``"even_split(none)"``, ``"mindformers:<name>"``, ...
+    """
+
+    profile: Profile
+    config: PipelineConfig
+    counts: np.ndarray
+    status: str
+    step_time: float | None
+    bound: float | None
+    gap: float | None
+    solve_seconds: float
+    message: str
+    source: str
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def solved(self) -> bool:
+        """Whether the plan holds an assignment (status optimal, feasible or given)."""
+        return self.status in _SOLVED
+
+    def _need_solution(self, what: str) -> None:
+        if not self.solved:
+            raise ConfigError(f"plan from {self.source!r} has status {self.status!r} and no layer assignment: "
+                              f"cannot compute {what}")
+
+    def __repr__(self) -> str:
+        c = self.config
+        step = "None" if self.step_time is None else f"{self.step_time:.6g} ms"
+        return (
+            f"Plan({self.source!r}, status={self.status!r}, step_time={step}, profile={self.profile.name!r}, "
+            f"schedule={c.schedule!r}, p={c.stages}, v={c.chunks}, m={c.micro_batches})"
+        )
+
+    # ------------------------------------------------------------------- costs
+    @cached_property
+    def costs(self) -> StageCosts:
+        """Per-virtual-stage costs of the assignment (:func:`sapptk.costs.stage_costs`)."""
+        self._need_solution("costs")
+        return stage_costs(self.profile, self.config, self.counts)
+
+    def simulate(self, **kw: Any) -> Simulation:
+        """Simulate the plan on its program (:func:`sapptk.costs.simulate_counts`); ``kw`` go to the simulator."""
+        self._need_solution("a simulation")
+        return simulate_counts(self.profile, self.config, self.counts, **kw)
+
+    @cached_property
+    def simulation(self) -> Simulation:
+        """The simulation with default options, computed once."""
+        return self.simulate()
+
+    @property
+    def fits(self) -> bool:
+        """Whether every device's simulated peak memory is within the budget (always, without a budget)."""
+        if not self.solved:
+            return False
+        budget = self.config.memory_budget
+        if budget is None:
+            return True
+        return bool((self.simulation.peak_memory.to_numpy() <= budget + _FIT_TOLERANCE_MB).all())
+
+    # ------------------------------------------------------------------ frames
+    @cached_property
+    def layout(self) -> pd.DataFrame:
+        """Tidy layout: one row per (group, chunk, stage, mode) holding layers, in model order.
+
+        Columns: ``group`` (categorical, body groups in model order), ``chunk``, ``stage``
+        (position of the virtual stage in its chunk's pass, ``virtual_stage − chunk·p``),
+        ``device`` (where it runs; equal to ``stage`` except on V-shaped placements),
+        ``virtual_stage``, ``mode`` (ordered categorical, :data:`MODES` order), ``layers``.
+        """
+        program = self.config.program()
+        p = self.config.stages
+        chunk_of = np.asarray(program.chunk_of, dtype=np.int64)
+        placement = np.asarray(program.placement, dtype=np.int64)
+        g, r, vs = np.nonzero(self.counts)
+        order = np.lexsort((r, g, vs))
+        g, r, vs = g[order], r[order], vs[order]
+        names = [grp.name for grp in self.profile.body]
+        return pd.DataFrame(
+            {
+                "group": pd.Categorical.from_codes(g, dtype=pd.CategoricalDtype(names, ordered=True)),
+                "chunk": chunk_of[vs],
+                "stage": vs - chunk_of[vs] * p,
+                "device": placement[vs],
+                "virtual_stage": vs.astype(np.int64),
+                "mode": pd.Categorical.from_codes(r, dtype=pd.CategoricalDtype(list(MODES), ordered=True)),
+                "layers": self.counts[g, r, vs].astype(np.int64),
+            }
+        )
+
+    @cached_property
+    def stages(self) -> pd.DataFrame:
+        """One row per device, times per micro-batch summed over the device's chunks.
+
+        Columns: ``device``, ``layers`` (body layers), ``params_mb`` (static memory incl.
+        head/tail), ``peak_mb`` (simulated, incl. the constant), ``budget_mb`` (NaN without
+        a budget), ``fits``, ``forward_ms``, ``backward_ms`` (input- and weight-gradient
+        work, recompute included), ``recompute_ms`` (backward time above no recompute).
+        """
+        self._need_solution("per-device figures")
+        costs = self.costs
+        placement = np.asarray(self.config.program().placement)
+        p = self.config.stages
+
+        def per_device(values: np.ndarray) -> np.ndarray:
+            return np.bincount(placement, weights=np.asarray(values, dtype=float), minlength=p)
+
+        peak = self.simulation.peak_memory.to_numpy(dtype=float)
+        budget = self.config.memory_budget
+        budget_mb = np.full(p, np.nan if budget is None else float(budget))
+        fits = np.ones(p, dtype=bool) if budget is None else peak <= float(budget) + _FIT_TOLERANCE_MB
+        return pd.DataFrame(
+            {
+                "device": np.arange(p),
+                "layers": per_device(self.counts.sum(axis=(0, 1))).astype(np.int64),
+                "params_mb": per_device(costs.params),
+                "peak_mb": peak,
+                "budget_mb": budget_mb,
+                "fits": fits,
+                "forward_ms": per_device(costs.forward),
+                "backward_ms": per_device(costs.backward + costs.weight),
+                "recompute_ms": per_device(costs.recompute_overhead),
+            }
+        )
+
+    # ------------------------------------------------------------- MindFormers
+    def to_mindformers(self) -> dict[str, dict[str, list]]:
+        """``{group name: {offset, recompute, select_recompute, select_comm_recompute}}``.
+
+        Always keyed by body group, even for one group (``plan.to_mindformers()[name]`` is
+        then exactly the block MindFormers reads). Lists are ``[chunk][device]``; flat
+        lists when ``chunks = 1``. See :mod:`sapptk.mindformers` for the meaning.
+        """
+        self._need_solution("a MindFormers config")
+        return mindformers.encode(self.profile, self.config.program(), self.counts)
+
+    def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
+        """The MindFormers config as YAML (also written to ``path`` when given).
+
+        One body group: the four keys at the top level, ready to paste into MindFormers.
+        Several: one mapping per group. A comment header records the setup and status;
+        :func:`from_mindformers` reads the text back to the same counts.
+        """
+        data = self.to_mindformers()
+        body = self.profile.body
+        c = self.config
+        header = [
+            f"# sapptk plan for MindFormers: profile {self.profile.name!r}, schedule {c.schedule!r}",
+            f"# pipeline_stage (p) = {c.stages}, pp_interleave_num (v) = {c.chunks}, micro_batch_num = "
+            f"{c.micro_batches}",
+            f"# status {self.status}, step time {_ms(self.step_time)}, source {self.source}",
+            "# lists are [chunk][stage]; offset = layers in the cell - floor(N / (p*v));",
+            "# select_recompute / select_comm_recompute count layers with select / comm, both or full",
+        ]
+        if len(body) == 1:
+            payload: dict[str, Any] = data[body[0].name]
+            header.append(f"# body group {body[0].name!r}: N = {body[0].count}")
+        else:
+            payload = data
+            header.append("# one mapping per body group, offsets relative to floor(N_g / (p*v)): "
+                          + ", ".join(f"{g.name} N = {g.count}" for g in body))
+        text = "\n".join(header) + "\n" + yaml.safe_dump(payload, sort_keys=False, default_flow_style=None, width=1000)
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
+    # ----------------------------------------------------------------- summary
+    def summary(self) -> str:
+        """A short human-readable account: status, step time, gap, bubble, peak vs budget per device."""
+        c = self.config
+        lines = [
+            f"plan {self.source} for {self.profile.name}: {c.schedule}, p={c.stages}, v={c.chunks}, "
+            f"m={c.micro_batches}" + (f", k={c.splits}" if c.splits != 1 else "")
+        ]
+        status = f"status {self.status}"
+        if self.gap is not None:
+            status += f", gap {self.gap:.2%}"
+        if self.bound is not None:
+            status += f", bound {_ms(self.bound)}"
+        if self.solve_seconds:
+            status += f", solved in {self.solve_seconds:.1f} s"
+        lines.append(status)
+        if self.message:
+            lines.append(self.message)
+        if not self.solved:
+            return "\n".join(lines)
+        sim = self.simulation
+        step = f"step time {_ms(self.step_time)}"
+        if self.step_time is None or not math.isclose(self.step_time, sim.step_time, rel_tol=1e-9, abs_tol=1e-6):
+            step += f" (simulated {_ms(sim.step_time)})"
+        lines.append(f"{step}, bubble {sim.bubble.of_compute:.1%} of compute")
+        frame = self.stages
+        budget = c.memory_budget
+        if budget is None:
+            top = int(frame.peak_mb.idxmax())
+            lines.append(f"no memory budget; max peak {frame.peak_mb.max():.0f} MB on device {top}")
+        else:
+            over = int((~frame.fits).sum())
+            verdict = "all devices fit" if over == 0 else f"{over} device(s) over budget"
+            lines.append(f"memory budget {budget:.0f} MB: {verdict}")
+        lines.append("device  layers  peak_mb  of budget")
+        for row in frame.itertuples(index=False):
+            share = "" if budget is None else f"{row.peak_mb / budget:9.1%}" + ("" if row.fits else "  OVER")
+            lines.append(f"{row.device:6d}  {row.layers:6d}  {row.peak_mb:7.0f}  {share}".rstrip())
+        return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f} ms"
+
+
+# --------------------------------------------------------------------------- builders
+def make_plan(
+    profile: Profile,
+    config: PipelineConfig,
+    counts: Any,
+    *,
+    status: str,
+    step_time: float | None = None,
+    bound: float | None = None,
+    gap: float | None = None,
+    solve_seconds: float = 0.0,
+    message: str = "",
+    source: str = "balance",
+) -> Plan:
+    """Build a :class:`Plan`, validating ``counts`` (a read-only copy is kept).
+
+    With status ``infeasible`` or ``unknown``, ``counts`` may be ``None`` (stored as zeros).
+    A ``given`` plan without ``step_time`` is simulated for it.
+    """
+    if status not in PLAN_STATUSES:
+        raise ConfigError(f"status = {status!r}: expected one of {', '.join(PLAN_STATUSES)}")
+    shape = (len(profile.body), len(MODES), config.num_virtual_stages)
+    if status in _SOLVED:
+        if counts is None:
+            raise ConfigError(f"status = {status!r}: expected a layer assignment (counts), got None")
+        arr = np.array(check_counts(profile, config, counts), dtype=np.int64, copy=True)
+    elif counts is None:
+        arr = np.zeros(shape, dtype=np.int64)
+    else:
+        arr = np.array(counts, dtype=np.int64, copy=True)
+        if arr.shape != shape:
+            raise ConfigError(f"counts: expected shape {shape} (groups, modes, virtual stages), got {arr.shape}")
+    arr.setflags(write=False)
+    sim = None
+    if status == "given" and step_time is None:
+        sim = simulate_counts(profile, config, arr)
+        step_time = sim.step_time
+    plan = Plan(
+        profile=profile,
+        config=config,
+        counts=arr,
+        status=status,
+        step_time=None if step_time is None else float(step_time),
+        bound=None if bound is None else float(bound),
+        gap=None if gap is None else float(gap),
+        solve_seconds=float(solve_seconds),
+        message=message,
+        source=source,
+    )
+    if sim is not None:
+        plan.__dict__["simulation"] = sim  # seed the cached property
+    return plan
+
+
+def even_layers(total: int, stages: int, chunks: int) -> np.ndarray:
+    """Layers per cell ``[chunk][device]`` of the naive even split, shape (chunks, stages).
+
+    Every cell gets ⌊N/(p·v)⌋; the ``N mod (p·v)`` extra layers go one each to the devices
+    nearest the middle of the pipeline (ties to the lower device), on the last chunk first,
+    then the one before. For one chunk this is MindFormers' documented example (48 layers
+    on 5 stages: ``offset: [0, 1, 1, 1, 0]``). The ends are avoided because they carry the
+    head and the tail, and the last chunk because it keeps the fewest micro-batches live.
+    """
+    cells = np.full((chunks, stages), total // (stages * chunks), dtype=np.int64)
+    extra = total % (stages * chunks)
+    centre = (stages - 1) / 2
+    devices = sorted(range(stages), key=lambda s: (abs(s - centre), s))
+    for c in reversed(range(chunks)):
+        take = min(extra, stages)
+        cells[c, devices[:take]] += 1
+        extra -= take
+    return cells
+
+
+def even_split(profile: Profile, config: PipelineConfig, recompute: str = "none") -> Plan:
+    """The naive baseline: layers spread evenly (see :func:`even_layers`), every layer in one mode.
+
+    ``recompute`` is a mode name, or ``"strongest"`` for each group's
+    :attr:`~sapptk.profile.LayerGroup.strongest_mode`. Body groups follow each other in
+    model order over the virtual stages. The step time is simulated; status ``"given"``.
+    """
+    body = tuple(profile.body)
+    if recompute != "strongest" and recompute not in MODES:
+        raise ConfigError(f"even_split: recompute = {recompute!r}: expected one of {', '.join(MODES)} or 'strongest'")
+    modes = []
+    for group in body:
+        mode = group.strongest_mode if recompute == "strongest" else recompute
+        if mode not in group.modes:
+            raise ConfigError(
+                f"even_split: recompute = {recompute!r}: profile {profile.name!r} group {group.name!r} has no "
+                f"{mode!r} mode: expected one of its modes {', '.join(group.modes)}"
+            )
+        modes.append(MODES.index(mode))
+    program = config.program()
+    grid = mindformers.cell_grid(program)
+    cells = even_layers(profile.num_body_layers, config.stages, config.chunks)
+    per_vs = np.zeros(program.num_virtual_stages, dtype=np.int64)
+    per_vs[grid] = cells
+    bounds = np.concatenate([[0], np.cumsum(per_vs)])  # layer range of each virtual stage, model order
+    counts = np.zeros((len(body), len(MODES), program.num_virtual_stages), dtype=np.int64)
+    start = 0
+    for g, group in enumerate(body):
+        lo, hi = start, start + group.count
+        counts[g, modes[g]] = np.clip(np.minimum(bounds[1:], hi) - np.maximum(bounds[:-1], lo), 0, None)
+        start = hi
+    return make_plan(profile, config, counts, status="given", source=f"even_split({recompute})")
+
+
+def from_mindformers(
+    profile: Profile,
+    config: PipelineConfig,
+    data: Any,
+    *,
+    name: str | None = None,
+) -> Plan | dict[str, Plan]:
+    """Plans from MindFormers configs (see :mod:`sapptk.mindformers` for every accepted spelling).
+
+    ``data`` is a parsed mapping or a path to a YAML/JSON file. One config gives a
+    :class:`Plan`; a mapping of named configs gives ``{name: Plan}`` in file order, or the
+    one named ``name`` when given. Each plan is simulated (status ``"given"``, source
+    ``"mindformers:<name>"``). ``data`` is not modified.
+    """
+    file: str | None = None
+    if isinstance(data, (str, os.PathLike)):
+        file = os.fspath(data)
+        data = mindformers.load(file)
+    named, configs = mindformers.split_configs(profile, data, file)
+    if name is not None:
+        if not named:
+            raise ConfigError(f"{file or '<data>'}: holds one unnamed config, not named configs: cannot select "
+                              f"{name!r}")
+        if name not in configs:
+            raise ConfigError(f"{file or '<data>'}: no config named {name!r}: expected one of "
+                              f"{', '.join(map(str, configs))}")
+        configs = {name: configs[name]}
+    program = config.program()
+    plans: dict[str, Plan] = {}
+    for key, cfg in configs.items():
+        label = str(key) if key is not None else (Path(file).stem if file else "config")
+        counts = mindformers.decode(profile, program, cfg, file=file, name=None if key is None else str(key))
+        try:
+            check_counts(profile, config, counts)
+        except ConfigError as exc:
+            where = file or "<data>"
+            where += f", config {str(key)!r}" if key is not None else ""
+            raise ConfigError(f"{where}: {exc}") from None
+        plans[label] = make_plan(profile, config, counts, status="given", source=f"mindformers:{label}")
+    if not named or name is not None:
+        return next(iter(plans.values()))
+    return plans
