@@ -55,11 +55,11 @@ __all__ = [
 
 #: Box colour of each op category; later chunks are drawn lighter.
 CATEGORY_COLORS: dict[str, str] = {
-    "forward": "#3A6EA5",
-    "backward": "#D1495B",
-    "input-gradient": "#EE8434",
-    "weight-gradient": "#3E9B5F",
-    "overlapped": "#7B4FA0",
+    "forward": "#3a6ea5",
+    "backward": "#d1495b",
+    "input-gradient": "#ee8434",
+    "weight-gradient": "#3e9b5f",
+    "overlapped": "#7b4fa0",
 }
 _CATEGORIES = tuple(CATEGORY_COLORS)
 _KIND_CATEGORY = {"F": 0, "B": 1, "I": 2, "W": 3}  # op kind -> index into _CATEGORIES
@@ -499,10 +499,10 @@ def stage_bars(plan: Any, *, width: int = 1100) -> UIElement:
     top = float(peak.max(initial=0.0))
     if len(finite):
         if np.allclose(finite, finite[0]):
-            mem.add_layout(Span(location=float(finite[0]), dimension="width", line_color="#D1495B",
+            mem.add_layout(Span(location=float(finite[0]), dimension="width", line_color="#d1495b",
                                 line_dash="dashed", line_width=2, name="budget"))
         else:
-            mem.scatter(x="device", y="budget_mb", source=src, marker="dash", size=30, color="#D1495B",
+            mem.scatter(x="device", y="budget_mb", source=src, marker="dash", size=30, color="#d1495b",
                         line_width=2, legend_label="budget")
         top = max(top, float(finite.max()))
     mem.y_range = Range1d(0, top * 1.15 + 1e-9)
