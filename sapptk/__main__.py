@@ -1,0 +1,7 @@
+"""``python -m sapptk``: the same as the ``sapptk`` command."""
+
+import sys
+
+from sapptk.cli import main
+
+sys.exit(main())

@@ -1,0 +1,238 @@
+"""The ``sapptk`` command: a thin layer over the library.
+
+Commands: ``balance`` (solve a plan, compare with the even splits, optionally write the
+MindFormers YAML and the layout CSV), ``simulate`` (evaluate hand-made MindFormers
+configs), ``schedules`` (list the schedules).
+
+Exit codes: 0 success, 1 no plan found (infeasible, or none within the time limit),
+2 bad input (the message goes to stderr, without a traceback).
+
+Adding a command: write ``_add_<name>(commands)`` that adds a subparser and sets
+``func=<handler>`` (a function ``(args) -> int``), and call it in :func:`build_parser`.
+:func:`add_pipeline_args` and :func:`resolve_profile` are there to share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from sapptk.errors import ConfigError, SapptkError
+from sapptk.profile import MODES, Profile, bundled_profile, load_profile
+
+__all__ = ["add_pipeline_args", "build_parser", "main", "pipeline_config", "resolve_profile"]
+
+_PROFILE_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+# ------------------------------------------------------------------------ shared helpers
+def resolve_profile(text: str) -> Profile:
+    """A profile from a file path, or a bundled profile by name (``llama2_70b``, ``demo``, ...)."""
+    if Path(text).suffix.lower() in _PROFILE_SUFFIXES or Path(text).exists():
+        return load_profile(text)
+    return bundled_profile(text)
+
+
+def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
+    """The pipeline setup options shared by the commands (one value each)."""
+    group = parser.add_argument_group("pipeline")
+    group.add_argument("--stages", "-p", type=int, required=True, help="pipeline stages (devices), p")
+    group.add_argument("--micro-batches", "-m", type=int, required=True, help="micro-batches per step, m")
+    group.add_argument("--chunks", "-v", type=int, default=1, help="model chunks per device, v (default 1)")
+    group.add_argument("--schedule", default="1f1b", help="schedule name, see `sapptk schedules` (default 1f1b)")
+    group.add_argument("--splits", "-k", type=int, default=1, help="sequence slices per micro-batch (seq1f1b)")
+    group.add_argument("--memory", type=float, default=None, metavar="MB", help="memory budget per device, MB")
+    group.add_argument("--constant", type=float, default=0.0, metavar="MB",
+                       help="constant memory per device besides parameters and activations, MB")
+    group.add_argument("--comm", type=float, default=0.0, metavar="MS", help="point-to-point latency, ms")
+
+
+def pipeline_config(args: argparse.Namespace, profile: Profile | None = None):  # -> PipelineConfig
+    """The :class:`~sapptk.config.PipelineConfig` of parsed :func:`add_pipeline_args` options."""
+    from sapptk.config import PipelineConfig
+
+    recompute = tuple(getattr(args, "recompute", None) or MODES)
+    config = PipelineConfig(
+        stages=args.stages,
+        micro_batches=args.micro_batches,
+        chunks=args.chunks,
+        schedule=args.schedule,
+        splits=args.splits,
+        memory_budget=args.memory,
+        constant_memory=args.constant,
+        comm=args.comm,
+        recompute=recompute,
+    )
+    if profile is not None:
+        config.check(profile)
+    else:
+        config.validate()
+    return config
+
+
+def _setup_line(profile: Profile, config) -> str:
+    budget = "no budget" if config.memory_budget is None else f"budget {config.memory_budget:g} MB"
+    k = f" k={config.splits}" if config.splits != 1 else ""
+    return (
+        f"profile {profile.name} ({profile.num_body_layers} body layers), {config.schedule} "
+        f"p={config.stages} v={config.chunks} m={config.micro_batches}{k}, {budget}"
+    )
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+# ------------------------------------------------------------------------------ balance
+def _add_balance(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "balance",
+        help="solve the layer and recompute assignment with the shortest step time",
+        description="Balance layers and recompute over the pipeline with CP-SAT; compare with the even splits.",
+    )
+    parser.add_argument("profile", metavar="PROFILE", help="profile file, or a bundled name (llama2_70b, demo, ...)")
+    add_pipeline_args(parser)
+    parser.add_argument("--recompute", nargs="+", choices=MODES, default=None, metavar="MODE",
+                        help=f"modes the solver may use (default all: {' '.join(MODES)})")
+    parser.add_argument("--time-limit", type=float, default=30.0, metavar="S", help="solver time limit, s (30)")
+    parser.add_argument("--workers", type=int, default=2, help="solver worker threads (2)")
+    parser.add_argument("--seed", type=int, default=0, help="solver random seed (0)")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="write plan.yaml (MindFormers) and layout.csv there")
+    parser.set_defaults(func=_balance)
+
+
+def _baseline_modes(profile: Profile) -> list[str]:
+    """No recompute, and full recompute (or each group's strongest mode when some group lacks full)."""
+    strong = "full" if all("full" in g.modes for g in profile.body) else "strongest"
+    return ["none", strong]
+
+
+def _balance(args: argparse.Namespace) -> int:
+    from sapptk.balance import balance
+    from sapptk.plan import even_split
+
+    profile = resolve_profile(args.profile)
+    config = pipeline_config(args, profile)
+    print(_setup_line(profile, config))
+    plan = balance(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed)
+    print(plan.summary())
+    print()
+    rows = []
+    for mode in _baseline_modes(profile):
+        try:
+            base = even_split(profile, config, mode)
+        except ConfigError as exc:
+            rows.append((f"even_split({mode})", "n/a", "", "", str(exc)))
+            continue
+        ratio = f"{base.step_time / plan.step_time:.2f}" if plan.solved and plan.step_time else ""
+        rows.append((base.source, f"{base.step_time:.1f}", _yes(base.fits), ratio, ""))
+    table = pd.DataFrame(rows, columns=["baseline", "step_ms", "fits", "baseline/plan", "note"])
+    if not table["note"].any():
+        table = table.drop(columns="note")
+    print("compared with the even split (ratio > 1: the plan is faster):")
+    print(table.to_string(index=False))
+    if not plan.solved:
+        print(f"\nno plan: status {plan.status}")
+        return 1
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        plan.to_yaml(args.out / "plan.yaml")
+        plan.layout.to_csv(args.out / "layout.csv", index=False)
+        print(f"\nwrote {args.out / 'plan.yaml'} and {args.out / 'layout.csv'}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- simulate
+def _add_simulate(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "simulate",
+        help="evaluate hand-made MindFormers configs",
+        description="Simulate each config of a MindFormers YAML (one config or named configs).",
+    )
+    parser.add_argument("profile", metavar="PROFILE", help="profile file, or a bundled name (llama2_70b, demo, ...)")
+    parser.add_argument("--config", required=True, type=Path, metavar="YAML", help="MindFormers config file")
+    parser.add_argument("--name", default=None, help="evaluate only the config with this name")
+    add_pipeline_args(parser)
+    parser.set_defaults(func=_simulate)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from sapptk.plan import from_mindformers
+
+    profile = resolve_profile(args.profile)
+    config = pipeline_config(args)
+    plans = from_mindformers(profile, config, args.config, name=args.name)
+    if not isinstance(plans, dict):
+        plans = {plans.source.removeprefix("mindformers:"): plans}
+    rows = []
+    for name, plan in plans.items():
+        sim = plan.simulation
+        peak = sim.peak_memory
+        rows.append(
+            {
+                "name": name,
+                "step_ms": round(sim.step_time, 1),
+                "bubble": f"{sim.bubble.of_compute:.1%}",
+                "max_peak_mb": round(float(peak.max()), 1),
+                "on_device": int(peak.idxmax()),
+                "fits": _yes(plan.fits),
+            }
+        )
+    print(_setup_line(profile, config))
+    print(pd.DataFrame(rows).to_string(index=False))
+    print("bubble: idle time over busy time, all devices")
+    return 0
+
+
+# ---------------------------------------------------------------------------- schedules
+def _add_schedules(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("schedules", help="list the available schedules")
+    parser.set_defaults(func=_schedules)
+
+
+def _schedules(args: argparse.Namespace) -> int:
+    from sapptk.schedules import available
+
+    table = available()
+    print(table[["name", "description", "constraints"]].to_string(index=False))
+    return 0
+
+
+# --------------------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every command."""
+    parser = argparse.ArgumentParser(
+        prog="sapptk",
+        description="Plan pipeline-parallel training: balance layers and recompute, simulate schedules.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_balance(commands)
+    _add_simulate(commands)
+    _add_schedules(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (0 ok, 1 no plan, 2 bad input)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2), already printed
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        return args.func(args)
+    except SapptkError as exc:
+        print(f"sapptk {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"sapptk {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
