@@ -49,7 +49,8 @@ Results:
 ``peak_mb_max``, ``peak_mb``
     the simulated peak memory of the fullest device, and per device (a list).
 ``recompute_ms``
-    backward time added by recompute per step, summed over the devices.
+    device time spent recomputing per step: the backward time above no recompute,
+    summed over devices and micro-batches (0 when no layer recomputes).
 ``solve_seconds``
     wall time of the point (solve and simulation), in seconds.
 ``error``
@@ -183,10 +184,10 @@ def expand_grid(grid: Mapping[str, Any] | Iterable[PipelineConfig | Mapping[str,
     :class:`~sapptk.errors.ConfigError`.
     """
     if isinstance(grid, Mapping):
-        fields = _fields_of(grid, "grid")  # checks the names
-        names = list(fields)
-        axes = [_axis(name, fields[name]) for name in names]
-        return [dict(zip(names, combo, strict=True)) for combo in product(*axes)]
+        fixed = _fields_of(grid, "grid")  # checks the names, fills the defaults
+        names = list(grid)
+        axes = [_axis(name, grid[name]) for name in names]
+        return [{**fixed, **dict(zip(names, combo, strict=True))} for combo in product(*axes)]
     if isinstance(grid, str | bytes) or not isinstance(grid, Iterable):
         raise ConfigError(f"grid: expected a mapping of field -> values or a list of configs, got {grid!r}")
     return [_fields_of(item, f"grid[{i}]") for i, item in enumerate(grid)]
@@ -291,7 +292,7 @@ def plan_row(plan: Any) -> Result:
         bubble_of_step=float(sim.bubble.of_step),
         peak_mb=peaks,
         peak_mb_max=max(peaks, default=math.nan),
-        recompute_ms=float(stages["recompute_ms"].sum()) if "recompute_ms" in stages else math.nan,
+        recompute_ms=float(stages["recompute_ms"].sum()) * plan.config.micro_batches,
     )
     return row
 

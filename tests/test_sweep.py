@@ -1,0 +1,279 @@
+"""Sweeps: grids, keys, the frame, the cache (resume after an interrupt), executors, plots, CLI.
+
+The machinery is tested with small stand-in solve functions (fast, countable); the
+executor equivalence, invalid and infeasible rows, and the resume test also run the real
+balancer on small problems (demo profile, 4 stages, 8 micro-batches).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from sapptk.config import PipelineConfig
+from sapptk.errors import ConfigError, SapptkError
+from sapptk.profile import MODES, bundled_profile
+from sapptk.sweep import (
+    COLUMNS,
+    STATUSES,
+    _profile_of,
+    best,
+    default_workers,
+    expand_grid,
+    point_key,
+    read_cache,
+    solve_point,
+    sweep,
+)
+
+DEMO = bundled_profile("demo")
+SMALL = {"stages": [4], "micro_batches": [8]}
+
+
+# ------------------------------------------------------------------ stand-in solvers
+CALLS: list[dict[str, Any]] = []
+
+
+def fake_solve(task: dict[str, Any]) -> dict[str, Any]:
+    """A solver stand-in: validates like the real one, then a closed-form 'plan'."""
+    CALLS.append(task["config"])
+    try:
+        profile = _profile_of(task)
+        config = PipelineConfig(**task["config"])
+        config.check(profile)
+    except SapptkError as exc:
+        return {"status": "invalid", "error": str(exc)}
+    if config.memory_budget is not None and config.memory_budget < 10_000:
+        return {"status": "infeasible", "error": "budget below the parameters"}
+    step = 3.0 * (config.micro_batches + config.stages - 1) / config.chunks
+    peaks = [1000.0 + 10 * d + config.chunks for d in range(config.stages)]
+    return {
+        "status": "optimal", "step_time_ms": step, "bound_ms": step, "gap": 0.0,
+        "bubble_of_compute": (config.stages - 1) / config.micro_batches, "bubble_of_step": 0.1,
+        "peak_mb": peaks, "peak_mb_max": max(peaks), "recompute_ms": 0.0,
+    }
+
+
+class Interrupt(KeyboardInterrupt):
+    pass
+
+
+STOP_AFTER = [math.inf]
+
+
+def interrupting_solve(task: dict[str, Any]) -> dict[str, Any]:
+    """``fake_solve`` that raises KeyboardInterrupt once STOP_AFTER points are done."""
+    if len(CALLS) >= STOP_AFTER[0]:
+        raise Interrupt
+    return fake_solve(task)
+
+
+def failing_solve(task: dict[str, Any]) -> dict[str, Any]:
+    if task["config"]["stages"] == 8:
+        raise RuntimeError("boom")
+    return fake_solve(task)
+
+
+def dying_solve(task: dict[str, Any]) -> dict[str, Any]:
+    os._exit(3)
+
+
+def counting_solve(task: dict[str, Any]) -> dict[str, Any]:
+    """The real solver, counted (serial runs only)."""
+    CALLS.append(task["config"])
+    return solve_point(task)
+
+
+@pytest.fixture(autouse=True)
+def _reset_calls() -> None:
+    CALLS.clear()
+    STOP_AFTER[0] = math.inf
+
+
+def _outputs(frame: pd.DataFrame) -> pd.DataFrame:
+    """Everything but the wall time."""
+    return frame.drop(columns=["solve_seconds"])
+
+
+# --------------------------------------------------------------------------- grids
+def test_grid_is_the_product_last_field_fastest() -> None:
+    points = expand_grid({"stages": [4, 8], "micro_batches": [8, 16], "schedule": "1f1b"})
+    assert [(p["stages"], p["micro_batches"]) for p in points] == [(4, 8), (4, 16), (8, 8), (8, 16)]
+    assert all(p["schedule"] == "1f1b" and p["chunks"] == 1 and p["recompute"] == MODES for p in points)
+    assert len(expand_grid({"stages": range(2, 6), "micro_batches": (8, 16)})) == 8
+
+
+def test_grid_recompute_list_is_an_axis_tuple_is_one_set() -> None:
+    axis = expand_grid({**SMALL, "recompute": ["none", ("none", "full")]})
+    assert [p["recompute"] for p in axis] == ["none", ("none", "full")]
+    one = expand_grid({**SMALL, "recompute": ("none", "full")})
+    assert [p["recompute"] for p in one] == [("none", "full")]
+
+
+def test_grid_of_explicit_points() -> None:
+    points = expand_grid([PipelineConfig(4, 8, schedule="gpipe"), {"stages": 2, "micro_batches": 4}])
+    assert points[0]["schedule"] == "gpipe" and points[1]["stages"] == 2 and points[1]["schedule"] == "1f1b"
+
+
+@pytest.mark.parametrize(
+    ("grid", "match"),
+    [
+        ({"stages": [4], "micro_batches": [8], "stage": [1]}, "unknown field 'stage'"),
+        ({"micro_batches": [8]}, "'stages' is required"),
+        ([{"stages": 4}], r"grid\[0\]: field 'micro_batches' is required"),
+        ("1f1b", "expected a mapping"),
+    ],
+)
+def test_grid_errors_name_the_problem(grid: Any, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        expand_grid(grid)
+
+
+def test_keys_ignore_spelling_but_not_content() -> None:
+    base = expand_grid({**SMALL, "memory_budget": 40000, "recompute": ("full", "none")})[0]
+    same = {**base, "memory_budget": 40000.0, "recompute": ("none", "full")}
+    opts = {"time_limit": 5.0, "seed": 0, "deterministic": True}
+    key = point_key("demo", "abc", base, opts)
+    assert point_key("demo", "abc", same, opts) == key
+    assert point_key("demo", "abd", base, opts) != key  # profile content
+    assert point_key("demo", "abc", {**base, "chunks": 2}, opts) != key
+    assert point_key("demo", "abc", base, {**opts, "time_limit": 6.0}) != key
+
+
+def test_default_workers_do_not_oversubscribe() -> None:
+    assert default_workers(1, cores=2) == 2
+    assert default_workers(2, cores=2) == 1
+    assert default_workers(4, cores=2) == 1
+    assert default_workers(3, cores=16) == 5
+    assert default_workers(1, cores=64) == 8  # capped
+
+
+# --------------------------------------------------------------------------- frame
+GRID = {
+    "stages": [4, 8],
+    "micro_batches": [8, 16],
+    "chunks": [1, 2],
+    "schedule": ["1f1b", "interleaved"],
+    "memory_budget": [5000, 40000, None],
+}
+
+
+def test_frame_one_typed_row_per_point_in_grid_order() -> None:
+    df = sweep(DEMO, GRID, solve=fake_solve, progress=False)
+    assert list(df.columns) == list(COLUMNS)
+    assert len(df) == 2 * 2 * 2 * 2 * 3
+    for col in ("profile", "schedule", "status", "recompute"):
+        assert isinstance(df[col].dtype, pd.CategoricalDtype), col
+    assert list(df["status"].cat.categories) == list(STATUSES)
+    assert list(df["schedule"].cat.categories) == ["1f1b", "interleaved"]
+    assert df["stages"].dtype == "int64" and df["memory_budget_mb"].dtype == "float64"
+    assert df["memory_budget_mb"].isna().sum() == 16  # unlimited
+    assert df["recompute"].iloc[0] == ",".join(MODES)
+    # invalid combinations and infeasible budgets are rows with a reason
+    invalid = df[df["status"] == "invalid"]
+    assert len(invalid) == 12 and (invalid["schedule"] == "1f1b").all() and (invalid["chunks"] == 2).all()
+    assert invalid["error"].str.contains("chunks = 2").all()
+    assert (df.loc[df["status"] == "infeasible", "memory_budget_mb"] == 5000).all()
+    ok = df[df["status"] == "optimal"]
+    assert ok["error"].isna().all() and ok["peak_mb"].map(len).eq(ok["stages"]).all()
+    assert (ok["peak_mb_max"] == ok["peak_mb"].map(max)).all()
+    # grid order: the last field varies fastest
+    assert df["memory_budget_mb"].iloc[:3].fillna(-1).tolist() == [5000, 40000, -1]
+
+
+def test_several_profiles_and_duplicate_points() -> None:
+    llama = bundled_profile("llama2_70b")
+    grid = [{"stages": 4, "micro_batches": 8, "memory_budget": b} for b in (40000, 40000.0)]
+    df = sweep({"a": DEMO, "b": llama}, grid, solve=fake_solve, progress=False)
+    assert df["profile"].tolist() == ["a", "a", "b", "b"]
+    assert list(df["profile"].cat.categories) == ["a", "b"]
+    assert len(CALLS) == 2  # one solve per distinct point
+
+
+def test_solver_failures_become_error_rows() -> None:
+    df = sweep(DEMO, {"stages": [4, 8], "micro_batches": [8]}, solve=failing_solve, progress=False)
+    assert df["status"].tolist() == ["optimal", "error"]
+    assert "RuntimeError: boom" in df["error"].iloc[1]
+
+
+def test_dead_worker_process_gives_error_rows() -> None:
+    df = sweep(DEMO, {"stages": [4, 8], "micro_batches": [8]}, solve=dying_solve, executor="processes",
+               progress=False)
+    assert (df["status"] == "error").all() and df["error"].str.contains("BrokenProcessPool|terminated").all()
+
+
+def test_best_per_budget() -> None:
+    df = sweep(DEMO, GRID, solve=fake_solve, progress=False)
+    top = best(df)  # 5000 MB has no plan; unlimited (NaN) comes last
+    assert top["memory_budget_mb"].fillna(-1).tolist() == [40000.0, -1]
+    assert top["step_time_ms"].tolist() == [16.5, 16.5]  # 4 stages, 8 micro-batches, 2 chunks
+    assert (top[["stages", "chunks"]].to_numpy() == [4, 2]).all()
+    per_schedule = best(df, by=["schedule", "stages"])
+    assert len(per_schedule) == 4 and per_schedule["status"].eq("optimal").all()
+
+
+def test_bad_arguments_raise_before_solving() -> None:
+    with pytest.raises(ConfigError, match="executor"):
+        sweep(DEMO, SMALL, solve=fake_solve, executor="threads", progress=False)
+    with pytest.raises(ConfigError, match="time_limit"):
+        sweep(DEMO, SMALL, solve=fake_solve, time_limit=0, progress=False)
+    assert not CALLS
+
+
+# --------------------------------------------------------------------------- cache
+def test_cache_resumes_after_an_interrupt(tmp_path: Path) -> None:
+    cache = tmp_path / "sweep.parquet"
+    STOP_AFTER[0] = 10
+    with pytest.raises(KeyboardInterrupt):
+        sweep(DEMO, GRID, solve=interrupting_solve, cache=cache, progress=False)
+    assert len(read_cache(cache)) == 10  # every finished point was written
+    CALLS.clear()
+    STOP_AFTER[0] = math.inf
+    df = sweep(DEMO, GRID, solve=interrupting_solve, cache=cache, progress=False)
+    assert len(CALLS) == 48 - 10
+    CALLS.clear()
+    again = sweep(DEMO, GRID, solve=fake_solve, cache=cache, progress=False)
+    assert not CALLS
+    pd.testing.assert_frame_equal(_outputs(df), _outputs(again))
+    fresh = sweep(DEMO, GRID, solve=fake_solve, progress=False)
+    pd.testing.assert_frame_equal(_outputs(df), _outputs(fresh))
+    assert len(list(cache.glob("part-*.parquet"))) == 1  # compacted after a complete sweep
+
+
+def test_cache_grows_with_the_grid_and_keeps_dtypes(tmp_path: Path) -> None:
+    cache = tmp_path / "c"
+    half = {**GRID, "memory_budget": [5000, 40000]}
+    sweep(DEMO, half, solve=fake_solve, cache=cache, progress=False)
+    assert len(CALLS) == 32
+    CALLS.clear()
+    df = sweep(DEMO, GRID, solve=fake_solve, cache=cache, progress=False)
+    assert len(CALLS) == 16  # only the new budget
+    CALLS.clear()
+    sweep(DEMO, GRID, solve=fake_solve, cache=cache, time_limit=5, progress=False)
+    assert len(CALLS) == 48  # another time limit is another point
+    raw = pd.read_parquet(cache)
+    assert len(raw) == 96 and isinstance(raw["status"].dtype, pd.CategoricalDtype)
+    stored = read_cache(cache)
+    assert list(stored.columns) == list(COLUMNS)
+    same = stored.set_index("key").loc[df["key"]].reset_index()[list(COLUMNS)]
+    pd.testing.assert_frame_equal(_outputs(same), _outputs(df), check_categorical=False)
+
+
+def test_error_rows_are_not_cached(tmp_path: Path) -> None:
+    grid = {"stages": [4, 8], "micro_batches": [8]}
+    sweep(DEMO, grid, solve=failing_solve, cache=tmp_path, progress=False)
+    CALLS.clear()
+    df = sweep(DEMO, grid, solve=fake_solve, cache=tmp_path, progress=False)
+    assert len(CALLS) == 1 and df["status"].tolist() == ["optimal", "optimal"]
+
+
+def test_cache_must_be_a_directory(tmp_path: Path) -> None:
+    file = tmp_path / "x.parquet"
+    file.write_text("")
+    with pytest.raises(SapptkError, match="directory"):
+        sweep(DEMO, SMALL, solve=fake_solve, cache=file, progress=False)
