@@ -1,0 +1,930 @@
+"""Layer profiles: what one layer of each group costs, in every recompute mode.
+
+A :class:`Profile` is the model as the balancer sees it: an ordered tuple of
+:class:`LayerGroup` (an optional head, one or more bodies, an optional tail). Each group
+knows its forward time, its static memory and, per available recompute mode, the
+backward time and activation memory of one layer for one micro-batch.
+
+Units are fixed here, once: times in **ms**, memory in **MB** (10**6 bytes).
+
+Two input formats are read, from ``.json``, ``.yaml`` or ``.yml`` files or from plain
+dicts:
+
+* the *SAPP layer JSON* users already have (a ``layers_description`` list), with its
+  defaulting rules for backward times (see :func:`_sapp_group`);
+* our own ``sapptk-profile/1`` (a ``groups`` list), explicit about everything; this is
+  what :meth:`Profile.to_yaml` writes.
+
+Validation happens here, at the boundary: every problem raises
+:class:`~sapptk.errors.ProfileError` naming the file, the layer group, the field, the
+value given and what was expected. Input mappings are never mutated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, NoReturn
+
+import yaml
+
+from sapptk.errors import ProfileError
+
+__all__ = [
+    "DEFAULT_COEFS",
+    "FORMAT",
+    "GROUP_KINDS",
+    "MODES",
+    "LayerGroup",
+    "ModeCost",
+    "ModeTable",
+    "Profile",
+    "bundled_profile",
+    "bundled_profiles",
+    "load_profile",
+]
+
+MODES: tuple[str, ...] = ("none", "select", "comm", "both", "full")
+"""Recompute modes, from the weakest memory saving to the strongest."""
+
+GROUP_KINDS: tuple[str, ...] = ("head", "body", "tail")
+
+FORMAT = "sapptk-profile/1"
+UNITS: Mapping[str, str] = MappingProxyType({"time": "ms", "memory": "MB"})
+
+DEFAULT_COEFS: Mapping[str, float] = MappingProxyType(
+    {"none": 0.0, "select": 0.04, "comm": 0.125, "both": 0.165, "full": 0.5}
+)
+"""SAPP defaults: backward of mode r is (1 + coef_r) * 2 * time unless given explicitly."""
+
+MAX_FILE_BYTES = 8 * 1024 * 1024
+"""Profiles are a few KB; anything above this is refused before parsing."""
+
+MAX_YAML_ALIASES = 100
+"""YAML alias (``*name``) uses allowed per document; nested aliases are always refused."""
+
+# --- SAPP layer JSON vocabulary (domain.md §2) ---------------------------------------
+_SAPP_MEMORY_KEYS = {
+    "none": "memory_activation",
+    "select": "memory_select_rec",
+    "comm": "memory_select_comm",
+    "both": "memory_both_comm_select",
+    "full": "memory_recompute",
+}
+_SAPP_TIME_KEYS = {
+    "none": "backward_time",
+    "select": "select_rec_time",
+    "comm": "select_comm_time",
+    "both": "both_comm_select_time",
+    "full": "recompute_time",
+}
+_SAPP_COEF_KEYS = {
+    "none": "backward_coef",
+    "select": "select_rec_coef",
+    "comm": "select_comm_coef",
+    "both": "both_comm_select_coef",
+    "full": "recompute_coef",
+}
+_SAPP_TYPES = {"HEAD": "head", "BODY": "body", "TAIL": "tail"}
+_SAPP_KNOWN_KEYS = frozenset(
+    {"name", "model_name", "type", "nb_layer", "time", "forward_time", "memory_parameter"}
+    | set(_SAPP_MEMORY_KEYS.values())
+    | set(_SAPP_TIME_KEYS.values())
+    | set(_SAPP_COEF_KEYS.values())
+)
+
+# --- our format's vocabulary -----------------------------------------------------------
+_OWN_TOP_KEYS = ("format", "name", "units", "groups", "description")
+_OWN_GROUP_KEYS = ("name", "kind", "count", "forward", "params", "modes")
+_OWN_MODE_KEYS = ("backward", "activation")
+
+_MISSING: Any = object()
+
+
+# --- small validation helpers ------------------------------------------------------------
+def _show(value: Any) -> str:
+    """A short, unambiguous rendering of a user value for error messages."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return text
+
+
+def _fail(where: str, field_name: str | None, value: Any, expected: str) -> NoReturn:
+    """Raise the one error shape: ``<where>: field '<f>' = <value>: expected <what>``."""
+    if field_name is None:
+        raise ProfileError(f"{where} = {_show(value)}: expected {expected}")
+    if value is _MISSING:
+        raise ProfileError(f"{where}: field {field_name!r} is missing: expected {expected}")
+    raise ProfileError(f"{where}: field {field_name!r} = {_show(value)}: expected {expected}")
+
+
+def _number(value: Any, where: str, field_name: str, *, above: float | None = None) -> float:
+    """A finite real number >= 0 (or > ``above`` when given), as a float. Bools refused."""
+    expected = "a number >= 0" if above is None else f"a number > {above:g}"
+    if value is _MISSING:
+        _fail(where, field_name, value, expected)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        _fail(where, field_name, value, expected)
+    number = float(value)
+    if not math.isfinite(number):
+        _fail(where, field_name, value, f"a finite {expected[2:]}")
+    if (above is None and number < 0) or (above is not None and number <= above):
+        _fail(where, field_name, value, expected)
+    return number
+
+
+def _count(value: Any, where: str, field_name: str) -> int:
+    """An integer >= 1; integral floats such as ``96.0`` are accepted. Bools refused."""
+    expected = "an integer >= 1"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        _fail(where, field_name, value, expected)
+    if isinstance(value, numbers.Integral):
+        number = int(value)
+    else:
+        as_float = float(value)
+        if not math.isfinite(as_float) or not as_float.is_integer():
+            _fail(where, field_name, value, expected)
+        number = int(as_float)
+    if number < 1:
+        _fail(where, field_name, value, expected)
+    return number
+
+
+def _name(value: Any, where: str, field_name: str = "name") -> str:
+    """A non-empty string."""
+    if not isinstance(value, str) or not value.strip():
+        _fail(where, field_name, value, "a non-empty string")
+    return value
+
+
+def _check_layout(
+    kinds: Sequence[str],
+    names: Sequence[str],
+    wheres: Sequence[str],
+    shown_kinds: Sequence[Any],
+    kind_field: str,
+    prefix: str,
+    list_name: str,
+) -> None:
+    """Whole-profile rules: unique names, >= 1 body, at most one head/tail, at the ends.
+
+    Positions are given as ``<list_name>[i]`` (0-based), as the user's file spells them.
+    """
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            _fail(
+                wheres[i],
+                "name",
+                name,
+                f"a unique name ({list_name}[{seen[name]}] already uses it; this is "
+                f"{list_name}[{i}])",
+            )
+        seen[name] = i
+    n = len(kinds)
+    if "body" not in kinds:
+        body = "'BODY'" if kind_field == "type" else "'body'"
+        raise ProfileError(
+            f"{prefix}no body group among {n} group(s): expected at least one group with "
+            f"{kind_field} {body}"
+        )
+    for kind, end, position in (("head", "first", 0), ("tail", "last", n - 1)):
+        where_kind = [i for i, k in enumerate(kinds) if k == kind]
+        if len(where_kind) > 1:
+            second = where_kind[1]
+            _fail(
+                wheres[second],
+                kind_field,
+                shown_kinds[second],
+                f"at most one {kind} group ({list_name}[{where_kind[0]}] is one already)",
+            )
+        if where_kind and where_kind[0] != position:
+            i = where_kind[0]
+            _fail(
+                wheres[i],
+                kind_field,
+                shown_kinds[i],
+                f"the {kind} to be the {end} group (it is {list_name}[{i}] of {n})",
+            )
+
+
+# --- the data types ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModeCost:
+    """Cost of one layer for one micro-batch in one recompute mode.
+
+    ``backward`` (ms) includes the recompute; ``activation`` (MB) is what stays live per
+    in-flight micro-batch between its forward and its backward.
+    """
+
+    backward: float
+    activation: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backward", _number(self.backward, "ModeCost", "backward"))
+        object.__setattr__(
+            self, "activation", _number(self.activation, "ModeCost", "activation")
+        )
+
+
+class ModeTable(Mapping[str, ModeCost]):
+    """Read-only ``{mode: ModeCost}`` in :data:`MODES` order; hashable and picklable.
+
+    Used instead of :class:`types.MappingProxyType`, which can be neither pickled (sweeps
+    send profiles to worker processes) nor deep-copied (``dataclasses.asdict``).
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self, modes: Mapping[str, ModeCost] | None = None) -> None:
+        given = dict(modes or {})
+        unknown = [m for m in given if m not in MODES]
+        if unknown:
+            raise ProfileError(
+                f"ModeTable: unknown mode {_show(unknown[0])}: expected one of {', '.join(MODES)}"
+            )
+        for mode, cost in given.items():
+            if not isinstance(cost, ModeCost):
+                _fail(f"ModeTable: mode {mode!r}", None, cost, "a ModeCost")
+        ordered = {m: given[m] for m in MODES if m in given}
+        object.__setattr__(self, "_data", MappingProxyType(ordered))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("ModeTable is read-only")
+
+    def __getitem__(self, mode: str) -> ModeCost:
+        return self._data[mode]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._data.items()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ModeTable, (dict(self._data),))
+
+    def __repr__(self) -> str:
+        return f"ModeTable({dict(self._data)!r})"
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """``count`` consecutive identical layers: their costs per layer per micro-batch.
+
+    ``forward`` (ms) is the same in every mode; ``params`` (MB per layer) is static
+    memory: weights, gradients and this device's optimizer share. ``modes`` holds the
+    available recompute modes only. A head or tail given no modes gets
+    ``{"none": ModeCost(backward=2 * forward, activation=0)}``; a body needs at least one.
+    """
+
+    name: str
+    kind: str
+    count: int
+    forward: float
+    params: float
+    modes: Mapping[str, ModeCost] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        where = f"layer group {self.name!r}"
+        _name(self.name, "layer group", "name")
+        if self.kind not in GROUP_KINDS:
+            _fail(where, "kind", self.kind, f"one of {', '.join(map(repr, GROUP_KINDS))}")
+        object.__setattr__(self, "count", _count(self.count, where, "count"))
+        object.__setattr__(self, "forward", _number(self.forward, where, "forward"))
+        object.__setattr__(self, "params", _number(self.params, where, "params"))
+        if not isinstance(self.modes, Mapping):
+            _fail(where, "modes", self.modes, "a mapping of mode name to ModeCost")
+        for mode, cost in self.modes.items():
+            if mode not in MODES:
+                raise ProfileError(
+                    f"{where}: field 'modes': unknown mode {_show(mode)}: expected one of "
+                    f"{', '.join(MODES)}"
+                )
+            if not isinstance(cost, ModeCost):
+                _fail(f"{where}: mode {mode!r}", None, cost, "a ModeCost")
+        table = ModeTable(self.modes)
+        if not table:
+            if self.kind == "body":
+                _fail(where, "modes", dict(self.modes), f"at least one of {', '.join(MODES)}")
+            table = ModeTable({"none": ModeCost(backward=2.0 * self.forward, activation=0.0)})
+        object.__setattr__(self, "modes", table)
+
+    def mode(self, name: str) -> ModeCost:
+        """The cost in recompute mode ``name``; a clear error if the group lacks it."""
+        if name not in MODES:
+            _fail(f"layer group {self.name!r}", "mode", name, f"one of {', '.join(MODES)}")
+        if name not in self.modes:
+            raise ProfileError(
+                f"layer group {self.name!r} has no recompute mode {name!r}: "
+                f"expected one of its available modes {', '.join(self.modes)}"
+            )
+        return self.modes[name]
+
+    @property
+    def available_modes(self) -> tuple[str, ...]:
+        """Available modes, weakest first (in :data:`MODES` order)."""
+        return tuple(self.modes)
+
+    @property
+    def strongest_mode(self) -> str:
+        """The available mode with the least activation memory.
+
+        Ties go to the smaller backward time, then to the weaker mode.
+        """
+        return min(
+            self.modes,
+            key=lambda m: (self.modes[m].activation, self.modes[m].backward, MODES.index(m)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """This group in our own format, as plain data."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "count": self.count,
+            "forward": _plain(self.forward),
+            "params": _plain(self.params),
+            "modes": {
+                m: {"backward": _plain(c.backward), "activation": _plain(c.activation)}
+                for m, c in self.modes.items()
+            },
+        }
+
+
+class _IndentedDumper(yaml.SafeDumper):
+    """``SafeDumper`` that indents list items under their key, as people write YAML."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+def _plain(number: float) -> int | float:
+    """Integral floats as ints, so exported YAML reads ``200`` rather than ``200.0``."""
+    return int(number) if number.is_integer() else number
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A model as layer groups in model order: optional head, bodies, optional tail.
+
+    ``source`` (the file it came from) is only for messages; it takes no part in
+    equality, so a profile and its YAML round trip compare equal.
+    """
+
+    name: str
+    groups: tuple[LayerGroup, ...]
+    source: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        prefix = f"{self.source}: " if self.source else ""
+        _name(self.name, f"{prefix}profile")
+        if isinstance(self.groups, (str, bytes)) or not isinstance(self.groups, Sequence):
+            _fail(f"{prefix}profile {self.name!r}", "groups", self.groups, "a sequence")
+        groups = tuple(self.groups)
+        for i, group in enumerate(groups):
+            if not isinstance(group, LayerGroup):
+                _fail(f"{prefix}profile {self.name!r}: groups[{i}]", None, group, "a LayerGroup")
+        object.__setattr__(self, "groups", groups)
+        _check_layout(
+            kinds=[g.kind for g in groups],
+            names=[g.name for g in groups],
+            wheres=[f"{prefix}layer group {g.name!r}" for g in groups],
+            shown_kinds=[g.kind for g in groups],
+            kind_field="kind",
+            prefix=prefix,
+            list_name="groups",
+        )
+
+    @property
+    def head(self) -> LayerGroup | None:
+        """The head group (embedding), if any."""
+        return self.groups[0] if self.groups[0].kind == "head" else None
+
+    @property
+    def tail(self) -> LayerGroup | None:
+        """The tail group (final norm, LM head, loss), if any."""
+        return self.groups[-1] if self.groups[-1].kind == "tail" else None
+
+    @property
+    def body(self) -> tuple[LayerGroup, ...]:
+        """The body groups, in model order."""
+        return tuple(g for g in self.groups if g.kind == "body")
+
+    @property
+    def num_body_layers(self) -> int:
+        """Total number of body layers over all body groups."""
+        return sum(g.count for g in self.body)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile in our own format (``sapptk-profile/1``), as plain data."""
+        return {
+            "format": FORMAT,
+            "name": self.name,
+            "units": dict(UNITS),
+            "groups": [g.to_dict() for g in self.groups],
+        }
+
+    def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
+        """The profile as ``sapptk-profile/1`` YAML; also written to ``path`` when given."""
+        header = (
+            f"# sapptk layer profile ({FORMAT}).\n"
+            "# forward/backward: ms per layer per micro-batch (backward includes recompute);\n"
+            "# params: MB per layer (weights, grads, optimizer share);\n"
+            "# activation: MB per layer per in-flight micro-batch.\n"
+        )
+        data = self.to_dict()
+        options = {"Dumper": _IndentedDumper, "sort_keys": False, "default_flow_style": None}
+        body = yaml.dump(data, allow_unicode=True, width=100, **options)
+        if yaml.safe_load(body) != data:  # PyYAML writes some code points (U+0085) raw
+            body = yaml.dump(data, allow_unicode=False, width=100, **options)
+        text = header + body
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "<dict>") -> Profile:
+        """Build a profile from parsed data in either format; ``data`` is not modified."""
+        return _parse(data, source)
+
+
+# --- parsing ------------------------------------------------------------------------------
+def _default_name(source: str) -> str:
+    if source.startswith("<"):
+        return "profile"
+    return Path(source).stem or "profile"
+
+
+def _parse(data: Any, source: str) -> Profile:
+    """Detect the format of ``data`` and parse it."""
+    expected = "a mapping with 'layers_description' (SAPP layer JSON) or 'groups' " + (
+        f"({FORMAT})"
+    )
+    if data is None:
+        raise ProfileError(f"{source}: the profile is empty: expected {expected}")
+    if not isinstance(data, Mapping):
+        _fail(f"{source}: top level", None, data, expected)
+    has_sapp = "layers_description" in data
+    has_own = "groups" in data or "format" in data
+    if has_sapp and has_own:
+        raise ProfileError(
+            f"{source}: top level has both 'layers_description' and 'groups'/'format': "
+            f"expected exactly one format"
+        )
+    if has_sapp:
+        return _parse_sapp(data, source)
+    if has_own:
+        return _parse_own(data, source)
+    keys = ", ".join(map(repr, list(data)[:8])) or "none"
+    raise ProfileError(
+        f"{source}: top level: missing field 'layers_description' (SAPP layer JSON) or "
+        f"'groups' ({FORMAT}); found keys: {keys}"
+    )
+
+
+def _profile_name(data: Mapping[str, Any], source: str) -> str:
+    if "name" not in data:
+        return _default_name(source)
+    return _name(data["name"], f"{source}: top level")
+
+
+def _entry_where(entry: Any, source: str, base: str, label: str) -> str:
+    """``src: layer 'X'`` when the entry has a usable name, else ``src: groups[i]``."""
+    if isinstance(entry, Mapping):
+        name = entry.get("name", _MISSING)
+        if isinstance(name, str) and name.strip():
+            return f"{source}: {label} {name!r}"
+    return base
+
+
+def _unknown(where: str, key: Any, known: Sequence[str]) -> NoReturn:
+    """Raise for a field name we do not know, listing the ones we do."""
+    raise ProfileError(f"{where}: unknown field {_show(key)}: expected one of {', '.join(known)}")
+
+
+def _list_of_entries(data: Mapping[str, Any], key: str, source: str) -> list[Any]:
+    value = data[key]
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+        _fail(f"{source}: top level", key, value, "a non-empty list of layer groups")
+    return list(value)
+
+
+def _finish(
+    name: str,
+    groups: list[LayerGroup],
+    source: str,
+    list_name: str,
+    wheres: list[str],
+    shown: list[Any],
+) -> Profile:
+    """Check the whole-profile rules with the file's own vocabulary, then build."""
+    _check_layout(
+        kinds=[g.kind for g in groups],
+        names=[g.name for g in groups],
+        wheres=wheres,
+        shown_kinds=shown,
+        kind_field="type" if list_name == "layers_description" else "kind",
+        prefix=f"{source}: ",
+        list_name=list_name,
+    )
+    return Profile(name=name, groups=tuple(groups), source=source)
+
+
+def _parse_sapp(data: Mapping[str, Any], source: str) -> Profile:
+    """The SAPP layer JSON: ``layers_description`` entries; other top-level keys ignored."""
+    name = _profile_name(data, source)
+    entries = _list_of_entries(data, "layers_description", source)
+    groups, wheres, shown = [], [], []
+    for i, entry in enumerate(entries):
+        base = f"{source}: layers_description[{i}]"
+        where = _entry_where(entry, source, base, "layer")
+        groups.append(_sapp_group(entry, base, where))
+        wheres.append(where)
+        shown.append(entry["type"])
+    return _finish(name, groups, source, "layers_description", wheres, shown)
+
+
+def _suspicious_known(key: str) -> list[str]:
+    """The known SAPP fields a misspelt ``key`` was probably meant to be."""
+    if key.startswith("memory"):
+        return ["memory_parameter", *_SAPP_MEMORY_KEYS.values()]
+    if key.endswith("_time"):
+        return ["time", "forward_time", *_SAPP_TIME_KEYS.values()]
+    return list(_SAPP_COEF_KEYS.values())
+
+
+def _sapp_group(entry: Any, base: str, where: str) -> LayerGroup:
+    """One SAPP ``layers_description`` entry as a :class:`LayerGroup`.
+
+    * forward = ``forward_time`` when present and non-zero, else ``time``;
+    * mode r is available exactly when its memory key is present (``memory_activation``,
+      ``memory_select_rec``, ``memory_select_comm``, ``memory_both_comm_select``,
+      ``memory_recompute``);
+    * backward of mode r = its explicit time key when present and non-zero, else
+      (1 + coef_r) * 2 * ``time`` (coefs from the ``*_coef`` keys, defaults
+      :data:`DEFAULT_COEFS`), rounded to 1e-9 ms to keep exports tidy;
+    * a HEAD/TAIL without memory keys gets mode ``none`` with backward 2 * time and no
+      activation (the usual case).
+
+    Unknown keys are informational and ignored, except ones that look like a misspelt
+    cost field (``memory*``, ``*_time``, ``*_coef``), which are refused.
+    """
+    if not isinstance(entry, Mapping):
+        _fail(base, None, entry, "a mapping of layer fields")
+    if "name" not in entry:
+        _fail(base, "name", _MISSING, "a non-empty string")
+    _name(entry["name"], base)
+    for key in entry:
+        if not isinstance(key, str):
+            _fail(where, None, key, "string field names")
+        if key not in _SAPP_KNOWN_KEYS and (
+            key.startswith("memory") or key.endswith(("_time", "_coef"))
+        ):
+            _unknown(where, key, _suspicious_known(key))
+
+    def get(key: str) -> Any:
+        if key not in entry:
+            return _MISSING
+        return entry[key]
+
+    kind_raw = get("type")
+    if kind_raw is _MISSING:
+        _fail(where, "type", kind_raw, "one of 'HEAD', 'BODY', 'TAIL'")
+    if not isinstance(kind_raw, str) or kind_raw.upper() not in _SAPP_TYPES:
+        _fail(where, "type", kind_raw, "one of 'HEAD', 'BODY', 'TAIL'")
+    kind = _SAPP_TYPES[kind_raw.upper()]
+    if get("nb_layer") is _MISSING:
+        _fail(where, "nb_layer", _MISSING, "an integer >= 1")
+    count = _count(entry["nb_layer"], where, "nb_layer")
+    time = _number(get("time"), where, "time")
+    params = _number(get("memory_parameter"), where, "memory_parameter")
+    forward = time
+    if get("forward_time") is not _MISSING:
+        override = _number(entry["forward_time"], where, "forward_time")
+        if override > 0:
+            forward = override
+    coefs = {
+        m: DEFAULT_COEFS[m] if get(k) is _MISSING else _number(entry[k], where, k, above=-1)
+        for m, k in _SAPP_COEF_KEYS.items()
+    }
+    explicit = {
+        m: 0.0 if get(k) is _MISSING else _number(entry[k], where, k)
+        for m, k in _SAPP_TIME_KEYS.items()
+    }
+    modes: dict[str, ModeCost] = {}
+    for mode, key in _SAPP_MEMORY_KEYS.items():
+        if get(key) is _MISSING:
+            continue
+        activation = _number(entry[key], where, key)
+        backward = explicit[mode] or round((1.0 + coefs[mode]) * 2.0 * time, 9)
+        modes[mode] = ModeCost(backward=backward, activation=activation)
+    if kind == "body" and not modes:
+        raise ProfileError(
+            f"{where}: no recompute mode: expected at least one of the fields "
+            f"{', '.join(_SAPP_MEMORY_KEYS.values())}"
+        )
+    return LayerGroup(
+        name=entry["name"], kind=kind, count=count, forward=forward, params=params, modes=modes
+    )
+
+
+def _parse_own(data: Mapping[str, Any], source: str) -> Profile:
+    """Our ``sapptk-profile/1`` format: strict, every field named explicitly."""
+    top = f"{source}: top level"
+    for key in data:
+        if key not in _OWN_TOP_KEYS:
+            _unknown(top, key, _OWN_TOP_KEYS)
+    if "format" in data and data["format"] != FORMAT:
+        _fail(top, "format", data["format"], repr(FORMAT))
+    if "groups" not in data:
+        _fail(top, "groups", _MISSING, "a non-empty list of layer groups")
+    if "units" in data:
+        units = data["units"]
+        if not isinstance(units, Mapping):
+            _fail(top, "units", units, "{time: ms, memory: MB}")
+        for key, value in units.items():
+            if key not in UNITS:
+                _unknown(f"{top}: units", key, list(UNITS))
+            if value != UNITS[key]:
+                _fail(f"{top}: units", key, value, f"{UNITS[key]!r} (no unit conversion)")
+    if "description" in data and not isinstance(data["description"], str):
+        _fail(top, "description", data["description"], "a string")
+    name = _profile_name(data, source)
+    entries = _list_of_entries(data, "groups", source)
+    groups, wheres, shown = [], [], []
+    for i, entry in enumerate(entries):
+        base = f"{source}: groups[{i}]"
+        where = _entry_where(entry, source, base, "group")
+        groups.append(_own_group(entry, base, where))
+        wheres.append(where)
+        shown.append(entry["kind"])
+    return _finish(name, groups, source, "groups", wheres, shown)
+
+
+def _own_group(entry: Any, base: str, where: str) -> LayerGroup:
+    """One ``groups`` entry. ``modes`` may be omitted for a head or tail only."""
+    if not isinstance(entry, Mapping):
+        _fail(base, None, entry, "a mapping of group fields")
+    if "name" not in entry:
+        _fail(base, "name", _MISSING, "a non-empty string")
+    _name(entry["name"], base)
+    for key in entry:
+        if key not in _OWN_GROUP_KEYS:
+            _unknown(where, key, _OWN_GROUP_KEYS)
+    kind = entry.get("kind", _MISSING)
+    if kind not in GROUP_KINDS:
+        _fail(where, "kind", kind, f"one of {', '.join(map(repr, GROUP_KINDS))}")
+    if "count" not in entry:
+        _fail(where, "count", _MISSING, "an integer >= 1")
+    count = _count(entry["count"], where, "count")
+    forward = _number(entry.get("forward", _MISSING), where, "forward")
+    params = _number(entry.get("params", _MISSING), where, "params")
+    raw_modes = entry.get("modes", _MISSING)
+    modes: dict[str, ModeCost] = {}
+    if raw_modes is _MISSING:
+        if kind == "body":
+            _fail(where, "modes", _MISSING, f"a mapping with at least one of {', '.join(MODES)}")
+    else:
+        if not isinstance(raw_modes, Mapping) or (kind == "body" and not raw_modes):
+            _fail(where, "modes", raw_modes, f"a mapping with at least one of {', '.join(MODES)}")
+        for mode, cost in raw_modes.items():
+            if mode not in MODES:
+                raise ProfileError(
+                    f"{where}: field 'modes': unknown mode {_show(mode)}: expected one of "
+                    f"{', '.join(MODES)}"
+                )
+            mode_where = f"{where}: mode {mode!r}"
+            if not isinstance(cost, Mapping):
+                _fail(mode_where, None, cost, "a mapping {backward: ms, activation: MB}")
+            for key in cost:
+                if key not in _OWN_MODE_KEYS:
+                    _unknown(mode_where, key, _OWN_MODE_KEYS)
+            modes[mode] = ModeCost(
+                backward=_number(cost.get("backward", _MISSING), mode_where, "backward"),
+                activation=_number(cost.get("activation", _MISSING), mode_where, "activation"),
+            )
+    return LayerGroup(
+        name=entry["name"], kind=kind, count=count, forward=forward, params=params, modes=modes
+    )
+
+
+# --- files --------------------------------------------------------------------------------
+class _GuardedLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses alias bombs, recursive aliases and duplicate keys.
+
+    A billion-laughs document nests aliases (an anchored node that itself uses aliases,
+    referenced many times), so expanding it is exponential while parsing it is cheap.
+    We refuse any alias to a node that contains an alias, any alias to a node still
+    being built (recursion), and more than :data:`MAX_YAML_ALIASES` aliases in all.
+    """
+
+    def __init__(self, stream: str, source: str) -> None:
+        super().__init__(stream)
+        self._source = source
+        self._alias_count = 0
+        self._frames: list[bool] = []  # per node being composed: "contains an alias"
+        self._anchor_has_alias: dict[str, bool] = {}
+        self._open_anchors: set[str] = set()
+
+    def _refuse(self, mark: Any, why: str) -> NoReturn:
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
+        raise ProfileError(f"{self._source}: unsafe YAML at {where}: {why}")
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            anchor = event.anchor
+            self._alias_count += 1
+            if self._alias_count > MAX_YAML_ALIASES:
+                self._refuse(
+                    event.start_mark,
+                    f"more than {MAX_YAML_ALIASES} aliases: expected a plain profile "
+                    "(possible alias bomb)",
+                )
+            if anchor in self._open_anchors:
+                self._refuse(event.start_mark, f"alias *{anchor} refers to itself")
+            if self._anchor_has_alias.get(anchor):
+                self._refuse(
+                    event.start_mark,
+                    f"alias *{anchor} refers to a node that itself uses aliases: nested "
+                    "aliases are refused (possible alias bomb)",
+                )
+            if self._frames:
+                self._frames[-1] = True
+            return super().compose_node(parent, index)
+        event = self.peek_event()
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            self._open_anchors.add(anchor)
+        self._frames.append(False)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            has_alias = self._frames.pop()
+            if anchor is not None:
+                self._open_anchors.discard(anchor)
+        if has_alias and self._frames:
+            self._frames[-1] = True
+        if anchor is not None:
+            self._anchor_has_alias[anchor] = has_alias
+        return node
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[tuple[str, str]] = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.value == "<<":
+                    continue
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    self._refuse(
+                        key_node.start_mark,
+                        f"key {key_node.value!r} appears twice in one mapping: expected "
+                        "unique keys",
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key)
+        result[key] = value
+    return result
+
+
+def _read_text(path: Path, source: str) -> str:
+    """The file's text, refusing missing/unreadable/oversized/non-UTF-8 files."""
+    too_big = ProfileError(
+        f"{source}: file is larger than {MAX_FILE_BYTES // (1024 * 1024)} MB: expected a "
+        "layer profile (a few KB)"
+    )
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        with path.open("rb") as handle:
+            if os.fstat(handle.fileno()).st_size > MAX_FILE_BYTES:
+                raise too_big
+            while chunk := handle.read(64 * 1024):  # chunks: never a limit-sized buffer
+                size += len(chunk)
+                if size > MAX_FILE_BYTES:
+                    raise too_big
+                chunks.append(chunk)
+    except FileNotFoundError:
+        raise ProfileError(f"{source}: cannot read the profile: no such file") from None
+    except IsADirectoryError:
+        raise ProfileError(f"{source}: cannot read the profile: it is a directory") from None
+    except OSError as exc:
+        raise ProfileError(f"{source}: cannot read the profile: {exc.strerror or exc}") from None
+    try:
+        return b"".join(chunks).decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(
+            f"{source}: not UTF-8 text (bad byte at offset {exc.start}): expected a JSON or "
+            "YAML profile"
+        ) from None
+
+
+def _parse_json(text: str, source: str) -> Any:
+    try:
+        return json.loads(text, object_pairs_hook=_json_pairs)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(
+            f"{source}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
+    except _DuplicateKey as exc:
+        raise ProfileError(
+            f"{source}: invalid JSON: key {exc.args[0]!r} appears twice in one object: "
+            "expected unique keys"
+        ) from None
+    except RecursionError:
+        raise ProfileError(f"{source}: invalid JSON: nested too deeply") from None
+
+
+def _parse_yaml(text: str, source: str) -> Any:
+    loader = _GuardedLoader(text, source)
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = exc.problem or exc.context or "syntax error"
+        raise ProfileError(f"{source}: invalid YAML{where}: {what}") from None
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{source}: invalid YAML: {exc}") from None
+    except RecursionError:
+        raise ProfileError(f"{source}: invalid YAML: nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
+    ".json": _parse_json,
+    ".yaml": _parse_yaml,
+    ".yml": _parse_yaml,
+}
+
+
+def load_profile(path: str | os.PathLike[str]) -> Profile:
+    """Read a profile file (``.json``, ``.yaml`` or ``.yml``) in either format."""
+    source = os.fspath(path)
+    file = Path(source)
+    parser = _PARSERS.get(file.suffix.lower())
+    if parser is None:
+        raise ProfileError(
+            f"{source}: file name ends in {file.suffix or '(nothing)'!r}: expected .json, "
+            ".yaml or .yml"
+        )
+    data = parser(_read_text(file, source), source)
+    return _parse(data, source)
+
+
+# --- bundled profiles ---------------------------------------------------------------------
+def _data_dirs() -> list[Path]:
+    """Installed wheel first (``sapptk/_data``), then the source tree (``<repo>/data``)."""
+    here = Path(__file__).resolve().parent
+    return [here / "_data", here.parent / "data"]
+
+
+def _bundled_files() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for directory in _data_dirs():
+        if not directory.is_dir():
+            continue
+        for file in sorted(directory.iterdir()):
+            if file.suffix.lower() in _PARSERS and file.is_file():
+                found.setdefault(file.stem, file)
+    return found
+
+
+def bundled_profiles() -> list[str]:
+    """Names of the profiles shipped with sapptk, for :func:`bundled_profile`."""
+    return sorted(_bundled_files())
+
+
+def bundled_profile(name: str) -> Profile:
+    """A shipped profile by name, e.g. ``"llama2_70b"``, ``"demo"``, ``"deepseek_v3"``."""
+    files = _bundled_files()
+    if name not in files:
+        raise ProfileError(
+            f"bundled profile {name!r} does not exist: expected one of "
+            f"{', '.join(sorted(files)) or '(none found)'}"
+        )
+    return load_profile(files[name])
