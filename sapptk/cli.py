@@ -203,6 +203,68 @@ def _schedules(args: argparse.Namespace) -> int:
     return 0
 
 
+# -------------------------------------------------------------------------------- sweep
+def _add_sweep(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "sweep",
+        help="balance every combination of the given setups; one row each in a Parquet dataset",
+        description="Balance and simulate the product of the given values; print the best setup per memory "
+        "budget. Rows go to --out as they finish; rerunning skips the points already there.",
+    )
+    parser.add_argument("profile", metavar="PROFILE", help="profile file, or a bundled name (llama2_70b, demo, ...)")
+    group = parser.add_argument_group("grid (the product of these lists is swept)")
+    group.add_argument("--stages", "-p", type=int, nargs="+", required=True, help="pipeline stages, p")
+    group.add_argument("--micro-batches", "-m", type=int, nargs="+", required=True, help="micro-batches, m")
+    group.add_argument("--chunks", "-v", type=int, nargs="+", default=[1], help="chunks per device, v (1)")
+    group.add_argument("--schedule", nargs="+", default=["1f1b"], help="schedule names (1f1b)")
+    group.add_argument("--splits", "-k", type=int, nargs="+", default=[1], help="sequence slices (1)")
+    group.add_argument("--memory", nargs="+", default=[None], metavar="MB",
+                       type=lambda s: None if s.lower() in ("none", "inf") else float(s),
+                       help="memory budgets per device, MB ('none': unlimited; default none)")
+    group.add_argument("--constant", type=float, nargs="+", default=[0.0], metavar="MB", help="constant MB")
+    group.add_argument("--comm", type=float, nargs="+", default=[0.0], metavar="MS", help="latency, ms")
+    group.add_argument("--recompute", nargs="+", choices=MODES, default=list(MODES), metavar="MODE",
+                       help=f"modes the solver may use, one set for every point (default all: {' '.join(MODES)})")
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR",
+                        help="Parquet dataset directory (also the cache: finished points are skipped)")
+    parser.add_argument("--executor", default="serial",
+                        help="serial (default), processes, dask (a local cluster) or dask://HOST:PORT")
+    parser.add_argument("--time-limit", type=float, default=30.0, metavar="S", help="solver limit per point, s (30)")
+    parser.add_argument("--workers", type=int, default=None, help="solver threads per point (default: cores/parallel)")
+    parser.add_argument("--seed", type=int, default=0, help="solver random seed (0)")
+    parser.add_argument("--deterministic", action="store_true", help="deterministic solver runs")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=_sweep)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from sapptk.sweep import best, sweep
+
+    profile = resolve_profile(args.profile)
+    grid = {
+        "stages": args.stages, "micro_batches": args.micro_batches, "chunks": args.chunks,
+        "schedule": args.schedule, "splits": args.splits, "memory_budget": args.memory,
+        "constant_memory": args.constant, "comm": args.comm, "recompute": tuple(args.recompute),
+    }
+    frame = sweep(profile, grid, executor=args.executor, time_limit=args.time_limit, workers=args.workers,
+                  cache=args.out, progress=not args.no_progress, seed=args.seed, deterministic=args.deterministic)
+    counts = frame["status"].value_counts()
+    print(f"profile {profile.name}: {len(frame)} points, "
+          + ", ".join(f"{n} {s}" for s, n in counts.items() if n) + f"; rows in {args.out}")
+    top = best(frame, by="memory_budget_mb")
+    if top.empty:
+        print("no plan for any point")
+        return 1
+    cols = ["memory_budget_mb", "schedule", "stages", "micro_batches", "chunks", "splits", "step_time_ms",
+            "bubble_of_compute", "peak_mb_max", "status", "gap"]
+    table = top[cols].rename(columns={"memory_budget_mb": "budget_mb", "bubble_of_compute": "bubble"})
+    table["budget_mb"] = table["budget_mb"].map(lambda b: "none" if pd.isna(b) else f"{b:g}")
+    table = table.round({"step_time_ms": 1, "bubble": 3, "peak_mb_max": 0, "gap": 4})
+    print("best setup per memory budget (least step time; bubble: idle / busy):")
+    print(table.to_string(index=False))
+    return 0
+
+
 # --------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every command."""
@@ -214,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_balance(commands)
     _add_simulate(commands)
     _add_schedules(commands)
+    _add_sweep(commands)
     return parser
 
 

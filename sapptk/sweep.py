@@ -588,7 +588,7 @@ def sweep(
     progress: bool = True,
     seed: int = 0,
     deterministic: bool = False,
-    solve: Solve = solve_point,
+    solve: Solve | None = None,
 ) -> pd.DataFrame:
     """Balance and simulate every point of a grid; one row per point (see the module docstring).
 
@@ -610,8 +610,8 @@ def sweep(
         solved again.
     progress: show a ``tqdm.auto`` progress bar.
     seed, deterministic: passed to :func:`sapptk.balance.balance`.
-    solve: the function run per point (a module-level function, so processes can import it):
-        plain task dict in, result dict out; see :func:`solve_point`.
+    solve: the function run per point instead of :func:`solve_point` (a module-level
+        function, so processes can import it): plain task dict in, result dict out.
     """
     from tqdm.auto import tqdm
 
@@ -619,6 +619,7 @@ def sweep(
         raise ConfigError(f"time_limit = {time_limit!r}: expected seconds > 0")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ConfigError(f"workers = {workers!r}: expected an integer >= 1")
+    solve = solve or solve_point
     profiles = _profiles(profile)
     points = expand_grid(grid)
     options = {"time_limit": float(time_limit), "seed": int(seed), "deterministic": bool(deterministic)}

@@ -277,3 +277,33 @@ def test_cache_must_be_a_directory(tmp_path: Path) -> None:
     file.write_text("")
     with pytest.raises(SapptkError, match="directory"):
         sweep(DEMO, SMALL, solve=fake_solve, cache=file, progress=False)
+
+
+# ----------------------------------------------------------------------------- CLI
+def test_cli_sweep_writes_rows_and_prints_the_best_per_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sapptk.sweep
+    from sapptk.cli import main
+
+    monkeypatch.setattr(sapptk.sweep, "solve_point", fake_solve)
+    out = tmp_path / "results.parquet"
+    argv = ["sweep", "demo", "--stages", "4", "8", "--micro-batches", "8", "16", "--chunks", "1", "2",
+            "--schedule", "1f1b", "interleaved", "--memory", "5000", "40000", "none", "--out", str(out),
+            "--time-limit", "5", "--no-progress"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "48 points" in text and "12 invalid" in text and "best setup per memory budget" in text
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.lstrip().startswith("budget_mb"))
+    assert [line.split()[0] for line in lines[head + 1 :]] == ["40000", "none"]
+    assert "interleaved" in lines[head + 1] and "16.5" in lines[head + 1]
+    assert len(pd.read_parquet(out)) == 48
+    CALLS.clear()
+    assert main(argv) == 0  # a rerun reads the rows back
+    assert not CALLS
+    tiny = ["sweep", "demo", "-p", "4", "-m", "8", "--memory", "100", "--out", str(tmp_path / "t"), "--no-progress"]
+    assert main(tiny) == 1  # no plan anywhere
+    assert "no plan for any point" in capsys.readouterr().out
+    assert main(["sweep", "demo", "--stages", "4", "--micro-batches", "8", "--out", str(out),
+                 "--executor", "threads"]) == 2
