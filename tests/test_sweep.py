@@ -307,3 +307,42 @@ def test_cli_sweep_writes_rows_and_prints_the_best_per_budget(
     assert "no plan for any point" in capsys.readouterr().out
     assert main(["sweep", "demo", "--stages", "4", "--micro-batches", "8", "--out", str(out),
                  "--executor", "threads"]) == 2
+
+
+# ---------------------------------------------------------------------------- plots
+def test_plots_draw_the_solved_points_with_hover() -> None:
+    from bokeh.models import HoverTool
+
+    from sapptk.viz_sweep import heatmap, pareto, pareto_front, step_time_by_budget
+
+    df = sweep(DEMO, GRID, solve=fake_solve, progress=False)
+    solved = df[df["status"] == "optimal"]
+
+    fig = step_time_by_budget(df)
+    lines = [r for r in fig.renderers if type(r.glyph).__name__ == "Line"]
+    assert len(lines) == 2  # one per schedule
+    for line in lines:
+        data = line.data_source.data
+        assert list(data["memory_budget_mb"]) == [40000.0]  # 5000 has no plan, unlimited left out
+    inter = next(r for r in lines if r.data_source.data["schedule"][0] == "interleaved")
+    assert inter.data_source.data["step_time_ms"][0] == solved.loc[
+        (solved["schedule"] == "interleaved") & (solved["memory_budget_mb"] == 40000), "step_time_ms"].min()
+    assert fig.select_one(HoverTool).renderers
+
+    fig = heatmap(df, "chunks", "schedule")
+    assert list(fig.x_range.factors) == ["1", "2"] and list(fig.y_range.factors) == ["interleaved", "1f1b"]
+    cells = [r for r in fig.renderers if type(r.glyph).__name__ == "Rect"]
+    filled = cells[0].data_source.data
+    assert sorted(zip(filled["_x"], filled["_y"], strict=True)) == [("1", "1f1b"), ("1", "interleaved"),
+                                                                      ("2", "interleaved")]
+    assert list(cells[1].data_source.data["cell_text"]) == ["invalid"]  # 1f1b with 2 chunks
+    assert len(fig.select_one(HoverTool).renderers) == 2
+
+    front = pareto_front(df)
+    assert len(front) >= 1 and front["step_time_ms"].is_monotonic_decreasing
+    for _, row in solved.iterrows():  # every point is matched or beaten by a point of the front
+        assert ((front["peak_mb_max"] <= row["peak_mb_max"]) & (front["step_time_ms"] <= row["step_time_ms"])).any()
+    fig = pareto(df)
+    dots = [r for r in fig.renderers if type(r.glyph).__name__ == "Scatter"]
+    assert sum(len(r.data_source.data["step_time_ms"]) for r in dots[:-1]) == len(solved)
+    assert any(type(r.glyph).__name__ == "Step" for r in fig.renderers)
