@@ -903,14 +903,31 @@ def _data_dirs() -> list[Path]:
     return [here / "_data", here.parent / "data"]
 
 
+def _looks_like_profile(file: Path) -> bool:
+    """Whether ``file`` parses to a profile document.
+
+    ``data/`` also holds other YAML (hand-made MindFormers configs), which are not profiles.
+    """
+    try:
+        data = _PARSERS[file.suffix.lower()](_read_text(file, str(file)), str(file))
+    except ProfileError:
+        return False
+    return isinstance(data, Mapping) and (
+        "layers_description" in data or "groups" in data or data.get("format") == FORMAT
+    )
+
+
 def _bundled_files() -> dict[str, Path]:
+    """Profile name -> file, over the data directories, the first directory winning."""
     found: dict[str, Path] = {}
     for directory in _data_dirs():
         if not directory.is_dir():
             continue
         for file in sorted(directory.iterdir()):
-            if file.suffix.lower() in _PARSERS and file.is_file():
-                found.setdefault(file.stem, file)
+            if file.stem in found or file.suffix.lower() not in _PARSERS or not file.is_file():
+                continue
+            if _looks_like_profile(file):
+                found[file.stem] = file
     return found
 
 

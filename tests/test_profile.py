@@ -743,10 +743,13 @@ def test_installed_data_dir_comes_first(tmp_path: Path, monkeypatch: pytest.Monk
     (source_tree / "demo.json").write_text(json.dumps(sapp(body(), name="tree")))
     (source_tree / "other.yaml").write_text(yaml.safe_dump(own(own_body())))
     (source_tree / "README.md").write_text("not a profile")
+    (source_tree / "manual.yaml").write_text("even: {offset: 0, recompute: false}\n")
+    (source_tree / "broken.json").write_text("{")
     monkeypatch.setattr(profile_mod, "_data_dirs", lambda: [installed, source_tree])
     assert bundled_profiles() == ["demo", "other"]
     assert bundled_profile("demo").name == "installed"
     assert bundled_profile("other").name == "o"
+    raises_with(lambda: bundled_profile("manual"), "'manual'", "demo, other")
 
 
 # --- properties --------------------------------------------------------------------------------------
