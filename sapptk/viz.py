@@ -237,6 +237,10 @@ def _gantt(
         x_axis_label="time (ms)" if x_axis else None,
         y_axis_label="device",
     )
+    usable_px = max(width - 120, 100)
+    span = float(x_range.end - x_range.start) or 1.0
+    widths = np.asarray(src.data["duration_ms"]) * usable_px / span
+    outline = bool(len(widths)) and float(np.median(widths)) >= 4.0  # thin boxes: no white border to wash them out
     boxes = fig.quad(
         left="start_ms",
         right="end_ms",
@@ -244,7 +248,7 @@ def _gantt(
         bottom="upper",
         source=src,
         fill_color="color",
-        line_color="white",
+        line_color="white" if outline else None,
         line_width=0.5,
         hover_line_color="black",
         hover_line_width=1.5,
@@ -265,8 +269,6 @@ def _gantt(
             ],
         )
     )
-    usable_px = max(width - 120, 100)
-    span = float(x_range.end - x_range.start) or 1.0
     labels = _label_source(src, usable_px / span)
     update = CustomJS(
         args={"ops": src, "labels": labels, "x_range": x_range, "fig": fig, "fallback_width": usable_px,
@@ -403,7 +405,7 @@ def timeline(
     """
     _check_sim(sim)
     end = max(float(sim.step_time), 1e-9)
-    x_range = Range1d(0, end * 1.01, bounds=(0, end * 1.01))
+    x_range = Range1d(0, end * 1.01, bounds=(0, end * 1.01), name="time_range")
     gantt = _gantt(sim, x_range, title or _sim_title(sim), width, x_axis=not memory)
     figs = [gantt]
     if memory:
@@ -434,7 +436,7 @@ def compare(
     if len(labels) != len(sims):
         raise ValueError(f"compare: {len(labels)} labels for {len(sims)} simulations")
     end = max(float(s.step_time) for s in sims) or 1e-9
-    x_range = Range1d(0, end * 1.01, bounds=(0, end * 1.01))
+    x_range = Range1d(0, end * 1.01, bounds=(0, end * 1.01), name="time_range")
     y_end = max(float(s.memory["memory_mb"].max()) for s in sims)
     if budget is not None:
         y_end = max(y_end, float(budget))

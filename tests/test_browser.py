@@ -1,0 +1,165 @@
+"""A standalone timeline page in a real headless Chromium: no console errors, canvas drawn.
+
+Needs Selenium (the ``export`` extra) and Debian's ``chromium`` + ``chromium-driver``;
+skips with the reason where they are missing (CI installs them).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from sapptk import viz
+from sapptk.schedules import build
+
+pytest.importorskip("selenium", reason="needs selenium: pip install 'sapptk[export]'")
+if viz.find_chromium() is None:
+    pytest.skip("needs Chromium: apt-get install chromium chromium-driver", allow_module_level=True)
+
+
+# ------------------------------------------------------------ PNG decoding
+def decode_png(data: bytes) -> np.ndarray:
+    """Pixels of an 8-bit RGB/RGBA PNG as an (h, w, channels) uint8 array (no PIL)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, header = 8, [], None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind = data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat.append(body)
+        pos += 12 + length
+    width, height, depth, color_type, _, _, interlace = header
+    assert depth == 8 and color_type in (2, 6) and interlace == 0, header
+    bpp = 3 if color_type == 2 else 4
+    stride = width * bpp
+    raw = np.frombuffer(zlib.decompress(b"".join(idat)), dtype=np.uint8).reshape(height, stride + 1)
+    out = np.zeros((height, stride), dtype=np.uint8)
+    prev = np.zeros(stride, dtype=np.int64)
+    for y in range(height):
+        ftype, line = raw[y, 0], raw[y, 1:].astype(np.int64)
+        if ftype == 0:
+            cur = line
+        elif ftype == 1:  # Sub: running sum per channel
+            cur = np.cumsum(line.reshape(width, bpp), axis=0).reshape(-1) % 256
+        elif ftype == 2:  # Up
+            cur = (line + prev) % 256
+        else:  # Average or Paeth: sequential along the row
+            cur = np.zeros(stride, dtype=np.int64)
+            for x in range(stride):
+                a = cur[x - bpp] if x >= bpp else 0
+                b = prev[x]
+                if ftype == 3:
+                    cur[x] = (line[x] + (a + b) // 2) % 256
+                else:
+                    c = prev[x - bpp] if x >= bpp else 0
+                    p = a + b - c
+                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                    pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+                    cur[x] = (line[x] + pred) % 256
+        out[y] = cur
+        prev = cur
+    return out.reshape(height, width, bpp)
+
+
+def _rgb(hex_color: str) -> tuple[int, int, int]:
+    h = hex_color.lstrip("#")
+    return int(h[0:2], 16), int(h[2:4], 16), int(h[4:6], 16)
+
+
+# ------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def driver():
+    drv = viz.chromium_driver(console_log=True, window=(1300, 1100))
+    yield drv
+    viz._quit(drv)
+
+
+def _open(driver, path):
+    from bokeh.io.export import wait_until_render_complete
+
+    driver.get(path.resolve().as_uri())
+    wait_until_render_complete(driver, 30)
+
+
+def _severe(driver):
+    return [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+
+
+# --------------------------------------------------------------------- tests
+def test_png_decoder_matches_pillow_when_present(tmp_path):
+    pil = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(0)
+    img = (rng.integers(0, 4, size=(40, 50, 3)) * 60).astype(np.uint8)
+    img[:, :10] = 255  # flat areas: encoders choose different filters per row
+    path = tmp_path / "x.png"
+    pil.fromarray(img).save(path, optimize=True)
+    np.testing.assert_array_equal(decode_png(path.read_bytes()), img)
+
+
+def test_timeline_page_renders_without_console_errors(driver, tmp_path):
+    sim = build("interleaved", stages=4, micro_batches=8, chunks=2).simulate(0.5, 1.0, activation=5.0, params=25.0)
+    page = viz.save_html(viz.timeline(sim, budget=110.0), tmp_path / "timeline.html")
+    _open(driver, page)
+    errors = _severe(driver)
+    assert not errors, errors
+    pixels = decode_png(driver.get_screenshot_as_png())[..., :3]
+    colors = np.unique(pixels.reshape(-1, 3), axis=0)
+    assert len(colors) > 50, f"screenshot looks blank: {len(colors)} distinct colours"
+    flat = pixels.reshape(-1, 3)
+    for kind in ("forward", "backward"):
+        hits = np.all(flat == _rgb(viz.CATEGORY_COLORS[kind]), axis=1).sum()
+        assert hits > 500, f"few {kind} pixels ({hits}): boxes not drawn?"
+    non_white = np.any(flat < 245, axis=1).mean()
+    assert non_white > 0.05
+
+
+def test_zoom_writes_micro_batches_on_boxes(driver, tmp_path):
+    sim = build("1f1b", stages=4, micro_batches=200).simulate(1.0, 2.0)
+    page = viz.save_html(viz.timeline(sim), tmp_path / "long.html")
+    _open(driver, page)
+    count = """
+        const doc = Bokeh.documents[0]
+        return doc.get_model_by_name("labels").data_source.data.text.length
+    """
+    assert driver.execute_script(count) == 0  # boxes too narrow at full view
+    driver.execute_script("""
+        const r = Bokeh.documents[0].get_model_by_name("time_range")
+        r.setv({start: 100, end: 140})
+    """)
+    shown = driver.execute_script(count)
+    assert 10 < shown < 200, shown
+    texts = driver.execute_script("""
+        return Array.from(Bokeh.documents[0].get_model_by_name("labels").data_source.data.text)
+    """)
+    assert all(t.isdigit() for t in texts)
+    assert not _severe(driver)
+
+
+def test_large_program_page_renders(driver, tmp_path):
+    sim = build("interleaved", stages=16, micro_batches=320, chunks=2).simulate(0.5, 1.0)
+    assert len(sim.events) > 20_000
+    page = viz.save_html(viz.timeline(sim), tmp_path / "large.html")
+    _open(driver, page)
+    assert not _severe(driver)
+    pixels = decode_png(driver.get_screenshot_as_png())[..., :3].reshape(-1, 3).astype(int)
+    # sub-pixel boxes blend: look for colours near the kinds' colours
+    for kind in ("forward", "backward"):
+        near = (np.abs(pixels - _rgb(viz.CATEGORY_COLORS[kind])).sum(axis=1) < 60).sum()
+        assert near > 300, (kind, near)
+    assert np.any(pixels < 245, axis=1).mean() > 0.2
+
+
+def test_export_png_and_svg(tmp_path):
+    sim = build("1f1b", stages=4, micro_batches=8).simulate(1.0, 2.0)
+    fig = viz.timeline(sim)
+    png = viz.export_png(fig, tmp_path / "t.png")
+    img = decode_png(png.read_bytes())
+    assert img.shape[1] > 800 and len(np.unique(img.reshape(-1, img.shape[2]), axis=0)) > 20
+    svgs = viz.export_svg(fig, tmp_path / "t.svg")
+    assert svgs and all(p.read_text().lstrip().startswith("<svg") for p in svgs)
