@@ -113,11 +113,11 @@ def _baseline_modes(profile: Profile) -> list[str]:
 
 
 def _balance(args: argparse.Namespace) -> int:
-    from sapptk.balance import balance
     from sapptk.plan import even_split
 
     profile = resolve_profile(args.profile)
     config = pipeline_config(args, profile)
+    from sapptk.balance import balance  # after validation: OR-Tools loads only when there is work
     print(_setup_line(profile, config))
     plan = balance(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed)
     print(plan.summary())
