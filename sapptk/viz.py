@@ -330,7 +330,6 @@ def _memory_figure(
     )
     colors = _device_colors(p)
     items = []
-    points = []
     for d, part in memory.groupby("device", sort=True, observed=True):
         d = int(d)
         src = ColumnDataSource(
@@ -344,16 +343,24 @@ def _memory_figure(
             x="time_ms", y="memory_mb", source=src, mode="after", line_color=colors[d % len(colors)],
             line_width=1.6, name=f"memory-{d}",
         )
-        dots = fig.scatter(
-            x="time_ms", y="memory_mb", source=src, size=6, fill_alpha=0, line_alpha=0,
-            hover_fill_color=colors[d % len(colors)], hover_fill_alpha=1, hover_line_alpha=0,
-            name=f"memory-points-{d}",
-        )
-        points.append(dots)
-        items.append(LegendItem(label=str(d), renderers=[line, dots]))
+        items.append(LegendItem(label=str(d), renderers=[line]))
+    # Step glyphs have no hit testing: invisible points at every change carry the hover
+    dev = memory["device"].to_numpy(dtype=np.int64)
+    points = ColumnDataSource(
+        {
+            "device": dev,
+            "time_ms": memory["time_ms"].to_numpy(dtype=float),
+            "memory_mb": memory["memory_mb"].to_numpy(dtype=float),
+            "color": np.asarray(colors, dtype=object)[dev % len(colors)],
+        }
+    )
+    dots = fig.scatter(
+        x="time_ms", y="memory_mb", source=points, size=7, fill_alpha=0, line_alpha=0,
+        hover_fill_color="color", hover_fill_alpha=1, hover_line_alpha=0, name="memory-points",
+    )
     fig.add_tools(
         HoverTool(
-            renderers=points,
+            renderers=[dots],
             tooltips=[("device", "@device"), ("time", "@time_ms{0,0.000} ms"), ("memory", "@memory_mb{0,0.0} MB")],
         )
     )
