@@ -165,7 +165,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from sapptk.plan import from_mindformers
 
     profile = resolve_profile(args.profile)
-    config = pipeline_config(args)
+    config = pipeline_config(args, profile)
     plans = from_mindformers(profile, config, args.config, name=args.name)
     if not isinstance(plans, dict):
         plans = {plans.source.removeprefix("mindformers:"): plans}

@@ -185,6 +185,8 @@ def _index(key: str, c: int, s: int, flat: bool) -> str:
 def _grid_of(value: Any, key: str, label: str, v: int, p: int, where: _Where) -> tuple[np.ndarray, np.ndarray, bool]:
     """One list as ``(ints (v, p), all_layers (v, p) bool, flat)``; ``all_layers`` marks ``true`` entries."""
     is_offset = key == "offset"
+    if isinstance(value, np.ndarray | np.generic):
+        value = value.tolist()
     ints = np.zeros((v, p), dtype=np.int64)
     every = np.zeros((v, p), dtype=bool)
     if is_offset:

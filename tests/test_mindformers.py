@@ -359,3 +359,10 @@ def test_one_chunk_exports_flat_lists_and_one_group_exports_top_level_keys():
                      "select_comm_recompute": [0, 0, 2, 0]}
     loaded = yaml.safe_load(plan.to_yaml())
     assert loaded == block
+
+
+def test_numpy_arrays_are_accepted():
+    prof = make_profile(("body", 16))
+    lists = {"offset": [[-1, 1, 0, 0], [0, 0, 0, 0]], "recompute": [[1, 0, 0, 0], [0, 0, 0, 2]]}
+    arrays = {k: np.array(v) for k, v in lists.items()}
+    np.testing.assert_array_equal(decode(prof, P4V2, arrays), decode(prof, P4V2, lists))
