@@ -141,9 +141,14 @@ def _balance(args: argparse.Namespace) -> int:
         return 1
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        plan.to_yaml(args.out / "plan.yaml")
-        plan.layout.to_csv(args.out / "layout.csv", index=False)
-        print(f"\nwrote {args.out / 'plan.yaml'} and {args.out / 'layout.csv'}")
+        layout = args.out / "layout.csv"
+        plan.layout.to_csv(layout, index=False)
+        try:
+            plan.to_yaml(args.out / "plan.yaml")
+        except ConfigError as exc:  # a cell the MindFormers lists cannot express
+            print(f"\nwrote {layout}; plan.yaml not written: {exc}")
+        else:
+            print(f"\nwrote {args.out / 'plan.yaml'} and {layout}")
     return 0
 
 
