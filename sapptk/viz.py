@@ -461,77 +461,93 @@ def compare(
     return _stack(children, "compare")
 
 
-def stage_bars(plan: Any, *, width: int = 1100) -> UIElement:
-    """Per device: parameter + activation memory stacked against the budget, and
-    forward / backward / recompute time stacked.
+def stage_bars(plan: Any, *, width: int = 1100, constant_mb: float | None = None) -> UIElement:
+    """Per device: memory (parameters, constant, activations) stacked against the budget,
+    and compute time per micro-batch (forward, backward, recompute) stacked.
 
     ``plan`` is a :class:`~sapptk.plan.Plan` or its ``stages`` DataFrame (columns
-    ``device``, ``params_mb``, ``peak_mb``, ``budget_mb``, ``forward_ms``,
-    ``backward_ms``, ``recompute_ms``). Activation memory is ``peak_mb - params_mb``.
+    ``device``, ``params_mb``, ``peak_mb``, optional ``budget_mb``, ``forward_ms``,
+    ``backward_ms`` (recompute included), optional ``recompute_ms``). Activation memory is
+    ``peak_mb - params_mb - constant``; ``constant_mb`` defaults to the plan's
+    ``config.constant_memory`` (0 for a bare frame).
     """
-    stages = plan if isinstance(plan, pd.DataFrame) else plan.stages
+    if isinstance(plan, pd.DataFrame):
+        stages = plan
+        constant = float(constant_mb or 0.0)
+    else:
+        stages = plan.stages
+        if constant_mb is None:
+            constant_mb = getattr(getattr(plan, "config", None), "constant_memory", 0.0)
+        constant = float(constant_mb or 0.0)
     need = {"device", "params_mb", "peak_mb", "forward_ms", "backward_ms"}
     missing = need - set(stages.columns)
     if missing:
         raise ValueError(f"stage_bars: stages frame lacks columns {sorted(missing)}")
+    n = len(stages)
     dev = stages["device"].to_numpy(dtype=np.int64)
     params = stages["params_mb"].to_numpy(dtype=float)
     peak = stages["peak_mb"].to_numpy(dtype=float)
-    recompute = (
-        stages["recompute_ms"].to_numpy(dtype=float) if "recompute_ms" in stages else np.zeros(len(stages))
-    )
-    budget = stages["budget_mb"].to_numpy(dtype=float) if "budget_mb" in stages else np.full(len(stages), np.nan)
+    backward = stages["backward_ms"].to_numpy(dtype=float)
+    recompute = stages["recompute_ms"].to_numpy(dtype=float) if "recompute_ms" in stages else np.zeros(n)
+    budget = stages["budget_mb"].to_numpy(dtype=float) if "budget_mb" in stages else np.full(n, np.nan)
     src = ColumnDataSource(
         {
             "device": dev.astype(str).astype(object),
             "params_mb": params,
-            "activation_mb": np.maximum(peak - params, 0.0),
+            "constant_mb": np.full(n, constant),
+            "activation_mb": np.maximum(peak - params - constant, 0.0),
             "peak_mb": peak,
             "budget_mb": budget,
             "forward_ms": stages["forward_ms"].to_numpy(dtype=float),
-            "backward_ms": stages["backward_ms"].to_numpy(dtype=float),
+            "backward_ms": backward,
+            "plain_backward_ms": np.maximum(backward - recompute, 0.0),
             "recompute_ms": recompute,
         }
     )
     factors = [str(d) for d in dev]
     half = max(width // 2, 300)
     mem = figure(
-        title="memory per device (MB)", x_range=factors, width=half, height=320, tools="hover,save,reset",
-        tooltips=[("device", "@device"), ("parameters", "@params_mb{0,0} MB"),
+        title="peak memory per device (MB)", x_range=factors, width=half, height=340, tools="hover,save,reset",
+        tooltips=[("device", "@device"), ("parameters", "@params_mb{0,0} MB"), ("constant", "@constant_mb{0,0} MB"),
                   ("activations", "@activation_mb{0,0} MB"), ("peak", "@peak_mb{0,0} MB"),
                   ("budget", "@budget_mb{0,0} MB")],
         x_axis_label="device", y_axis_label="MB", output_backend="webgl",
     )
-    mem.vbar_stack(["params_mb", "activation_mb"], x="device", width=0.8, source=src,
-                   color=["#5B6C8F", "#9DB4D9"], legend_label=["parameters", "activations"])
+    fields, colors, labels = ["params_mb"], ["#5b6c8f"], ["parameters"]
+    if constant > 0:
+        fields, colors, labels = [*fields, "constant_mb"], [*colors, "#a0a7b4"], [*labels, "constant"]
+    mem.vbar_stack([*fields, "activation_mb"], x="device", width=0.8, source=src,
+                   color=[*colors, "#9db4d9"], legend_label=[*labels, "activations"], name="memory")
     finite = budget[np.isfinite(budget)]
     top = float(peak.max(initial=0.0))
     if len(finite):
         if np.allclose(finite, finite[0]):
             mem.add_layout(Span(location=float(finite[0]), dimension="width", line_color="#d1495b",
                                 line_dash="dashed", line_width=2, name="budget"))
+            mem.add_layout(Label(x=0, y=float(finite[0]), x_units="screen", text=f"budget {finite[0]:,.0f} MB",
+                                 text_font_size="8pt", text_color="#d1495b", y_offset=2, x_offset=4))
         else:
             mem.scatter(x="device", y="budget_mb", source=src, marker="dash", size=30, color="#d1495b",
                         line_width=2, legend_label="budget")
         top = max(top, float(finite.max()))
-    mem.y_range = Range1d(0, top * 1.15 + 1e-9)
-    mem.legend.location = "top_left"
-    mem.legend.orientation = "horizontal"
+    mem.y_range = Range1d(0, top * 1.18 + 1e-9)
     time = figure(
-        title="compute time per device and micro-batch (ms)", x_range=factors, width=half, height=320,
+        title="compute time per device and micro-batch (ms)", x_range=factors, width=half, height=340,
         tools="hover,save,reset",
         tooltips=[("device", "@device"), ("forward", "@forward_ms{0,0.00} ms"),
-                  ("backward", "@backward_ms{0,0.00} ms"), ("recompute", "@recompute_ms{0,0.00} ms")],
+                  ("backward", "@backward_ms{0,0.00} ms (recompute included)"),
+                  ("recompute", "@recompute_ms{0,0.00} ms")],
         x_axis_label="device", y_axis_label="ms", output_backend="webgl",
     )
-    time.vbar_stack(["forward_ms", "backward_ms", "recompute_ms"], x="device", width=0.8, source=src,
-                    color=[CATEGORY_COLORS["forward"], CATEGORY_COLORS["backward"], "#F2B134"],
-                    legend_label=["forward", "backward", "recompute"])
-    total = src.data["forward_ms"] + src.data["backward_ms"] + recompute
-    time.y_range = Range1d(0, float(total.max(initial=0.0)) * 1.15 + 1e-9)
-    time.legend.location = "top_left"
-    time.legend.orientation = "horizontal"
+    time.vbar_stack(["forward_ms", "plain_backward_ms", "recompute_ms"], x="device", width=0.8, source=src,
+                    color=[CATEGORY_COLORS["forward"], CATEGORY_COLORS["backward"], "#f2b134"],
+                    legend_label=["forward", "backward", "recompute"], name="time")
+    total = src.data["forward_ms"] + src.data["plain_backward_ms"] + recompute
+    time.y_range = Range1d(0, float(total.max(initial=0.0)) * 1.18 + 1e-9)
     for f in (mem, time):
+        f.legend.location = "top_left"
+        f.legend.orientation = "horizontal"
+        f.legend.label_text_font_size = "9pt"
         f.xgrid.grid_line_color = None
         f.toolbar.logo = None
     return row(mem, time, name="stage_bars")

@@ -275,19 +275,37 @@ def test_stage_bars_stack_memory_against_budget_and_time():
     class FakePlan:
         stages = _stages_frame()
 
-    for arg in (FakePlan(), _stages_frame()):
+    want = _stages_frame()
+    for arg in (FakePlan(), want):
         fig = viz.stage_bars(arg)
-        figs = _figures(fig)
-        assert len(figs) == 2
-        renderers = [r for r in fig.select({"type": GlyphRenderer})]
-        src = renderers[0].data_source.data
-        np.testing.assert_allclose(src["params_mb"], _stages_frame()["params_mb"])
-        np.testing.assert_allclose(np.asarray(src["params_mb"]) + np.asarray(src["activation_mb"]),
-                                   _stages_frame()["peak_mb"])
+        assert len(_figures(fig)) == 2
+        mem = [r for r in fig.select({"type": GlyphRenderer}) if r.name and r.name.startswith("memory")]
+        tim = [r for r in fig.select({"type": GlyphRenderer}) if r.name and r.name.startswith("time")]
+        assert len(mem) == 2 and len(tim) == 3  # parameters + activations; forward + backward + recompute
+        src = mem[0].data_source.data
+        np.testing.assert_allclose(src["params_mb"], want["params_mb"])
+        np.testing.assert_allclose(np.asarray(src["params_mb"]) + np.asarray(src["activation_mb"]), want["peak_mb"])
+        # backward is drawn without its recompute part, recompute on top: the stack is the total
+        total = np.asarray(src["forward_ms"]) + np.asarray(src["plain_backward_ms"]) + np.asarray(src["recompute_ms"])
+        np.testing.assert_allclose(total, want["forward_ms"] + want["backward_ms"])
         assert [s.location for s in fig.select({"type": Span, "name": "budget"})] == [56000.0]
-        assert len(renderers) == 5  # parameters + activations, forward + backward + recompute
     with pytest.raises(ValueError, match="columns"):
         viz.stage_bars(pd.DataFrame({"device": [0]}))
+
+
+def test_stage_bars_of_a_real_plan_with_constant_memory():
+    from sapptk.config import PipelineConfig
+    from sapptk.plan import even_split
+    from sapptk.profile import bundled_profile
+
+    config = PipelineConfig(4, 8, chunks=2, schedule="interleaved", memory_budget=60000.0, constant_memory=2000.0)
+    plan = even_split(bundled_profile("llama2_70b"), config, recompute="select")
+    fig = viz.stage_bars(plan)
+    mem = [r for r in fig.select({"type": GlyphRenderer}) if r.name and r.name.startswith("memory")]
+    assert len(mem) == 3  # parameters, constant, activations
+    d = mem[0].data_source.data
+    np.testing.assert_allclose(np.asarray(d["params_mb"]) + np.asarray(d["constant_mb"])
+                               + np.asarray(d["activation_mb"]), plan.stages["peak_mb"])
 
 
 # -------------------------------------------------------------------- output
