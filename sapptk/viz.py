@@ -32,6 +32,7 @@ from bokeh.models import (
     Label,
     Legend,
     LegendItem,
+    NumeralTickFormatter,
     Range1d,
     Span,
 )
@@ -104,7 +105,13 @@ def _device_colors(n: int) -> list[str]:
 
 # ------------------------------------------------------------------ sources
 def _fmt_ms(value: float) -> str:
+    if value >= 1000:
+        return f"{value:,.0f} ms"
     return f"{value:,.1f} ms" if value >= 10 else f"{value:.3g} ms"
+
+
+def _time_axis(fig: figure) -> None:
+    fig.xaxis.formatter = NumeralTickFormatter(format="0,0.[000]")
 
 
 def _sim_title(sim: Any, label: str | None = None) -> str:
@@ -295,6 +302,7 @@ def _gantt(
         fig.add_layout(_kind_legend(boxes, src, chunks), "above")
     fig.title.text_font_size = "11pt"
     fig.toolbar.logo = None
+    _time_axis(fig)
     return fig
 
 
@@ -380,6 +388,7 @@ def _memory_figure(
             legend.ncols = 2
         fig.add_layout(legend, "right")
     fig.toolbar.logo = None
+    _time_axis(fig)
     return fig
 
 
@@ -516,21 +525,23 @@ def stage_bars(plan: Any, *, width: int = 1100, constant_mb: float | None = None
     fields, colors, labels = ["params_mb"], ["#5b6c8f"], ["parameters"]
     if constant > 0:
         fields, colors, labels = [*fields, "constant_mb"], [*colors, "#a0a7b4"], [*labels, "constant"]
-    mem.vbar_stack([*fields, "activation_mb"], x="device", width=0.8, source=src,
-                   color=[*colors, "#9db4d9"], legend_label=[*labels, "activations"], name="memory")
+    mem_bars = mem.vbar_stack([*fields, "activation_mb"], x="device", width=0.8, source=src,
+                              color=[*colors, "#9db4d9"], name="memory")
+    mem_items = [LegendItem(label=t, renderers=[r]) for t, r in zip([*labels, "activations"], mem_bars, strict=True)]
     finite = budget[np.isfinite(budget)]
     top = float(peak.max(initial=0.0))
     if len(finite):
         if np.allclose(finite, finite[0]):
             mem.add_layout(Span(location=float(finite[0]), dimension="width", line_color="#d1495b",
                                 line_dash="dashed", line_width=2, name="budget"))
-            mem.add_layout(Label(x=0, y=float(finite[0]), x_units="screen", text=f"budget {finite[0]:,.0f} MB",
-                                 text_font_size="8pt", text_color="#d1495b", y_offset=2, x_offset=4))
+            swatch = mem.line(x=factors[:1], y=[np.nan], line_color="#d1495b", line_dash="dashed", line_width=2)
+            mem_items.append(LegendItem(label=f"budget {finite[0]:,.0f} MB", renderers=[swatch]))
         else:
-            mem.scatter(x="device", y="budget_mb", source=src, marker="dash", size=30, color="#d1495b",
-                        line_width=2, legend_label="budget")
+            marks = mem.scatter(x="device", y="budget_mb", source=src, marker="dash", size=30, color="#d1495b",
+                                line_width=2)
+            mem_items.append(LegendItem(label="budget", renderers=[marks]))
         top = max(top, float(finite.max()))
-    mem.y_range = Range1d(0, top * 1.18 + 1e-9)
+    mem.y_range = Range1d(0, top * 1.08 + 1e-9)
     time = figure(
         title="compute time per device and micro-batch (ms)", x_range=factors, width=half, height=340,
         tools="hover,save,reset",
@@ -539,15 +550,16 @@ def stage_bars(plan: Any, *, width: int = 1100, constant_mb: float | None = None
                   ("recompute", "@recompute_ms{0,0.00} ms")],
         x_axis_label="device", y_axis_label="ms", output_backend="webgl",
     )
-    time.vbar_stack(["forward_ms", "plain_backward_ms", "recompute_ms"], x="device", width=0.8, source=src,
-                    color=[CATEGORY_COLORS["forward"], CATEGORY_COLORS["backward"], "#f2b134"],
-                    legend_label=["forward", "backward", "recompute"], name="time")
+    time_bars = time.vbar_stack(["forward_ms", "plain_backward_ms", "recompute_ms"], x="device", width=0.8,
+                                source=src, color=[CATEGORY_COLORS["forward"], CATEGORY_COLORS["backward"], "#f2b134"],
+                                name="time")
+    time_items = [LegendItem(label=t, renderers=[r])
+                  for t, r in zip(["forward", "backward", "recompute"], time_bars, strict=True)]
     total = src.data["forward_ms"] + src.data["plain_backward_ms"] + recompute
-    time.y_range = Range1d(0, float(total.max(initial=0.0)) * 1.18 + 1e-9)
-    for f in (mem, time):
-        f.legend.location = "top_left"
-        f.legend.orientation = "horizontal"
-        f.legend.label_text_font_size = "9pt"
+    time.y_range = Range1d(0, float(total.max(initial=0.0)) * 1.08 + 1e-9)
+    for f, items in ((mem, mem_items), (time, time_items)):
+        f.add_layout(Legend(items=items, orientation="horizontal", location="top_left", padding=2, margin=2,
+                            label_text_font_size="9pt", glyph_height=14, glyph_width=18, spacing=8), "above")
         f.xgrid.grid_line_color = None
         f.toolbar.logo = None
     return row(mem, time, name="stage_bars")
