@@ -87,6 +87,23 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def _table(frame: pd.DataFrame, left: Sequence[str] = ("name",)) -> str:
+    """A plain-text table, with the text columns in ``left`` aligned left."""
+    formatters = {}
+    for col in left:
+        if col in frame:
+            width = max([len(col), *(len(str(x)) for x in frame[col])])
+            formatters[col] = lambda x, w=width: f"{x!s:<{w}}"
+    text = frame.to_string(index=False, formatters=formatters)
+    lines = text.splitlines()
+    # left-align the headers of the left columns too
+    for col in left:
+        if col in frame:
+            width = max([len(col), *(len(str(x)) for x in frame[col])])
+            lines[0] = lines[0].replace(f"{col:>{width}}", f"{col:<{width}}", 1)
+    return "\n".join(line.rstrip() for line in lines)
+
+
 # ------------------------------------------------------------------------------ balance
 def _add_balance(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
@@ -122,20 +139,15 @@ def _balance(args: argparse.Namespace) -> int:
     plan = balance(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed)
     print(plan.summary())
     print()
-    rows = []
+    print("compared with the even split (ratio = baseline step time / plan step time; > 1: the plan is faster):")
     for mode in _baseline_modes(profile):
         try:
             base = even_split(profile, config, mode)
         except ConfigError as exc:
-            rows.append((f"even_split({mode})", "n/a", "", "", str(exc)))
+            print(f"  even_split({mode}): n/a: {exc}")
             continue
-        ratio = f"{base.step_time / plan.step_time:.2f}" if plan.solved and plan.step_time else ""
-        rows.append((base.source, f"{base.step_time:.1f}", _yes(base.fits), ratio, ""))
-    table = pd.DataFrame(rows, columns=["baseline", "step_ms", "fits", "baseline/plan", "note"])
-    if not table["note"].any():
-        table = table.drop(columns="note")
-    print("compared with the even split (ratio > 1: the plan is faster):")
-    print(table.to_string(index=False))
+        ratio = f"{base.step_time / plan.step_time:.2f}" if plan.solved and plan.step_time else "n/a"
+        print(f"  {base.source:<22} step {base.step_time:10.1f} ms  fits {_yes(base.fits):<3}  ratio {ratio}")
     if not plan.solved:
         print(f"\nno plan: status {plan.status}")
         return 1
@@ -189,7 +201,7 @@ def _simulate(args: argparse.Namespace) -> int:
             }
         )
     print(_setup_line(profile, config))
-    print(pd.DataFrame(rows).to_string(index=False))
+    print(_table(pd.DataFrame(rows)))
     print("bubble: idle time over busy time, all devices")
     return 0
 
@@ -204,7 +216,7 @@ def _schedules(args: argparse.Namespace) -> int:
     from sapptk.schedules import available
 
     table = available()
-    print(table[["name", "description", "constraints"]].to_string(index=False))
+    print(_table(table[["name", "description", "constraints"]], left=("name", "description", "constraints")))
     return 0
 
 
