@@ -9,8 +9,10 @@ import pandas as pd
 
 from sapptk.errors import ScheduleError
 from sapptk.schedules.basic import build_1f1b, build_gpipe, build_seq1f1b
+from sapptk.schedules.dualpipe import build_dualpipe_v
 from sapptk.schedules.interleaved import build_interleaved, build_interleaved_lm
 from sapptk.schedules.program import Program
+from sapptk.schedules.zerobubble import build_zb_h1, build_zb_v
 
 Builder = Callable[[int, int, int, int], Program]
 
@@ -128,4 +130,21 @@ register(ScheduleSpec(
 register(ScheduleSpec(
     "seq1f1b", build_seq1f1b,
     "Seq1F1B: 1F1B over k sequence slices per micro-batch", splits=True,
+))
+register(ScheduleSpec(
+    "dualpipe-v", build_dualpipe_v,
+    "DualPipeV (DeepSeek): V placement, overlapped F&B pairs, zero-bubble split backwards at the ends",
+    placement="v", chunks=(2,), split_backward=True,
+    min_micro_batches=lambda p, v: 2 * p, min_micro_batches_text="m >= 2p",
+))
+register(ScheduleSpec(
+    "zb-h1", build_zb_h1,
+    "ZB-H1: 1F1B with split backwards, the W of stage s run s micro-batches late",
+    split_backward=True,
+))
+register(ScheduleSpec(
+    "zb-v", build_zb_v,
+    "ZB-V: V placement, split backwards, live activations capped at 1F1B's peak",
+    placement="v", chunks=(2,), split_backward=True,
+    min_micro_batches=lambda p, v: p, min_micro_batches_text="m >= p",
 ))
