@@ -366,3 +366,18 @@ def test_numpy_arrays_are_accepted():
     lists = {"offset": [[-1, 1, 0, 0], [0, 0, 0, 0]], "recompute": [[1, 0, 0, 0], [0, 0, 0, 2]]}
     arrays = {k: np.array(v) for k, v in lists.items()}
     np.testing.assert_array_equal(decode(prof, P4V2, arrays), decode(prof, P4V2, lists))
+
+
+def test_v_placement_cells_are_chunk_then_device():
+    """On a V placement chunk 1 runs the devices backwards: [1][s] is still device s."""
+    prof = make_profile(("body", 16))
+    setup = PipelineConfig(stages=4, micro_batches=8, chunks=2, schedule="dualpipe-v")
+    program = setup.program()
+    grid = mindformers.cell_grid(program)
+    assert grid.tolist() == [[0, 1, 2, 3], [7, 6, 5, 4]]
+    assert all(program.placement[grid[c, s]] == s for c in range(2) for s in range(4))
+    counts = decode(prof, setup, {"offset": [[0, 0, 0, 0], [1, 0, 0, -1]], "recompute": [[0, 0, 0, 0], [3, 0, 0, 0]]})
+    assert counts[0].sum(axis=0).tolist() == [2, 2, 2, 2, 1, 2, 2, 3]
+    assert counts[0, FULL, 7] == 3
+    plan = make_plan(prof, setup, counts, status="feasible", step_time=1.0)
+    assert plan.to_mindformers()["body"]["offset"] == [[0, 0, 0, 0], [1, 0, 0, -1]]

@@ -231,3 +231,12 @@ def test_manual_file_for_llama2_70b():
     assert all(p.counts.sum() == 96 for p in plans.values())
     assert plans["shift_stage0"].counts[0].sum(axis=0)[[0, 16, 12, 28]].tolist() == [2, 2, 4, 4]
     assert not plans["even_select"].fits and plans["full_early"].fits
+
+
+def test_layout_on_a_v_placement():
+    setup = PipelineConfig(stages=4, micro_batches=8, chunks=2, schedule="dualpipe-v")
+    layout = even_split(tiny(16), setup, "none").layout
+    second = layout[layout.chunk == 1]
+    assert second["stage"].tolist() == [0, 1, 2, 3]  # position along chunk 1's pass
+    assert second["device"].tolist() == [3, 2, 1, 0]  # which runs the devices backwards
+    assert (layout["virtual_stage"] == layout["chunk"] * 4 + layout["stage"]).all()
