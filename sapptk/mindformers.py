@@ -83,9 +83,6 @@ RECOMPUTE_KEYS: tuple[str, ...] = KEYS[1:]
 _NONE, _SELECT, _COMM, _BOTH, _FULL = (MODES.index(m) for m in ("none", "select", "comm", "both", "full"))
 _MAX_FILE_BYTES = 4 * 1024 * 1024
 
-# keys of a MindFormers training YAML we read, and where they live
-_TRAINING_MARKERS = ("recompute_config", "model")
-
 
 # ------------------------------------------------------------------------------ context
 @dataclass(frozen=True)
