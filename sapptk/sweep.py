@@ -73,7 +73,9 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures import as_completed as futures_as_completed
-from contextlib import ExitStack, contextmanager
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import ExitStack
+from functools import partial
 from itertools import product
 from pathlib import Path
 from typing import Any
@@ -136,6 +138,9 @@ RESULT_COLUMNS: tuple[str, ...] = (
 )
 COLUMNS: tuple[str, ...] = (*INPUT_COLUMNS, *RESULT_COLUMNS, "key")
 """The columns of a sweep frame, in order (see the module docstring)."""
+
+MAX_ATTEMPTS = 3
+"""How often the ``processes`` executor runs a point whose worker process died."""
 
 MAX_SOLVER_WORKERS = 8
 """Cap on the default CP-SAT workers per solve (more rarely help models of this size)."""
@@ -363,9 +368,14 @@ def _is_dask_client(executor: Any) -> bool:
 
 
 def _pool_context() -> multiprocessing.context.BaseContext:
-    """forkserver where available (cheap children, no inherited threads), else spawn."""
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    """forkserver where available, else spawn: children never inherit the caller's threads
+    or state (a notebook's included). The fork server imports the solver stack once, so
+    later pools start in milliseconds rather than seconds."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["sapptk.sweep", "sapptk.balance"])
+        return ctx
+    return multiprocessing.get_context("spawn")
 
 
 def _run_serial(tasks: Sequence[Task], solve: Solve) -> Iterator[Result]:
@@ -395,31 +405,66 @@ def _run_futures(
     as_completed: Callable[[list[Any]], Iterable[Any]],
     cancel: Callable[[list[Any]], None],
     rescue: Callable[[Result], None],
+    broken: list[Task] | None = None,
 ) -> Iterator[Result]:
     """Submit every task, yield results as they finish; on interrupt, hand finished results to
-    ``rescue`` and cancel the rest."""
+    ``rescue`` and cancel the rest. With ``broken``, tasks lost to a dead process pool go
+    there instead of becoming ``error`` rows (the caller retries them)."""
     futures = {submit(task): task for task in tasks}
     done: set[Any] = set()
     try:
         for fut in as_completed(list(futures)):
             done.add(fut)
+            if broken is not None and isinstance(fut.exception(), BrokenProcessPool):
+                broken.append(futures[fut])
+                continue
             yield _future_result(fut, futures[fut])
     finally:
         pending = [f for f in futures if f not in done]
         if pending:
             for result in _drain(futures, done, _future_result):
-                rescue(result)
+                if result.get("status") != "error":
+                    rescue(result)
             cancel([f for f in pending if not f.done()])
+
+
+def _cancel(pending: list[Future]) -> None:
+    for f in pending:
+        f.cancel()
 
 
 def _run_pool(
     tasks: Sequence[Task], solve: Solve, pool: Executor, rescue: Callable[[Result], None]
 ) -> Iterator[Result]:
-    def cancel(pending: list[Future]) -> None:
-        for f in pending:
-            f.cancel()
+    return _run_futures(tasks, lambda t: pool.submit(_timed, solve, t), futures_as_completed, _cancel, rescue)
 
-    return _run_futures(tasks, lambda t: pool.submit(_timed, solve, t), futures_as_completed, cancel, rescue)
+
+def _run_processes(
+    tasks: Sequence[Task], solve: Solve, slots: int, rescue: Callable[[Result], None]
+) -> Iterator[Result]:
+    """A local process pool. If a process dies (a native crash in a solver), the pool breaks:
+    its unfinished points go to a fresh pool, up to :data:`MAX_ATTEMPTS` times each."""
+    tries: dict[str, int] = {}
+    queue = list(tasks)
+    while queue:
+        pool = ProcessPoolExecutor(max_workers=max(1, min(slots, len(queue))), mp_context=_pool_context())
+        broken: list[Task] = []
+        try:
+            yield from _run_futures(
+                queue, partial(pool.submit, _timed, solve), futures_as_completed, _cancel, rescue, broken
+            )
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        queue = []
+        for task in broken:
+            n = tries[task["key"]] = tries.get(task["key"], 0) + 1
+            if n < MAX_ATTEMPTS:
+                queue.append(task)
+            else:
+                reason = f"the worker process died {n} times while this point was running (a crash in the solver?)"
+                yield {**_no_plan("error", reason), "key": task["key"]}
 
 
 def _run_dask(tasks: Sequence[Task], solve: Solve, client: Any, rescue: Callable[[Result], None]) -> Iterator[Result]:
@@ -697,18 +742,6 @@ def sweep(
 Runner = Callable[..., Iterator[Result]]
 
 
-@contextmanager
-def _pool(slots: int) -> Iterator[ProcessPoolExecutor]:
-    """A process pool that is joined after a sweep, and dropped without waiting on an interrupt."""
-    pool = ProcessPoolExecutor(max_workers=slots, mp_context=_pool_context())
-    try:
-        yield pool
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-
-
 def _open(
     executor: Any, todo: Sequence[Task], solve: Solve, workers: int | None, stack: ExitStack
 ) -> tuple[Runner, int]:
@@ -718,8 +751,7 @@ def _open(
         return (lambda tasks, rescue: _run_serial(tasks, solve)), 1
     if executor == "processes":
         slots = max(1, min(len(todo), cores // workers if workers else cores))
-        pool = stack.enter_context(_pool(slots))
-        return (lambda tasks, rescue: _run_pool(tasks, solve, pool, rescue)), slots
+        return (lambda tasks, rescue: _run_processes(tasks, solve, slots, rescue)), slots
     if isinstance(executor, str) and (executor == "dask" or executor.startswith("dask://")):
         from distributed import Client, LocalCluster
 

@@ -80,7 +80,17 @@ def failing_solve(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def dying_solve(task: dict[str, Any]) -> dict[str, Any]:
+    """Kills its process (like a native abort in the solver) every time."""
     os._exit(3)
+
+
+def dying_once_solve(task: dict[str, Any]) -> dict[str, Any]:
+    """Kills its process the first time (the marker file is named by the profile name)."""
+    mark = Path(task["profile_name"])
+    if not mark.exists():
+        mark.touch()
+        os._exit(3)
+    return fake_solve(task)
 
 
 def counting_solve(task: dict[str, Any]) -> dict[str, Any]:
@@ -201,10 +211,18 @@ def test_solver_failures_become_error_rows() -> None:
     assert "RuntimeError: boom" in df["error"].iloc[1]
 
 
-def test_dead_worker_process_gives_error_rows() -> None:
-    df = sweep(DEMO, {"stages": [4, 8], "micro_batches": [8]}, solve=dying_solve, executor="processes",
-               progress=False)
-    assert (df["status"] == "error").all() and df["error"].str.contains("BrokenProcessPool|terminated").all()
+def test_dead_worker_processes_are_retried_then_give_error_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sapptk.sweep
+
+    grid = {"stages": [4, 8], "micro_batches": [8]}
+    mark = str(tmp_path / "died")
+    df = sweep({mark: DEMO}, grid, solve=dying_once_solve, executor="processes", progress=False)
+    assert df["status"].tolist() == ["optimal", "optimal"] and Path(mark).exists()
+    monkeypatch.setattr(sapptk.sweep, "MAX_ATTEMPTS", 2)
+    df = sweep(DEMO, grid, solve=dying_solve, executor="processes", progress=False)
+    assert (df["status"] == "error").all() and df["error"].str.contains("worker process died 2 times").all()
 
 
 def test_best_per_budget() -> None:
