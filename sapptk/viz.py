@@ -120,7 +120,7 @@ def _sim_title(sim: Any, label: str | None = None) -> str:
     if pr.splits > 1:
         parts.append(f"k={pr.splits}")
     head = " ".join(parts)
-    if label:
+    if label and label != pr.name:
         head = f"{label}: {head}"
     return (
         f"{head} | step time {_fmt_ms(sim.step_time)} | "

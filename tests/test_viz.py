@@ -12,7 +12,7 @@ from bokeh.models import GlyphRenderer, GridPlot, HoverTool, Range1d, Span
 from bokeh.plotting import figure
 
 from sapptk import viz
-from sapptk.schedules import Op, build, make_program
+from sapptk.schedules import Op, build, get, make_program, names
 
 
 def _sim(name="interleaved", p=4, m=8, v=2, k=1, **kw):
@@ -93,6 +93,21 @@ def test_every_op_is_one_box_at_its_start_and_end(args):
     dev = np.asarray(data["device"])
     assert np.all(np.asarray(data["lower"]) >= dev - 0.4 - 1e-9)
     assert np.all(np.asarray(data["upper"]) <= dev + 0.4 + 1e-9)
+
+
+@pytest.mark.parametrize("name", names())
+def test_every_registered_schedule_draws_all_its_ops(name):
+    spec = get(name)
+    v = 2 if spec.chunks is None else (2 if 2 in spec.chunks else spec.chunks[0])
+    k = 2 if spec.splits else 1
+    m = max(8, spec.min_micro_batches(4, v))
+    program = build(name, stages=4, micro_batches=m, chunks=v, splits=k)
+    sim = program.simulate(1.0, 1.5, 0.5, activation=3.0, params=10.0)
+    data = _renderer(viz.timeline(sim, budget=100.0), "ops").data_source.data
+    np.testing.assert_array_equal(np.asarray(data["start_ms"]), sim.events["start_ms"].to_numpy())
+    np.testing.assert_array_equal(np.asarray(data["end_ms"]), sim.events["end_ms"].to_numpy())
+    sizes = sim.events.groupby("unit")["unit"].transform("size").to_numpy()
+    assert ((np.asarray(data["category"]) == "overlapped") == (sizes > 1)).all()
 
 
 def test_memory_steps_equal_simulation_memory():
