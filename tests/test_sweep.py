@@ -20,6 +20,7 @@ from sapptk.errors import ConfigError, SapptkError
 from sapptk.profile import MODES, bundled_profile
 from sapptk.sweep import (
     COLUMNS,
+    INPUT_COLUMNS,
     STATUSES,
     _profile_of,
     best,
@@ -364,3 +365,85 @@ def test_plots_draw_the_solved_points_with_hover() -> None:
     dots = [r for r in fig.renderers if type(r.glyph).__name__ == "Scatter"]
     assert sum(len(r.data_source.data["step_time_ms"]) for r in dots[:-1]) == len(solved)
     assert any(type(r.glyph).__name__ == "Step" for r in fig.renderers)
+
+
+# ------------------------------------------------------------ the real balancer
+# Small problems that CP-SAT settles within a second even with one worker: optimal step
+# times are unique, so every executor must agree on status and step time.
+REAL = {"stages": [4], "micro_batches": [8], "schedule": ["1f1b", "interleaved", "zb-h1"], "chunks": [1, 2],
+        "memory_budget": [60000, 90000]}
+REAL_LIMIT = 20
+
+
+def _agree(frame: pd.DataFrame, reference: pd.DataFrame) -> None:
+    cols = [*INPUT_COLUMNS, "status", "step_time_ms", "key"]
+    pd.testing.assert_frame_equal(frame[cols], reference[cols])
+
+
+@pytest.fixture(scope="module")
+def serial_frame() -> pd.DataFrame:
+    return sweep(DEMO, REAL, time_limit=REAL_LIMIT, progress=False)
+
+
+def test_real_sweep_rows(serial_frame: pd.DataFrame) -> None:
+    df = serial_frame
+    assert len(df) == 12 and list(df.columns) == list(COLUMNS)
+    by = df.set_index(["schedule", "chunks", "memory_budget_mb"])["status"].astype(str)
+    assert by[("1f1b", 2, 90000.0)] == "invalid" and by[("zb-h1", 2, 60000.0)] == "invalid"
+    assert by[("interleaved", 2, 90000.0)] == "optimal" and by[("1f1b", 1, 90000.0)] == "optimal"
+    assert by[("zb-h1", 1, 90000.0)] == "infeasible"
+    assert (df.loc[df["memory_budget_mb"] == 60000, "status"].isin(["infeasible", "invalid"])).all()
+    no_plan = df[df["status"].isin(["infeasible", "invalid"])]
+    assert no_plan["error"].str.len().gt(10).all() and no_plan["step_time_ms"].isna().all()
+    ok = df[df["status"] == "optimal"]
+    assert (ok["peak_mb_max"] <= ok["memory_budget_mb"] + 1e-6).all()
+    assert ok["peak_mb"].map(len).eq(4).all() and (ok["gap"] == 0).all()
+    assert ((ok["bound_ms"] - ok["step_time_ms"]).abs() < 1e-6).all()
+    assert ok["bubble_of_compute"].between(0, 1).all() and ok["recompute_ms"].ge(0).all()
+    # the row is the plan: balance() directly gives the same step time
+    from sapptk.balance import balance
+
+    plan = balance(DEMO, PipelineConfig(4, 8, chunks=2, schedule="interleaved", memory_budget=90000),
+                   time_limit=REAL_LIMIT)
+    row = ok[(ok["schedule"] == "interleaved") & (ok["chunks"] == 2)].iloc[0]
+    assert row["step_time_ms"] == pytest.approx(plan.step_time)
+    assert row["peak_mb_max"] == pytest.approx(float(plan.simulate().peak_memory.max()))
+
+
+def test_invalid_combinations_are_rows_not_exceptions() -> None:
+    grid = [
+        {"stages": 4, "micro_batches": 8, "schedule": "dualpipe-v", "chunks": 3},
+        {"stages": 4, "micro_batches": 2},  # fewer micro-batches than stages
+        {"stages": 4, "micro_batches": 8, "schedule": "no-such-schedule"},
+        {"stages": 4, "micro_batches": 8, "recompute": ("select",), "memory_budget": 1e6},
+        {"stages": 4, "micro_batches": 8, "memory_budget": 1000},
+    ]
+    df = sweep(DEMO, grid, time_limit=REAL_LIMIT, progress=False)
+    assert df["status"].astype(str).tolist() == ["invalid", "invalid", "invalid", "optimal", "infeasible"]
+    assert "chunks = 3" in df["error"].iloc[0] and "no-such-schedule" in df["error"].iloc[2]
+    assert df["recompute"].astype(str).iloc[3] == "select"
+
+
+def test_processes_give_the_serial_frame(serial_frame: pd.DataFrame) -> None:
+    df = sweep(DEMO, REAL, executor="processes", time_limit=REAL_LIMIT, progress=False)
+    _agree(df, serial_frame)
+
+
+def test_dask_local_cluster_gives_the_serial_frame(serial_frame: pd.DataFrame) -> None:
+    distributed = pytest.importorskip("distributed")
+    with (
+        distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        df = sweep(DEMO, REAL, executor=client, time_limit=REAL_LIMIT, progress=False)
+    _agree(df, serial_frame)
+
+
+def test_real_cached_sweep_resumes_without_redoing_points(tmp_path: Path, serial_frame: pd.DataFrame) -> None:
+    first = {**REAL, "memory_budget": [90000]}
+    sweep(DEMO, first, solve=counting_solve, time_limit=REAL_LIMIT, cache=tmp_path, progress=False)
+    assert len(CALLS) == 6
+    CALLS.clear()
+    df = sweep(DEMO, REAL, solve=counting_solve, time_limit=REAL_LIMIT, cache=tmp_path, progress=False)
+    assert len(CALLS) == 6 and all(c["memory_budget"] == 60000 for c in CALLS)
+    _agree(df, serial_frame)
