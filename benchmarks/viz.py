@@ -10,7 +10,11 @@ renderer from that source (a bare Gantt, no colours, labels, hover or memory);
 ``loop`` = the obvious per-op Python
 loop that builds the box columns row by row (what the vectorised code avoids); and
 ``html`` = writing the standalone page (serialising the data, inline JS), with its size.
-Best of 3 runs each, all in the same process.
+``browser s`` = opening that page in headless Chromium until Bokeh reports the render
+done, with the default WebGL backend and with ``backend="canvas"``, when Chromium and
+Selenium are installed. Headless Chromium has no GPU: its WebGL is software
+(SwiftShader), far slower than WebGL on a real GPU, so read the WebGL figure as a worst case.
+Best of 3 runs each (1 for the loop, html and browser), all in the same process.
 """
 
 from __future__ import annotations
@@ -66,10 +70,27 @@ def per_op_loop(events) -> ColumnDataSource:
     return ColumnDataSource(cols)
 
 
+def browser_render(path: Path) -> float | None:
+    """Seconds from navigation to Bokeh's idle signal in headless Chromium, or None."""
+    try:
+        from bokeh.io.export import wait_until_render_complete
+
+        drv = viz.chromium_driver()
+    except Exception:
+        return None
+    try:
+        t = time.perf_counter()
+        drv.get(path.resolve().as_uri())
+        wait_until_render_complete(drv, 120)
+        return time.perf_counter() - t
+    finally:
+        viz._quit(drv)
+
+
 def main() -> None:
     cases = [("interleaved", 16, 32, 2), ("interleaved", 16, 1600, 2), ("1f1b", 8, 6250, 1)]
     print(f"{'case':<30} {'ops':>8} {'timeline s':>11} {'cds s':>8} {'ratio':>6} {'bare s':>7} {'loop s':>8} "
-          f"{'html s':>7} {'html MB':>8}")
+          f"{'html s':>7} {'html MB':>8} {'browser s webgl/canvas':>23}")
     with tempfile.TemporaryDirectory() as tmp:
         for name, p, m, v in cases:
             sim = build(name, stages=p, micro_batches=m, chunks=v).simulate(1.0, 2.0, activation=10.0)
@@ -80,11 +101,14 @@ def main() -> None:
             t_loop = best_of(lambda sim=sim: per_op_loop(sim.events), repeat=1)
             fig = viz.timeline(sim, budget=100.0)
             path = Path(tmp) / "t.html"
+            canvas_path = viz.save_html(viz.timeline(sim, budget=100.0, backend="canvas"), Path(tmp) / "c.html")
             t_html = best_of(lambda fig=fig, path=path: viz.save_html(fig, path), repeat=1)
             size = path.stat().st_size / 1e6
+            shown, shown_canvas = browser_render(path), browser_render(canvas_path)
+            browser = "n/a" if shown is None else f"{shown:.1f}/{shown_canvas:.1f}"
             label = f"{name} p={p} v={v} m={m}"
             print(f"{label:<30} {n:>8} {t_fig:>11.3f} {t_cds:>8.4f} {t_fig / t_cds:>6.0f} {t_bare:>7.3f} "
-                  f"{t_loop:>8.3f} {t_html:>7.2f} {size:>8.1f}")
+                  f"{t_loop:>8.3f} {t_html:>7.2f} {size:>8.1f} {browser:>23}")
 
 
 if __name__ == "__main__":

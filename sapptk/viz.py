@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from bokeh.models import (
     Legend,
     LegendItem,
     NumeralTickFormatter,
+    Plot,
     Range1d,
     Span,
 )
@@ -49,6 +51,7 @@ __all__ = [
     "compare",
     "export_png",
     "export_svg",
+    "op_source",
     "save_html",
     "stage_bars",
     "timeline",
@@ -141,12 +144,10 @@ def op_source(events: pd.DataFrame, chunks: int | None = None) -> ColumnDataSour
     kind = ev["kind"].astype(str).to_numpy()
     kind_codes = pd.Series(kind).map(_KIND_CATEGORY).to_numpy(dtype=np.int64) if n else np.zeros(0, np.int64)
     unit = ev["unit"].to_numpy()
-    # ops per unit and rank inside it (events are in op order, ops of a unit adjacent)
-    _, inverse, counts = np.unique(unit, return_inverse=True, return_counts=True)
-    size = counts[inverse] if n else np.zeros(0, np.int64)
-    first = np.r_[True, unit[1:] != unit[:-1]] if n else np.zeros(0, bool)
-    start_idx = np.maximum.accumulate(np.where(first, np.arange(n), 0)) if n else np.zeros(0, np.int64)
-    rank = np.arange(n) - start_idx
+    # ops per unit and each op's rank inside its unit (its strip of the row)
+    by_unit = pd.Series(unit).groupby(unit, sort=False)
+    size = by_unit.transform("size").to_numpy(dtype=np.int64)
+    rank = by_unit.cumcount().to_numpy(dtype=np.int64)
     category = np.where(size > 1, _OVERLAPPED, kind_codes)
     chunk = ev["chunk"].to_numpy(dtype=np.int64)
     v = int(chunks if chunks is not None else (chunk.max() + 1 if n else 1))
@@ -226,7 +227,8 @@ def _label_source(src: ColumnDataSource, px_per_ms: float) -> ColumnDataSource:
 
 # ------------------------------------------------------------------ figures
 def _gantt(
-    sim: Any, x_range: Range1d, title: str, width: int, *, legend: bool = True, x_axis: bool = True
+    sim: Any, x_range: Range1d, title: str, width: int, *, legend: bool = True, x_axis: bool = True,
+    backend: str = "webgl",
 ) -> figure:
     pr = sim.program
     p = pr.stages
@@ -240,7 +242,7 @@ def _gantt(
         y_range=Range1d(p - 0.5, -0.5, bounds="auto"),
         tools=_TOOLS,
         active_scroll="xwheel_zoom",
-        output_backend="webgl",
+        output_backend=backend,
         x_axis_label="time (ms)" if x_axis else None,
         y_axis_label="device",
     )
@@ -324,7 +326,8 @@ def _kind_legend(boxes: Any, src: ColumnDataSource, chunks: int) -> Legend:
 
 
 def _memory_figure(
-    memory: pd.DataFrame, p: int, x_range: Range1d, width: int, budget: float | None, y_end: float | None = None
+    memory: pd.DataFrame, p: int, x_range: Range1d, width: int, budget: float | None, y_end: float | None = None,
+    backend: str = "webgl",
 ) -> figure:
     fig = figure(
         width=width,
@@ -332,7 +335,7 @@ def _memory_figure(
         x_range=x_range,
         tools=_TOOLS,
         active_scroll="xwheel_zoom",
-        output_backend="webgl",
+        output_backend=backend,
         x_axis_label="time (ms)",
         y_axis_label="memory in use (MB)",
     )
@@ -400,6 +403,11 @@ def _stack(figs: list[figure], name: str) -> UIElement:
     return grid
 
 
+def _check_backend(backend: str) -> None:
+    if backend not in ("webgl", "canvas", "svg"):
+        raise ValueError(f"backend = {backend!r}: expected 'webgl', 'canvas' or 'svg'")
+
+
 def _check_sim(sim: Any, name: str = "sim") -> None:
     for attr in ("events", "memory", "program", "step_time", "bubble"):
         if not hasattr(sim, attr):
@@ -409,7 +417,13 @@ def _check_sim(sim: Any, name: str = "sim") -> None:
 
 
 def timeline(
-    sim: Any, *, budget: float | None = None, title: str | None = None, width: int = _WIDTH, memory: bool = True
+    sim: Any,
+    *,
+    budget: float | None = None,
+    title: str | None = None,
+    width: int = _WIDTH,
+    memory: bool = True,
+    backend: str = "webgl",
 ) -> UIElement:
     """Gantt chart of a :class:`~sapptk.simulate.Simulation` with its memory below.
 
@@ -417,15 +431,17 @@ def timeline(
     (forward, backward, input-gradient, weight-gradient; overlapped pairs share a row
     in strips), lighter for later chunks, with the micro-batch written on boxes wide
     enough. Below, sharing the time axis, memory in use per device as steps, and the
-    ``budget`` (MB) as a dashed line when given. Returns a Bokeh column layout.
+    ``budget`` (MB) as a dashed line when given. ``backend``: Bokeh's output backend,
+    "webgl" (default; fast with a GPU) or "canvas". Returns a Bokeh grid layout.
     """
     _check_sim(sim)
+    _check_backend(backend)
     end = max(float(sim.step_time), 1e-9)
     x_range = Range1d(0, end * 1.01, bounds=(0, end * 1.01), name="time_range")
-    gantt = _gantt(sim, x_range, title or _sim_title(sim), width, x_axis=not memory)
+    gantt = _gantt(sim, x_range, title or _sim_title(sim), width, x_axis=not memory, backend=backend)
     figs = [gantt]
     if memory:
-        figs.append(_memory_figure(sim.memory, sim.program.stages, x_range, width, budget))
+        figs.append(_memory_figure(sim.memory, sim.program.stages, x_range, width, budget, backend=backend))
     return _stack(figs, "timeline")
 
 
@@ -435,13 +451,15 @@ def compare(
     budget: float | None = None,
     memory: bool = False,
     width: int = _WIDTH,
+    backend: str = "webgl",
 ) -> UIElement:
     """Several simulations stacked on one shared time axis (the shorter one looks shorter).
 
     ``labels`` name the simulations (default "1", "2", ...). With ``memory=True`` each
     timeline has its memory pane, all on one memory scale with the ``budget`` line.
-    A dotted line marks the end of each step.
+    A dotted line marks the end of each step. ``backend`` as in :func:`timeline`.
     """
+    _check_backend(backend)
     if not sims:
         raise ValueError("compare: give at least one simulation")
     for i, s in enumerate(sims):
@@ -461,12 +479,12 @@ def compare(
     best = min(float(s.step_time) for s in sims)
     for s, label in zip(sims, labels, strict=True):
         ratio = f" ({float(s.step_time) / best:.2f}x the fastest)" if len(sims) > 1 and best > 0 else ""
-        g = _gantt(s, x_range, _sim_title(s, label) + ratio, width, x_axis=True)
+        g = _gantt(s, x_range, _sim_title(s, label) + ratio, width, x_axis=True, backend=backend)
         g.add_layout(Span(location=float(s.step_time), dimension="height", line_color="black",
                           line_dash="dotted", line_width=1.5, name="step-end"))
         children.append(g)
         if memory:
-            children.append(_memory_figure(s.memory, s.program.stages, x_range, width, budget, y_end))
+            children.append(_memory_figure(s.memory, s.program.stages, x_range, width, budget, y_end, backend))
     return _stack(children, "compare")
 
 
@@ -654,7 +672,24 @@ def _quit(drv: Any) -> None:
             shutil.rmtree(profile, ignore_errors=True)
 
 
-def export_png(fig: UIElement, path: str | Path, *, timeout: int = 30) -> Path:
+@contextmanager
+def _canvas_backend(fig: UIElement) -> Iterator[None]:
+    """Render plots on the 2D canvas while exporting, then put their backends back.
+
+    A static image gains nothing from WebGL, and headless Chromium has no GPU: its
+    software WebGL is several times slower than the canvas on large timelines.
+    """
+    plots = [p for p in fig.select({"type": Plot}) if p.output_backend == "webgl"]
+    for p in plots:
+        p.output_backend = "canvas"
+    try:
+        yield
+    finally:
+        for p in plots:
+            p.output_backend = "webgl"
+
+
+def export_png(fig: UIElement, path: str | Path, *, timeout: int = 60) -> Path:
     """Write ``fig`` as a PNG through headless Chromium (needs the ``export`` extra)."""
     from bokeh.io import export_png as _bokeh_export_png
 
@@ -662,13 +697,14 @@ def export_png(fig: UIElement, path: str | Path, *, timeout: int = 30) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     drv = chromium_driver()
     try:
-        _bokeh_export_png(fig, filename=str(path), webdriver=drv, timeout=timeout)
+        with _canvas_backend(fig):
+            _bokeh_export_png(fig, filename=str(path), webdriver=drv, timeout=timeout)
     finally:
         _quit(drv)
     return path
 
 
-def export_svg(fig: UIElement, path: str | Path, *, timeout: int = 30) -> list[Path]:
+def export_svg(fig: UIElement, path: str | Path, *, timeout: int = 60) -> list[Path]:
     """Write ``fig`` as SVG through headless Chromium (needs the ``export`` extra).
 
     A layout of several plots gives one file per plot (``path``, ``path_1``, ...).
@@ -679,7 +715,8 @@ def export_svg(fig: UIElement, path: str | Path, *, timeout: int = 30) -> list[P
     path.parent.mkdir(parents=True, exist_ok=True)
     drv = chromium_driver()
     try:
-        names = _bokeh_export_svg(fig, filename=str(path), webdriver=drv, timeout=timeout)
+        with _canvas_backend(fig):
+            names = _bokeh_export_svg(fig, filename=str(path), webdriver=drv, timeout=timeout)
     finally:
         _quit(drv)
     return [Path(n) for n in names]

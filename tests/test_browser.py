@@ -163,3 +163,7 @@ def test_export_png_and_svg(tmp_path):
     assert img.shape[1] > 800 and len(np.unique(img.reshape(-1, img.shape[2]), axis=0)) > 20
     svgs = viz.export_svg(fig, tmp_path / "t.svg")
     assert svgs and all(p.read_text().lstrip().startswith("<svg") for p in svgs)
+    # exported on the canvas, the figure itself is left as it was
+    from bokeh.models import Plot
+
+    assert {p.output_backend for p in fig.select({"type": Plot})} == {"webgl"}

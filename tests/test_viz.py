@@ -148,6 +148,14 @@ def test_gantt_and_memory_share_the_time_axis_and_use_webgl():
     assert figs[0].y_range.start > figs[0].y_range.end
 
 
+def test_backend_can_be_canvas():
+    sim = _sim()
+    assert {f.output_backend for f in _figures(viz.timeline(sim, backend="canvas"))} == {"canvas"}
+    assert {f.output_backend for f in _figures(viz.compare(sim, sim, backend="canvas", memory=True))} == {"canvas"}
+    with pytest.raises(ValueError, match="backend"):
+        viz.timeline(sim, backend="gpu")
+
+
 def test_title_states_schedule_sizes_step_time_and_bubble():
     sim = _sim("interleaved", 4, 8, 2, forward=0.5, backward=1.0)
     fig = viz.timeline(sim)
