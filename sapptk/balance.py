@@ -1,0 +1,553 @@
+"""The balancer: layers and recompute modes per virtual stage, by CP-SAT, exactly as simulated.
+
+What it decides
+---------------
+How many layers of each body group, in each recompute mode, every virtual stage holds.
+Body groups stay contiguous and in model order (a virtual stage may end one group and start
+the next); every virtual stage without the head or tail holds at least one body layer
+(unless ``allow_empty_stages``).
+
+Memory is exact (design idea 2): for each device and each Pareto-maximal live vector
+``row`` of :meth:`Program.live_points`, ``static + Σ_chunks row_c · activation_c ≤ budget``
+— the rows the simulator walks through, so m mod p, V placements, sequence slices and split
+backwards are all covered (fractions scaled to integers exactly).
+
+Time is exact too (design idea 3), by *path generation*. The simulator's step time is the
+longest path through the program's dependency graph; every op's duration is linear in the
+assignment, so each path P gives a linear lower bound ``Z ≥ len_P`` on the step time. The
+optimum of ``min Z`` subject to *all* paths is the true optimum; there are far too many
+paths, but few matter. So the master problem holds a set of paths; we compute the exact
+longest path of each solution it reports (integer arithmetic, proven equal to the
+simulator by the tests) and add that path when it is longer than the master believed.
+The master's optimum is a lower bound on the true optimum (it relaxes it); every solution
+is a real, memory-feasible plan, so its simulated step time is an upper bound; when the
+two meet, optimality is proven. The first master holds every device's own op chain (a
+path) and the critical paths of the even splits.
+
+The master problem (:mod:`sapptk.solver.masters`) picks one *layout* per device among an
+enumeration (:mod:`sapptk.solver.options`) of the layouts that fit its memory, Pareto-
+reduced; this strong formulation is what lets CP-SAT prove optimality in seconds. When
+there are too many layouts (many chunks per device) it falls back to the layer counts
+``x[g, r, vs]`` with one memory row per live point; both are exact.
+
+Ties are broken lexicographically by the same loop with the step time held at its
+optimum: first the least recompute overhead (backward time above the no-recompute
+backward, summed over layers), then the smallest deviation from the even split,
+``Σ_vs |V · layers_vs − N|``. With ``deterministic=True`` CP-SAT's workers interleave
+deterministically, so the same input gives the same plan.
+
+All integer units come from :mod:`sapptk.costs`; the solver's time unit is a *tick*,
+``TIME_UNIT_MS / splits`` (a slice op of a stage costing c units lasts c ticks).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, LayerCoefficients, layer_coefficients
+from sapptk.profile import MODES
+from sapptk.solver.masters import LayerMaster, LayoutMaster, Master
+from sapptk.solver.options import TooManyLayouts, device_layouts, stage_options
+from sapptk.solver.paths import memory_model, path_model, stage_cost_vector
+
+if TYPE_CHECKING:
+    from sapptk.config import PipelineConfig
+    from sapptk.plan import Plan
+    from sapptk.profile import Profile
+
+__all__ = ["BalanceResult", "balance", "solve"]
+
+
+@dataclass
+class BalanceResult:
+    """What the search found, before it becomes a :class:`~sapptk.plan.Plan`.
+
+    ``step_ticks``/``bound_ticks`` are in ticks (``ticks_ms`` ms each); ``counts`` is None
+    when no plan was found. ``overhead`` (time units per micro-batch) and ``deviation`` are
+    the tie-break objectives of the returned counts. ``iterations`` counts CP-SAT solves,
+    ``cuts`` the paths in the final master, ``layouts`` the enumerated device layouts
+    (0 when the layer-count model was used).
+    """
+
+    status: str
+    counts: np.ndarray | None = None
+    step_ticks: int | None = None
+    bound_ticks: int | None = None
+    overhead: int | None = None
+    deviation: int | None = None
+    ticks_ms: float = TIME_UNIT_MS
+    seconds: float = 0.0
+    iterations: int = 0
+    cuts: int = 0
+    layouts: int = 0
+    message: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def step_time(self) -> float | None:
+        """Predicted (= simulated) step time in ms."""
+        return None if self.step_ticks is None else self.step_ticks * self.ticks_ms
+
+    @property
+    def bound(self) -> float | None:
+        """Proven lower bound on the optimal step time in ms."""
+        return None if self.bound_ticks is None else self.bound_ticks * self.ticks_ms
+
+    @property
+    def gap(self) -> float | None:
+        """(step − bound) / step, 0 when proven optimal."""
+        if self.step_ticks is None or self.bound_ticks is None:
+            return None
+        if self.step_ticks <= 0:
+            return 0.0
+        return max(0.0, (self.step_ticks - self.bound_ticks) / self.step_ticks)
+
+
+class _Search:
+    """Path generation around a master problem; see the module docstring."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        config: PipelineConfig,
+        *,
+        time_limit: float,
+        workers: int,
+        seed: int,
+        deterministic: bool,
+        allow_empty: bool,
+    ) -> None:
+        self.t0 = time.perf_counter()
+        self.deadline = self.t0 + float(time_limit)
+        self.profile, self.config = profile, config
+        self.coef: LayerCoefficients = layer_coefficients(profile, config)
+        self.program = config.program()
+        self.paths = path_model(self.program)
+        self.memory = memory_model(self.program)
+        self.k = self.program.splits
+        self.comm_ticks = self.coef.comm * self.k
+        self.budget = (
+            None if config.memory_budget is None else int(math.floor(config.memory_budget / MEMORY_UNIT_MB + 1e-6))
+        )
+        self.allow_empty = allow_empty
+        self.workers, self.seed, self.deterministic = workers, seed, deterministic
+        self.iterations = 0
+        self.pool: dict[bytes, tuple[np.ndarray, int]] = {}  # every path seen: key -> (sig, crossings)
+        self.master: Master | None = None
+        self.best: np.ndarray | None = None
+        self.best_z: int | None = None
+
+    # ---------------------------------------------------------------- helpers
+    def remaining(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def fits(self, counts: np.ndarray) -> bool:
+        """Whether an assignment fits the budget (exact, from the live points)."""
+        if self.budget is None:
+            return True
+        return bool((self.memory.peaks(self.coef, self.program, counts) <= self.memory.scale * self.budget).all())
+
+    def valid(self, counts: np.ndarray) -> bool:
+        """Structure the masters enforce: allowed modes only, no empty stage unless allowed."""
+        if (counts[~self.coef.allowed] != 0).any():
+            return False
+        if not self.allow_empty:
+            empty = (counts.sum(axis=(0, 1)) == 0) & (self.coef.fixed_layers == 0)
+            if empty.any():
+                return False
+        return True
+
+    def evaluate(self, counts_list: list[np.ndarray], cap: int | None = None) -> list[int]:
+        """Exact step ticks of each assignment. Records every critical path in the pool and,
+        when it is longer than ``cap`` (or always, without a cap), as a cut in the master."""
+        if not counts_list:
+            return []
+        costs = np.stack([stage_cost_vector(self.coef, c) for c in counts_list])
+        steps, paths = self.paths.longest(costs, self.coef.comm)
+        out = []
+        for step, (sig, crossings) in zip(steps.tolist(), paths, strict=True):
+            key = sig.tobytes() + int(crossings).to_bytes(8, "little")
+            self.pool.setdefault(key, (sig, crossings))
+            if self.master is not None and (cap is None or step > cap):
+                self.master.add_cut(sig, crossings)
+            out.append(int(step))
+        return out
+
+    def offer(self, counts: np.ndarray, z: int) -> None:
+        if self.best_z is None or z < self.best_z:
+            self.best, self.best_z = counts, z
+
+    def solve(self, time_cap: float | None = None) -> tuple[int, cp_model.CpSolver, list[np.ndarray]]:
+        """One CP-SAT solve of the master; every solution it reports, as counts."""
+        assert self.master is not None
+        solver = cp_model.CpSolver()
+        prm = solver.parameters
+        prm.num_workers = int(self.workers)
+        prm.random_seed = int(self.seed)
+        limit = self.remaining() if time_cap is None else min(self.remaining(), time_cap)
+        prm.max_time_in_seconds = max(0.05, limit)
+        if self.deterministic:
+            prm.interleave_search = True
+        collector = _Collector(self.master.variables)
+        status = solver.solve(self.master.model, collector)
+        self.iterations += 1
+        if status == cp_model.MODEL_INVALID:
+            raise AssertionError(f"balance: invalid CP-SAT model: {self.master.model.validate()}")
+        sols = [self.master.counts_of(v) for v in collector.solutions]
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            final = self.master.counts_of([solver.value(v) for v in self.master.variables])
+            if not any(np.array_equal(final, s) for s in sols[-1:]):
+                sols.append(final)
+        return status, solver, sols
+
+    def use(self, master: Master) -> None:
+        """Make ``master`` current, with every device chain and every path seen as cuts."""
+        self.master = master
+        for d in range(self.program.stages):
+            master.add_cut(self.paths.device_sig[d], 0)
+        for sig, crossings in self.pool.values():
+            master.add_cut(sig, crossings)
+
+    # ----------------------------------------------------------------- phases
+    def seed_incumbents(self) -> None:
+        """Even splits (each allowed mode) as first incumbents and sources of paths."""
+        seeds = [c for c in (_even(self.profile, self.config, self.coef, r) for r in range(len(MODES))) if c is not None]
+        unique = []
+        for c in seeds:
+            if not any(np.array_equal(c, u) for u in unique):
+                unique.append(c)
+        steps = self.evaluate(unique)
+        for c, z in zip(unique, steps, strict=True):
+            if self.valid(c) and self.fits(c):
+                self.offer(c, z)
+
+    def first_plan(self, share: float) -> bool:
+        """No even split fits: find a plan with the layer-count model. False if there is none."""
+        master = LayerMaster(self.coef, self.program, self.comm_ticks, budget=self.budget, allow_empty=self.allow_empty)
+        self.use(master)
+        master.model.minimize(master.z)
+        cap = max(1.0, share * self.remaining())
+        while self.best_z is None and self.remaining() > 0:
+            status, _, sols = self.solve(time_cap=cap)
+            for c, z in zip(sols, self.evaluate(sols), strict=True):
+                self.offer(c, z)
+            if status == cp_model.INFEASIBLE:
+                return False
+            if status == cp_model.UNKNOWN:
+                break
+        return self.best_z is not None
+
+    def build_master(self) -> int:
+        """The layout master if enumeration is small enough, else the layer-count one."""
+        try:
+            n_max = self._layer_caps()
+            options = stage_options(self.coef, n_max)
+            layouts = device_layouts(
+                self.coef, self.program, options, ub=self.best_z, budget=self.budget, allow_empty=self.allow_empty
+            )
+            self.use(LayoutMaster(self.coef, self.program, self.comm_ticks, layouts))
+            return sum(len(lay) for lay in layouts)
+        except TooManyLayouts:
+            self.use(
+                LayerMaster(self.coef, self.program, self.comm_ticks, budget=self.budget, allow_empty=self.allow_empty)
+            )
+            return 0
+
+    def _layer_caps(self) -> np.ndarray:
+        """Most layers of each group one virtual stage can hold in a plan no slower than the incumbent."""
+        coef = self.coef
+        V = len(coef.fixed_forward)
+        required = 0 if self.allow_empty else int((coef.fixed_layers == 0).sum()) - 1
+        caps = np.minimum(coef.counts, max(0, int(coef.counts.sum()) - max(required, 0)))
+        if self.best_z is None:
+            return caps
+        # a stage's layers all run on its device: its op chain (a path) is at most the incumbent
+        sig = self.paths.device_sig
+        per_vs = [sig[:, vs].max() for vs in range(V)]
+        fewest_ops = min(per_vs) if per_vs else 1
+        for g in range(len(coef.counts)):
+            cheapest = int(coef.forward[g]) + int(coef.backward[g][coef.allowed[g]].min()) + int(coef.weight[g])
+            if cheapest > 0 and fewest_ops > 0:
+                caps[g] = min(caps[g], self.best_z // (fewest_ops * cheapest))
+        return caps
+
+    def minimise_step(self) -> tuple[str, int]:
+        """Phase 1: the step time. Returns (status, lower bound in ticks)."""
+        m = self.master
+        assert m is not None
+        m.model.minimize(m.z)
+        lower = 0
+        while True:
+            if self.best_z is not None:
+                m.model.add(m.z <= self.best_z - 1)
+            m.hint(self.best)
+            status, solver, sols = self.solve()
+            for c, z in zip(sols, self.evaluate(sols), strict=True):
+                self.offer(c, z)
+            if status == cp_model.INFEASIBLE:
+                # nothing beats the incumbent (or, without one, nothing fits)
+                if self.best_z is None:
+                    return "infeasible", 0
+                lower = self.best_z
+            elif status == cp_model.OPTIMAL:
+                lower = max(lower, int(round(solver.objective_value)))
+            elif status in (cp_model.FEASIBLE, cp_model.UNKNOWN):
+                lower = max(lower, int(math.ceil(solver.best_objective_bound - 1e-9)))
+            if self.best_z is not None and self.best_z <= lower:
+                return "optimal", self.best_z
+            if self.remaining() <= 0 or status == cp_model.UNKNOWN:
+                return ("feasible" if self.best_z is not None else "unknown"), lower
+
+    def minimise(self, objective: cp_model.LinearExprT, value, cap: int) -> tuple[int, bool]:  # noqa: ANN001
+        """Phases 2 and 3: minimise ``objective`` (``value(counts)`` computes it exactly) with
+        the step time held at ``cap``. Returns (objective of the incumbent, proven)."""
+        m = self.master
+        assert m is not None and self.best is not None
+        m.model.minimize(objective)
+        best_v = value(self.best)
+        while self.remaining() > 0:
+            m.model.add(objective <= best_v - 1)
+            m.hint(self.best)
+            status, _, sols = self.solve()
+            for c, z in zip(sols, self.evaluate(sols, cap=cap), strict=True):
+                v = value(c)
+                if z <= cap and v < best_v:
+                    self.best, best_v = c, v
+            if status == cp_model.INFEASIBLE:
+                return best_v, True
+            if status == cp_model.UNKNOWN:
+                break
+        return best_v, False
+
+    def run(self) -> BalanceResult:
+        self.seed_incumbents()
+        ticks_ms = TIME_UNIT_MS / self.k
+        if self.best_z is None and not self.first_plan(share=0.25):
+            status = "infeasible" if self.remaining() > 0 else "unknown"
+            return self._finish(BalanceResult(status=status, ticks_ms=ticks_ms))
+        layouts = self.build_master()
+        status, lower = self.minimise_step()
+        res = BalanceResult(status=status, ticks_ms=ticks_ms, layouts=layouts)
+        if status == "infeasible":  # the layout master cannot be infeasible with an incumbent
+            return self._finish(res)
+        res.step_ticks, res.bound_ticks = self.best_z, lower
+        if status == "optimal":
+            m = self.master
+            assert m is not None and self.best_z is not None
+            m.model.add(m.z <= self.best_z)
+            res.overhead, proven = self.minimise(m.overhead, self._overhead, self.best_z)
+            if proven:
+                m.model.add(m.overhead <= res.overhead)
+                res.deviation, proven = self.minimise(m.deviation, self._deviation, self.best_z)
+                if not proven:
+                    res.notes.append("the smallest deviation from the even split was not proven in time")
+            else:
+                res.notes.append("the least recompute overhead at this step time was not proven in time")
+        res.overhead = self._overhead(self.best) if self.best is not None else None
+        res.deviation = self._deviation(self.best) if self.best is not None else None
+        res.counts = self.best
+        return self._finish(res)
+
+    def _overhead(self, counts: np.ndarray) -> int:
+        return int(np.einsum("grv,gr->", counts, self.coef.overhead))
+
+    def _deviation(self, counts: np.ndarray) -> int:
+        V = counts.shape[2]
+        return int(np.abs(V * counts.sum(axis=(0, 1)) - int(self.coef.counts.sum())).sum())
+
+    def _finish(self, res: BalanceResult) -> BalanceResult:
+        res.seconds = time.perf_counter() - self.t0
+        res.iterations = self.iterations
+        res.cuts = len(self.master.cuts) if self.master is not None else 0
+        return res
+
+
+class _Collector(cp_model.CpSolverSolutionCallback):
+    """Keeps every solution CP-SAT reports (each one is a real plan worth evaluating)."""
+
+    def __init__(self, variables: list[cp_model.IntVar]) -> None:
+        super().__init__()
+        self._vars = variables
+        self.solutions: list[list[int]] = []
+
+    def on_solution_callback(self) -> None:
+        self.solutions.append([self.value(v) for v in self._vars])
+
+
+def _even(profile: Profile, config: PipelineConfig, coef: LayerCoefficients, r: int) -> np.ndarray | None:
+    """The even split with every layer in mode ``r`` (or the group's next stronger allowed one)."""
+    from sapptk.costs import even_counts
+
+    counts = even_counts(profile, config, MODES[0])
+    out = np.zeros_like(counts)
+    for g in range(counts.shape[0]):
+        allowed = np.flatnonzero(coef.allowed[g])
+        if not len(allowed):
+            return None
+        stronger = allowed[allowed >= r]
+        mode = int(stronger[0]) if len(stronger) else int(allowed[-1])
+        out[g, mode] = counts[g].sum(axis=0)
+    return out
+
+
+def solve(
+    profile: Profile,
+    config: PipelineConfig,
+    *,
+    time_limit: float = 30,
+    workers: int = 2,
+    seed: int = 0,
+    deterministic: bool = False,
+    allow_empty_stages: bool = False,
+) -> BalanceResult:
+    """Run the search and return its raw result (counts in the :mod:`sapptk.costs` layout).
+
+    Validates ``config`` against ``profile`` first (:class:`~sapptk.errors.ConfigError`).
+    See :func:`balance` for the parameters.
+    """
+    config.check(profile, allow_empty_stages=allow_empty_stages)
+    search = _Search(
+        profile, config, time_limit=time_limit, workers=workers, seed=seed,
+        deterministic=deterministic, allow_empty=allow_empty_stages,
+    )
+    res = search.run()
+    if res.status == "infeasible":
+        res.message = explain_infeasible(profile, config, allow_empty_stages=allow_empty_stages)
+    elif res.status == "unknown":
+        res.message = f"no plan found within the time limit of {time_limit:g} s"
+    elif res.status == "feasible":
+        res.message = (
+            f"time limit of {time_limit:g} s reached: step time {res.step_time:.6g} ms, "
+            f"best bound {res.bound:.6g} ms, gap {100 * (res.gap or 0.0):.3g} %; not proven optimal"
+        )
+    else:
+        res.message = f"optimal step time {res.step_time:.6g} ms (proven)"
+    if res.notes:
+        res.message += "; " + "; ".join(res.notes)
+    return res
+
+
+def balance(
+    profile: Profile,
+    config: PipelineConfig,
+    *,
+    time_limit: float = 30,
+    workers: int = 2,
+    seed: int = 0,
+    deterministic: bool = False,
+    allow_empty_stages: bool = False,
+) -> Plan:
+    """The plan with the shortest simulated step time that fits the memory budget.
+
+    Parameters
+    ----------
+    profile, config: the model and the pipeline setup (validated first; a
+        :class:`~sapptk.errors.ConfigError` is raised before any solving).
+    time_limit: wall-clock seconds for the whole search.
+    workers: CP-SAT worker threads.
+    seed: CP-SAT random seed.
+    deterministic: make CP-SAT's parallel search deterministic (``interleave_search``),
+        so the same input gives the same plan (as long as the time limit is not hit).
+    allow_empty_stages: let virtual stages hold no body layer.
+
+    Returns
+    -------
+    A :class:`~sapptk.plan.Plan` with ``status`` "optimal" (step time proven optimal),
+    "feasible" (time limit hit; ``bound`` and ``gap`` say how far it may be from optimal),
+    "infeasible" (nothing fits; ``message`` names the device and the shortfall) or
+    "unknown" (no plan found in time). ``step_time`` is the simulated step time of the
+    plan; ``bound`` a proven lower bound on the optimum.
+    """
+    from sapptk.plan import make_plan
+
+    res = solve(
+        profile, config, time_limit=time_limit, workers=workers, seed=seed,
+        deterministic=deterministic, allow_empty_stages=allow_empty_stages,
+    )
+    return make_plan(
+        profile,
+        config,
+        res.counts,
+        status=res.status,
+        step_time=res.step_time,
+        bound=res.bound,
+        gap=res.gap,
+        solve_seconds=res.seconds,
+        message=res.message,
+        source="balance",
+    )
+
+
+def explain_infeasible(profile: Profile, config: PipelineConfig, *, allow_empty_stages: bool = False) -> str:
+    """Why nothing fits: the device that needs the most memory even in the best layout, and by how much.
+
+    First a direct bound: each device with the fewest layers it must hold (one per stage
+    without head or tail), all in the group's lowest-activation allowed mode. If that already
+    exceeds the budget, it names the device. Otherwise the shortfall is joint (the layers
+    must go somewhere), and a small CP-SAT model finds the least possible peak of the
+    fullest device.
+    """
+    coef = layer_coefficients(profile, config)
+    program = config.program()
+    mem = memory_model(program)
+    budget_mb = float(config.memory_budget) if config.memory_budget is not None else math.inf
+    lowest = []
+    for d, stages in enumerate(program.device_stages):
+        static = coef.constant + sum(int(coef.fixed_params[vs]) for vs in stages)
+        act = []
+        for vs in stages:
+            a = int(coef.fixed_activation[vs])
+            if not allow_empty_stages and coef.fixed_layers[vs] == 0:
+                # one layer of the group with the least params + activation in its strongest mode
+                cheapest = min(
+                    int(coef.params[g]) * mem.scale * 0 + int(coef.params[g]) + int(coef.activation[g][coef.allowed[g]].min())
+                    for g in range(len(coef.counts))
+                )
+                g_best = min(
+                    range(len(coef.counts)),
+                    key=lambda g: int(coef.params[g]) + int(coef.activation[g][coef.allowed[g]].min()),
+                )
+                static += int(coef.params[g_best])
+                a += cheapest - int(coef.params[g_best])
+            act.append(a)
+        rows = mem.rows[d]
+        live = max((int(np.asarray(row) @ np.asarray(act)) for row in rows), default=0)
+        lowest.append((mem.scale * static + live) / mem.scale * MEMORY_UNIT_MB)
+    worst = int(np.argmax(lowest))
+    if lowest[worst] > budget_mb:
+        return (
+            f"infeasible: device {worst} needs at least {lowest[worst]:.6g} MB even with the fewest layers it "
+            f"must hold, in the strongest allowed recompute mode; the budget is {budget_mb:.6g} MB, "
+            f"{lowest[worst] - budget_mb:.6g} MB short"
+        )
+    # joint shortfall: minimise the fullest device's peak
+    master = LayerMaster(coef, program, coef.comm * program.splits, budget=None, allow_empty=allow_empty_stages)
+    model = master.model
+    peak = model.new_int_var(0, 2**52, "peak")
+    for _, expr in master.peaks:
+        model.add(peak >= expr)
+    model.minimize(peak)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 2
+    solver.parameters.max_time_in_seconds = 10.0
+    status = solver.solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return f"infeasible: no layout fits the budget of {budget_mb:.6g} MB on every device at once"
+    bound_mb = math.ceil(solver.best_objective_bound - 1e-9) / master.scale * MEMORY_UNIT_MB
+    values = [solver.value(v) for v in master.variables]
+    counts = master.counts_of(values)
+    peaks = mem.peaks(coef, program, counts) / mem.scale * MEMORY_UNIT_MB
+    device = int(np.argmax(peaks))
+    exact = status == cp_model.OPTIMAL
+    need = peaks[device] if exact else bound_mb
+    return (
+        f"infeasible: the layers must go somewhere, and every layout leaves some device over budget; the best "
+        f"one still needs {need:.6g} MB on device {device} {'(proven least)' if exact else '(a lower bound)'}, "
+        f"{need - budget_mb:.6g} MB over the budget of {budget_mb:.6g} MB"
+    )

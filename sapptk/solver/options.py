@@ -1,0 +1,293 @@
+"""Per-device layouts, enumerated: the strong formulation of the balancer.
+
+Memory is a per-device constraint: it involves only the virtual stages of one device. So
+instead of handing CP-SAT the layer counts and a knapsack-like memory row per live point
+(whose LP relaxation is weak, and which leaves CP-SAT unable to prove that a device
+*cannot* hold one more layer), we enumerate, for every device, the layouts it can hold —
+layers of each group and recompute modes on each of its virtual stages — keep only those
+that fit its budget, and among layouts with the same layer composition keep only the
+Pareto-optimal ones in the backward times of its stages (forward and weight times, params
+and the deviation from the even split depend on the composition alone; every objective and
+path length grows with the backward times). The master then picks exactly one layout per
+device. This is exact: every feasible assignment is dominated, stage by stage, by a
+combination of kept layouts.
+
+Enumeration is bounded by an incumbent step time ``ub``: a device's own op chain is a path,
+so a layout whose chain is longer than ``ub`` can never be in a better plan.
+
+Dominance within a group's recompute mixes uses a DP that is exact: a Pareto-optimal mix of
+n layers minus any one layer is a Pareto-optimal mix of n − 1 layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sapptk.costs import LayerCoefficients
+from sapptk.schedules.program import Program
+from sapptk.solver.paths import memory_model, path_model
+
+MAX_CANDIDATES = 3_000_000
+"""Most partial layouts one device may have during enumeration before we give up on it."""
+
+
+class TooManyLayouts(Exception):
+    """Enumeration would be too large; the caller falls back to the layer-count model."""
+
+
+@dataclass(frozen=True, eq=False)
+class StageOptions:
+    """Body contents one virtual stage may hold (head/tail excluded), Pareto in (backward, activation).
+
+    Arrays over options: ``comp`` (k, G) layers per group; ``mix`` (k, G, R) layers per group
+    and mode; ``forward``, ``backward``, ``weight``, ``activation``, ``params``, ``overhead`` (k,).
+    """
+
+    comp: np.ndarray
+    mix: np.ndarray
+    forward: np.ndarray
+    backward: np.ndarray
+    weight: np.ndarray
+    activation: np.ndarray
+    params: np.ndarray
+    overhead: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.forward)
+
+
+def _pareto_2d(b: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Indices of points not dominated in (b, a), lowest b first; ties keep the first index."""
+    order = np.lexsort((np.arange(len(b)), a, b))
+    keep = []
+    best = None
+    for i in order:
+        if best is None or a[i] < best:
+            keep.append(i)
+            best = a[i]
+    return np.asarray(keep, dtype=np.int64)
+
+
+def group_fronts(coef: LayerCoefficients, g: int, n_max: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """For n = 0..n_max layers of group g: Pareto mixes as (backward, activation, mix (k, R))."""
+    R = coef.allowed.shape[1]
+    modes = np.flatnonzero(coef.allowed[g])
+    b = coef.backward[g]
+    a = coef.activation[g]
+    fronts = [(np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros((1, R), np.int64))]
+    for _ in range(n_max):
+        pb, pa, pm = fronts[-1]
+        nb = (pb[:, None] + b[modes][None, :]).ravel()
+        na = (pa[:, None] + a[modes][None, :]).ravel()
+        nm = np.repeat(pm, len(modes), axis=0)
+        nm[np.arange(len(nm)), np.tile(modes, len(pm))] += 1
+        # prefer weaker modes among equal (b, a): order candidates by their mix, strongest last
+        rank = np.lexsort(tuple(nm[:, r] for r in range(R)))
+        nb, na, nm = nb[rank], na[rank], nm[rank]
+        keep = _pareto_2d(nb, na)
+        fronts.append((nb[keep], na[keep], nm[keep]))
+    return fronts
+
+
+def stage_options(coef: LayerCoefficients, n_max: np.ndarray) -> StageOptions:
+    """All Pareto body contents of a virtual stage with at most ``n_max[g]`` layers of group g.
+
+    Groups in a stage are consecutive in model order (a stage may end one group and start
+    the next); the empty content is included.
+    """
+    G, R = coef.allowed.shape
+    fronts = [group_fronts(coef, g, int(n_max[g])) for g in range(G)]
+    comps: list[tuple[int, ...]] = [tuple([0] * G)]
+    for lo in range(G):
+        for hi in range(lo, G):
+            ranges = [range(1, int(n_max[g]) + 1) for g in range(lo, hi + 1)]
+            for ns in np.array(np.meshgrid(*ranges, indexing="ij")).reshape(hi - lo + 1, -1).T if all(ranges) else []:
+                comp = [0] * G
+                comp[lo : hi + 1] = ns.tolist()
+                comps.append(tuple(comp))
+    out: dict[str, list[np.ndarray]] = {k: [] for k in ("comp", "mix", "b", "a")}
+    for comp in comps:
+        b = np.zeros(1, np.int64)
+        a = np.zeros(1, np.int64)
+        mix = np.zeros((1, G, R), np.int64)
+        for g in range(G):
+            fb, fa, fm = fronts[g][comp[g]]
+            b = (b[:, None] + fb[None, :]).ravel()
+            a = (a[:, None] + fa[None, :]).ravel()
+            new = np.repeat(mix, len(fb), axis=0)
+            new[:, g, :] = np.tile(fm, (len(mix), 1))
+            mix = new
+        keep = _pareto_2d(b, a)
+        out["comp"].append(np.repeat(np.array(comp, np.int64)[None, :], len(keep), axis=0))
+        out["mix"].append(mix[keep])
+        out["b"].append(b[keep])
+        out["a"].append(a[keep])
+    comp = np.concatenate(out["comp"])
+    return StageOptions(
+        comp=comp,
+        mix=np.concatenate(out["mix"]),
+        forward=comp @ coef.forward,
+        backward=np.concatenate(out["b"]),
+        weight=comp @ coef.weight,
+        activation=np.concatenate(out["a"]),
+        params=comp @ coef.params,
+        overhead=np.einsum("kgr,gr->k", np.concatenate(out["mix"]), coef.overhead),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceLayouts:
+    """The layouts kept for one device; arrays over layouts ``k`` and its chunks ``c``.
+
+    ``comp`` (k, c, G) and ``mix`` (k, c, G, R) layers; ``forward``, ``backward``,
+    ``weight`` (k, c) integer op costs of each of its virtual stages, head/tail included;
+    ``overhead`` and ``deviation`` (k,) the two tie-break objectives; ``chain`` (k,) the
+    length in ticks of the device's own op chain.
+    """
+
+    device: int
+    stages: tuple[int, ...]
+    comp: np.ndarray
+    mix: np.ndarray
+    forward: np.ndarray
+    backward: np.ndarray
+    weight: np.ndarray
+    overhead: np.ndarray
+    deviation: np.ndarray
+    chain: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.chain)
+
+    def find(self, coef: LayerCoefficients, counts: np.ndarray) -> int | None:
+        """A layout with the composition of ``counts`` on this device and no longer backwards."""
+        st = list(self.stages)
+        comp = counts[:, :, st].sum(axis=1).T  # (c, G)
+        back = np.einsum("grc,gr->c", counts[:, :, st], coef.backward) + coef.fixed_backward[st]
+        ok = np.all(self.comp == comp[None], axis=(1, 2)) & np.all(self.backward <= back[None], axis=1)
+        hits = np.flatnonzero(ok)
+        if not len(hits):
+            return None
+        return int(hits[np.argmin(self.backward[hits].sum(axis=1))])
+
+
+def _pareto_groups(key: np.ndarray, back: np.ndarray) -> np.ndarray:
+    """Indices of rows whose ``back`` vector is not dominated by a row with the same ``key``."""
+    n, v = back.shape
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort(tuple(back[:, c] for c in reversed(range(v))) + (key,))
+    key_s, back_s = key[order], back[order]
+    if v == 1:
+        first = np.r_[True, key_s[1:] != key_s[:-1]]
+        return np.sort(order[first])
+    if v == 2:
+        rank = np.cumsum(np.r_[0, key_s[1:] != key_s[:-1]])
+        big = int(back_s[:, 1].max() - back_s[:, 1].min()) + 1
+        val = back_s[:, 1] - rank * big
+        run = np.minimum.accumulate(val)
+        keep = np.r_[True, val[1:] < run[:-1]]
+        return np.sort(order[keep])
+    keep = []
+    starts = np.flatnonzero(np.r_[True, key_s[1:] != key_s[:-1]])
+    ends = np.r_[starts[1:], n]
+    for a, b in zip(starts, ends, strict=True):
+        blk = back_s[a:b]
+        for i in range(b - a):
+            dominated = np.all(blk <= blk[i], axis=1) & np.any(blk < blk[i], axis=1)
+            dup = np.all(blk[:i] == blk[i], axis=1).any()
+            if not dominated.any() and not dup:
+                keep.append(order[a + i])
+    return np.sort(np.asarray(keep, dtype=np.int64))
+
+
+def device_layouts(
+    coef: LayerCoefficients,
+    program: Program,
+    options: StageOptions,
+    *,
+    ub: int | None,
+    budget: int | None,
+    allow_empty: bool,
+) -> list[DeviceLayouts]:
+    """Every device's layouts that fit ``budget`` (memory units) and whose op chain is at most
+    ``ub`` ticks, Pareto-reduced per composition. Raises :class:`TooManyLayouts`."""
+    paths = path_model(program)
+    mem = memory_model(program)
+    V = len(coef.fixed_forward)
+    total = int(coef.counts.sum())
+    n_body = options.comp.sum(axis=1)
+    out = []
+    for d, stages in enumerate(program.device_stages):
+        sig = paths.device_sig[d]
+        chunk = []
+        for vs in stages:
+            valid = np.ones(len(options), dtype=bool)
+            if not allow_empty and coef.fixed_layers[vs] == 0:
+                valid &= n_body >= 1
+            f = options.forward + coef.fixed_forward[vs]
+            b = options.backward + coef.fixed_backward[vs]
+            w = options.weight + coef.fixed_weight[vs]
+            chain = sig[vs] * f + sig[V + vs] * b + sig[2 * V + vs] * w
+            chunk.append({
+                "idx": np.flatnonzero(valid), "f": f, "b": b, "w": w, "chain": chain,
+                "act": options.activation + coef.fixed_activation[vs],
+                "par": options.params + coef.fixed_params[vs],
+            })
+        rows = mem.rows[d]
+        scale = mem.scale
+        # lower bounds of what the chunks not yet chosen add
+        min_chain = [int(ch["chain"][ch["idx"]].min()) if len(ch["idx"]) else 0 for ch in chunk]
+        min_act = [int(ch["act"][ch["idx"]].min()) if len(ch["idx"]) else 0 for ch in chunk]
+        min_par = [int(ch["par"][ch["idx"]].min()) if len(ch["idx"]) else 0 for ch in chunk]
+        nc = len(stages)
+        sel = np.zeros((1, 0), dtype=np.int64)
+        p_chain = np.zeros(1, dtype=np.int64)
+        p_par = np.zeros(1, dtype=np.int64) + coef.constant
+        p_act = np.zeros((1, 0), dtype=np.int64)
+        for c, ch in enumerate(chunk):
+            idx = ch["idx"]
+            if len(sel) * len(idx) > MAX_CANDIDATES:
+                raise TooManyLayouts(f"device {d}: more than {MAX_CANDIDATES} partial layouts")
+            left = slice(c + 1, nc)
+            sel = np.concatenate([np.repeat(sel, len(idx), axis=0), np.tile(idx, len(sel))[:, None]], axis=1)
+            p_chain = np.repeat(p_chain, len(idx)) + np.tile(ch["chain"][idx], len(p_chain))
+            p_par = np.repeat(p_par, len(idx)) + np.tile(ch["par"][idx], len(p_par))
+            p_act = np.concatenate(
+                [np.repeat(p_act, len(idx), axis=0), np.tile(ch["act"][idx], len(p_act))[:, None]], axis=1
+            )
+            keep = np.ones(len(sel), dtype=bool)
+            if ub is not None:
+                keep &= p_chain + sum(min_chain[left]) <= ub
+            if budget is not None:
+                rest_par = sum(min_par[left])
+                for row in rows:
+                    used = scale * (p_par + rest_par) + p_act @ row[: c + 1] + int(row[c + 1 :] @ min_act[left])
+                    keep &= used <= scale * budget
+                if not len(rows):
+                    keep &= p_par + rest_par <= budget
+            sel, p_chain, p_par, p_act = sel[keep], p_chain[keep], p_par[keep], p_act[keep]
+        comp = options.comp[sel]  # (k, c, G)
+        back = np.stack([chunk[c]["b"][sel[:, c]] for c in range(nc)], axis=1).reshape(len(sel), nc)
+        if len(sel):
+            _, key = np.unique(comp.reshape(len(sel), -1), axis=0, return_inverse=True)
+            keep = _pareto_groups(key.ravel(), back)
+        else:
+            keep = np.zeros(0, dtype=np.int64)
+        sel = sel[keep]
+        n_c = options.comp[sel].sum(axis=2)  # (k, c)
+        out.append(DeviceLayouts(
+            device=d,
+            stages=tuple(stages),
+            comp=options.comp[sel],
+            mix=options.mix[sel],
+            forward=np.stack([chunk[c]["f"][sel[:, c]] for c in range(nc)], axis=1).reshape(len(sel), nc),
+            backward=back[keep],
+            weight=np.stack([chunk[c]["w"][sel[:, c]] for c in range(nc)], axis=1).reshape(len(sel), nc),
+            overhead=options.overhead[sel].sum(axis=1),
+            deviation=np.abs(V * n_c - total).sum(axis=1),
+            chain=p_chain[keep],
+        ))
+    return out
