@@ -101,7 +101,8 @@ class Explorer:
         self.splits = w.IntSlider(value=cfg.splits, min=1, max=_MAX_SPLITS, description="splits (k)",
                                   style=_DESC, layout=_WIDE, continuous_update=False)
         self.budget = w.BoundedFloatText(value=float(cfg.memory_budget or 0.0), min=0.0, max=1e9, step=1000.0,
-                                         description="budget MB (0: none)", style=_DESC, layout=_WIDE)
+                                         description="memory budget", style=_DESC,
+                                         layout=w.Layout(width="300px"))
         self.recompute = {
             mode: w.Checkbox(value=mode in cfg.recompute and mode in body_modes, description=mode, indent=False,
                              disabled=mode not in body_modes, layout=w.Layout(width="80px"))
@@ -112,7 +113,7 @@ class Explorer:
         self.solve_button = w.Button(description="Solve", button_style="primary", icon="play")
         self.status = w.HTML()
         self.table = w.HTML()
-        self.yaml = w.Textarea(layout=w.Layout(width="100%", height="320px"), disabled=True)
+        self.yaml = w.Textarea(layout=w.Layout(width="100%", height="320px"))  # editable, so it can be copied
         self.timeline = w.Box(layout=w.Layout(width="100%"))
         self.bars = w.Box(layout=w.Layout(width="100%"))
         self._status_text = ""
@@ -121,7 +122,7 @@ class Explorer:
 
         controls = w.VBox([
             self.schedule, self.schedule_info, self.stages, self.micro_batches, self.chunks, self.splits,
-            self.budget,
+            w.HBox([self.budget, w.Label("MB per device (0: no limit)")]),
             w.HBox([w.Label("recompute modes", layout=w.Layout(width="134px")), *self.recompute.values()]),
             self.time_limit, self.solve_button,
         ])
@@ -268,10 +269,10 @@ class Explorer:
         labels = ["balanced plan"]
         if baseline is not None:
             sims.append(baseline.simulation)
-            labels.append(baseline.source.replace("even_split", "even split"))
-        self.figure = viz.compare(*sims, labels=labels, budget=config.memory_budget, memory=True, width=1000)
+            labels.append(baseline.source.replace("even_split(", "even split (").replace("((", "("))
+        self.figure = viz.compare(*sims, labels=labels, budget=config.memory_budget, memory=True, width=940)
         self.timeline.children = (_bokeh(self.figure),)
-        self.bars.children = (_bokeh(viz.stage_bars(plan, width=1000)),)
+        self.bars.children = (_bokeh(viz.stage_bars(plan, width=860)),)
 
 
 def _bokeh(fig: Any) -> w.Widget:
