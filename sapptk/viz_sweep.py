@@ -12,12 +12,13 @@ core imports this module.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LinearColorMapper
+from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LinearColorMapper, NumeralTickFormatter
 from bokeh.palettes import Category10_10, Viridis256
 from bokeh.plotting import figure
 
@@ -74,12 +75,29 @@ def _colors(labels: Sequence[Any]) -> dict[Any, str]:
     return {label: Category10_10[i % len(Category10_10)] for i, label in enumerate(labels)}
 
 
-def _levels(series: pd.Series) -> list[Any]:
-    """The distinct values of a column in their natural order (categories first)."""
+_MARKERS = ("circle", "square", "triangle", "diamond", "inverted_triangle", "hex", "star", "plus")
+_DASHES = ("solid", "dashed", "dotted", "dotdash", "dashdot")
+_NUMBER = NumeralTickFormatter(format="0,0")
+
+
+def _number_axes(fig: figure, *, x: bool = True) -> None:
+    """Thousands separators instead of exponents on the value axes."""
+    fig.yaxis.formatter = _NUMBER
+    if x:
+        fig.xaxis.formatter = _NUMBER
+
+
+def _levels(series: pd.Series, *, missing: bool = False) -> list[Any]:
+    """The distinct values of a column in their natural order (categories in category
+    order); with ``missing``, NaN last if present."""
     if isinstance(series.dtype, pd.CategoricalDtype):
         present = set(series.dropna())
-        return [c for c in series.cat.categories if c in present]
-    return sorted(series.dropna().unique().tolist())
+        levels = [c for c in series.cat.categories if c in present]
+    else:
+        levels = sorted(series.dropna().unique().tolist())
+    if missing and series.isna().any():
+        levels.append(math.nan)
+    return levels
 
 
 def step_time_by_budget(
@@ -103,20 +121,34 @@ def step_time_by_budget(
         x_axis_label="memory budget per device (MB)", y_axis_label=y.replace("_ms", " (ms)"),
     )
     circles = []
-    for label, col in _colors(_levels(frame[color])).items():
+    for i, (label, col) in enumerate(_colors(_levels(frame[color])).items()):
         group = rows[rows[color] == label]
         if group.empty:
             continue
         best = group.loc[group.groupby("memory_budget_mb")[y].idxmin()].sort_values("memory_budget_mb")
         src = _source(best)
-        fig.line("memory_budget_mb", y, source=src, color=col, line_width=2, legend_label=str(label))
-        circles.append(fig.scatter("memory_budget_mb", y, source=src, color=col, size=8, legend_label=str(label)))
+        # distinct dashes and markers keep coinciding lines visible
+        fig.line("memory_budget_mb", y, source=src, color=col, line_width=2, legend_label=str(label),
+                 line_dash=_DASHES[i % len(_DASHES)])
+        circles.append(fig.scatter("memory_budget_mb", y, source=src, color=col, size=9, legend_label=str(label),
+                                   marker=_MARKERS[i % len(_MARKERS)]))
     fig.add_tools(HoverTool(renderers=circles, tooltips=_SETUP))
+    _number_axes(fig)
     if circles:
         fig.legend.location = "top_right"
         fig.legend.click_policy = "hide"
         fig.legend.title = color
     return fig
+
+
+def _factor(value: Any) -> str:
+    """An axis label: whole floats without ``.0``, NaN (an unlimited budget) as ``none``."""
+    if isinstance(value, float):
+        if np.isnan(value):
+            return "none"
+        if value.is_integer():
+            return str(int(value))
+    return str(value)
 
 
 def heatmap(
@@ -134,9 +166,9 @@ def heatmap(
     solved point show their best status instead (e.g. ``infeasible``).
     """
     _check(frame, [x, y, value, "status"])
-    xs = [str(v) for v in _levels(frame[x])]
-    ys = [str(v) for v in _levels(frame[y])]
-    keyed = frame.assign(_x=frame[x].astype(str), _y=frame[y].astype(str))
+    xs = [_factor(v) for v in _levels(frame[x], missing=True)]
+    ys = [_factor(v) for v in _levels(frame[y], missing=True)]
+    keyed = frame.assign(_x=frame[x].map(_factor).astype(object), _y=frame[y].map(_factor).astype(object))
     rows = _solved(keyed)
     best = rows.loc[rows.groupby(["_x", "_y"], observed=True)[value].idxmin()] if not rows.empty else rows
     solved_pairs = set(zip(best["_x"], best["_y"], strict=True))
@@ -168,7 +200,7 @@ def heatmap(
     else:
         fig.select_one(HoverTool).renderers = [cells]
     fig.select_one(HoverTool).tooltips = _SETUP
-    fig.add_layout(ColorBar(color_mapper=mapper, title=value, width=10), "right")
+    fig.add_layout(ColorBar(color_mapper=mapper, title=value, width=10, formatter=_NUMBER), "right")
     return fig
 
 
@@ -203,17 +235,19 @@ def pareto(
         y_axis_label=y.replace("_ms", " (ms)"),
     )
     dots = []
-    for label, col in _colors(_levels(frame[color])).items():
+    for i, (label, col) in enumerate(_colors(_levels(frame[color])).items()):
         group = rows[rows[color] == label]
         if group.empty:
             continue
-        dots.append(fig.scatter(x, y, source=_source(group), color=col, size=7, alpha=0.6, legend_label=str(label)))
+        dots.append(fig.scatter(x, y, source=_source(group), color=col, size=8, alpha=0.7, legend_label=str(label),
+                                marker=_MARKERS[i % len(_MARKERS)]))
     front = pareto_front(rows, x, y)
     if not front.empty:
         src = _source(front)
         fig.step(x, y, source=src, mode="after", color="black", line_width=2, legend_label="Pareto front")
         dots.append(fig.scatter(x, y, source=src, color="black", size=9, marker="diamond", legend_label="Pareto front"))
     fig.add_tools(HoverTool(renderers=dots, tooltips=_SETUP))
+    _number_axes(fig)
     if dots:
         fig.legend.location = "top_right"
         fig.legend.click_policy = "hide"
