@@ -56,9 +56,9 @@ def main() -> None:
         build_s = time.perf_counter() - t
         n = program.num_ops
         for comm in (0.0, 0.05):
-            sim_s = best_of(lambda comm=comm: program.simulate(1.0, 2.0, comm=comm))
+            sim_s = best_of(lambda comm=comm, program=program: program.simulate(1.0, 2.0, comm=comm))
             dur = unit_durations(program, op_durations(program, 1.0, 2.0))
-            base_s = best_of(lambda comm=comm: python_longest_path(program, dur, comm))
+            base_s = best_of(lambda comm=comm, program=program, dur=dur: python_longest_path(program, dur, comm))
             assert abs(python_longest_path(program, dur, comm) - program.simulate(1.0, 2.0, comm=comm).step_time) < 1e-6
             label = f"{name} p={p} v={v} m={m}"
             print(f"{label:<32} {n:>8} {build_s:>16.3f} {comm:>5} {sim_s:>11.4f} {n / sim_s / 1e6:>7.2f} "

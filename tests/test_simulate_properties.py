@@ -57,7 +57,7 @@ def test_events_respect_dependencies_and_devices(program, data):
     assert np.all(end >= start)
     assert sim.step_time == np.max(end, initial=0.0)
     # memory never drops below the static part and ends there
-    for d, frame in sim.memory.groupby("device"):
+    for _, frame in sim.memory.groupby("device"):
         assert frame["memory_mb"].min() >= frame["memory_mb"].iloc[0] - 1e-6
         assert abs(frame["memory_mb"].iloc[-1] - frame["memory_mb"].iloc[0]) < 1e-6
 
