@@ -69,7 +69,10 @@ class Explorer:
     ``splits``, ``budget`` (MB, 0 = no limit), ``recompute`` (``{mode: Checkbox}``),
     ``time_limit``, ``solve_button``, ``status``, ``table``, ``yaml``, ``timeline``
     (a Box holding a ``jupyter_bokeh.BokehModel`` after solving), ``bars``. After a solve,
-    ``plan`` and ``baseline`` (the even split) hold the :class:`~sapptk.plan.Plan` objects.
+    ``plan`` and ``baseline`` (the even split) hold the :class:`~sapptk.plan.Plan` objects
+    and ``figure`` the Bokeh layout shown in the timeline tab (it belongs to that widget's
+    document: to show it elsewhere, build a new one with :mod:`sapptk.viz`).
+    ``status_text`` is the status line as plain text.
     """
 
     def __init__(
