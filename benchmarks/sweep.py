@@ -58,6 +58,7 @@ def main() -> None:
           f"(os.cpu_count() = {os.cpu_count()})")
 
     rows = []
+    frames: dict[str, pd.DataFrame] = {}
 
     def run(name: str, executor, setup_s: float = 0.0) -> pd.DataFrame:
         t = time.perf_counter()
@@ -69,8 +70,10 @@ def main() -> None:
             "wall_s": round(wall, 1),
             "setup_s": round(setup_s, 1),
             "points_per_min": round(len(frame) / wall * 60, 1),
+            "solve_s_sum": round(frame["solve_seconds"].sum(), 1),
             "statuses": ", ".join(f"{n} {s}" for s, n in statuses.items() if n),
         })
+        frames[name] = frame
         if rows[1:]:  # plan quality against the serial run, on points both solved
             both = frame["step_time_ms"].notna() & base["step_time_ms"].notna()
             ratio = (frame.loc[both, "step_time_ms"] / base.loc[both, "step_time_ms"]).mean()
@@ -91,6 +94,15 @@ def main() -> None:
     table = pd.DataFrame(rows)
     table.insert(4, "ratio", (table["points_per_min"] / table["points_per_min"].iloc[0]).round(2))
     print(table.fillna("").to_string(index=False))
+    print("solve_s_sum: wall time of the solves themselves, summed over points")
+    # points whose status differs from the serial run's (e.g. a time limit hit with fewer workers)
+    cols = ["stages", "micro_batches", "schedule", "chunks", "memory_budget_mb", "status", "step_time_ms", "error"]
+    for name, frame in list(frames.items())[1:]:
+        diff = frame["status"].astype(str) != base["status"].astype(str)
+        if diff.any():
+            print(f"\n{name}: status differs from serial at {int(diff.sum())} point(s):")
+            both = frame.loc[diff, cols].join(base.loc[diff, ["status", "step_time_ms"]], rsuffix="_serial")
+            print(both.to_string(max_colwidth=120))
 
 
 if __name__ == "__main__":

@@ -563,6 +563,19 @@ def _to_arrow(frame: pd.DataFrame) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def _cacheable(row: Mapping[str, Any]) -> bool:
+    """Whether a row goes to the cache: not an ``error`` (those are retried), and inputs that
+    fit the stored column types (a point with, say, ``stages="8"`` is simply recomputed)."""
+    if row.get("status") == "error":
+        return False
+    ints = all(isinstance(row[c], int) and not isinstance(row[c], bool)
+               for c in ("stages", "micro_batches", "chunks", "splits"))
+    floats = all(row[c] is None or (isinstance(row[c], int | float) and not isinstance(row[c], bool))
+                 for c in ("memory_budget_mb", "constant_memory_mb", "comm_ms"))
+    labels = all(isinstance(row[c], str) for c in ("profile", "schedule", "recompute"))
+    return ints and floats and labels
+
+
 def read_cache(path: str | os.PathLike[str]) -> pd.DataFrame:
     """Every row stored in a sweep cache directory, as a sweep frame (any grid, any order)."""
     return _typed(_Cache(path).read())
@@ -704,8 +717,9 @@ def sweep(
 
         def record(result: Result) -> None:
             results[result["key"]] = result
-            if store is not None and result.get("status") != "error":
-                pending.append({**inputs[result["key"]], **result})
+            row = {**inputs[result["key"]], **result}
+            if store is not None and _cacheable(row):
+                pending.append(row)
 
         def flush() -> None:
             nonlocal last_flush

@@ -291,6 +291,15 @@ def test_error_rows_are_not_cached(tmp_path: Path) -> None:
     assert len(CALLS) == 1 and df["status"].tolist() == ["optimal", "optimal"]
 
 
+def test_badly_typed_points_are_invalid_rows_and_not_cached(tmp_path: Path) -> None:
+    grid = [{"stages": "8", "micro_batches": 8}, {"stages": 4, "micro_batches": 8, "memory_budget": "lots"},
+            {"stages": 4, "micro_batches": 8, "schedule": None}, {"stages": 4, "micro_batches": 8}]
+    df = sweep(DEMO, grid, solve=fake_solve, cache=tmp_path, progress=False)
+    assert df["status"].astype(str).tolist() == ["invalid", "invalid", "invalid", "optimal"]
+    assert "stages = '8'" in df["error"].iloc[0] and "memory_budget = 'lots'" in df["error"].iloc[1]
+    assert len(read_cache(tmp_path)) == 1
+
+
 def test_cache_must_be_a_directory(tmp_path: Path) -> None:
     file = tmp_path / "x.parquet"
     file.write_text("")
