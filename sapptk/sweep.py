@@ -67,6 +67,7 @@ import json
 import math
 import multiprocessing
 import os
+import pickle
 import time
 import traceback
 import uuid
@@ -331,6 +332,29 @@ def solve_point(task: Task) -> Result:
     except Exception as exc:  # a row, not a lost sweep; the traceback's last line helps
         where = traceback.extract_tb(exc.__traceback__)[-1]
         return _no_plan("error", f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})")
+
+
+class _ByValue:
+    """A function shipped by value (cloudpickle): one defined in a notebook or script has no
+    module a fresh worker process could import it from."""
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+
+    def __call__(self, task: Task) -> Result:
+        return pickle.loads(self.blob)(task)
+
+
+def _portable(solve: Solve) -> Solve:
+    """``solve`` in a form a fresh process can unpickle: by reference when importable,
+    else by value if cloudpickle (a Dask dependency) is installed."""
+    if getattr(solve, "__module__", "__main__") != "__main__" and "<locals>" not in solve.__qualname__:
+        return solve
+    try:
+        import cloudpickle
+    except ImportError:  # pragma: no cover - then only importable functions work in processes
+        return solve
+    return _ByValue(cloudpickle.dumps(solve))
 
 
 def _timed(solve: Solve, task: Task) -> Result:
@@ -765,7 +789,8 @@ def _open(
         return (lambda tasks, rescue: _run_serial(tasks, solve)), 1
     if executor == "processes":
         slots = max(1, min(len(todo), cores // workers if workers else cores))
-        return (lambda tasks, rescue: _run_processes(tasks, solve, slots, rescue)), slots
+        portable = _portable(solve)
+        return (lambda tasks, rescue: _run_processes(tasks, portable, slots, rescue)), slots
     if isinstance(executor, str) and (executor == "dask" or executor.startswith("dask://")):
         from distributed import Client, LocalCluster
 
@@ -781,7 +806,8 @@ def _open(
         return (lambda tasks, rescue: _run_dask(tasks, solve, executor, rescue)), slots
     if isinstance(executor, Executor):
         slots = getattr(executor, "_max_workers", None) or cores
-        return (lambda tasks, rescue: _run_pool(tasks, solve, executor, rescue)), slots
+        portable = _portable(solve)
+        return (lambda tasks, rescue: _run_pool(tasks, portable, executor, rescue)), slots
     raise ConfigError(
         f"executor = {executor!r}: expected 'serial', 'processes', 'dask', 'dask://HOST:PORT', "
         "a distributed.Client or a concurrent.futures.Executor"

@@ -7,6 +7,7 @@ balancer on small problems (demo profile, 4 stages, 8 micro-batches).
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from pathlib import Path
@@ -32,6 +33,8 @@ from sapptk.sweep import (
     sweep,
 )
 
+# the module itself, even if ``sapptk.sweep`` is (also) exported as the function
+SWEEP_MODULE = importlib.import_module("sapptk.sweep")
 DEMO = bundled_profile("demo")
 SMALL = {"stages": [4], "micro_batches": [8]}
 
@@ -215,15 +218,32 @@ def test_solver_failures_become_error_rows() -> None:
 def test_dead_worker_processes_are_retried_then_give_error_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sapptk.sweep
-
     grid = {"stages": [4, 8], "micro_batches": [8]}
     mark = str(tmp_path / "died")
     df = sweep({mark: DEMO}, grid, solve=dying_once_solve, executor="processes", progress=False)
     assert df["status"].tolist() == ["optimal", "optimal"] and Path(mark).exists()
-    monkeypatch.setattr(sapptk.sweep, "MAX_ATTEMPTS", 2)
+    monkeypatch.setattr(SWEEP_MODULE, "MAX_ATTEMPTS", 2)
     df = sweep(DEMO, grid, solve=dying_solve, executor="processes", progress=False)
     assert (df["status"] == "error").all() and df["error"].str.contains("worker process died 2 times").all()
+
+
+NOTEBOOK_CELL = """
+def notebook_solve(task):
+    from sapptk.sweep import _profile_of
+    profile = _profile_of(task)
+    return {"status": "optimal", "step_time_ms": float(task["config"]["stages"]), "error": profile.name}
+"""
+
+
+def test_notebook_defined_functions_and_profiles_work_in_processes() -> None:
+    namespace: dict[str, Any] = {"__name__": "__main__"}  # what a notebook cell defines
+    exec(NOTEBOOK_CELL, namespace)
+    solve = namespace["notebook_solve"]
+    assert solve.__module__ == "__main__"
+    mine = type(DEMO).from_dict({**DEMO.to_dict(), "name": "made-here"})
+    df = sweep(mine, {"stages": [4, 8], "micro_batches": [8]}, solve=solve, executor="processes", progress=False)
+    assert df["status"].astype(str).tolist() == ["optimal", "optimal"]
+    assert df["step_time_ms"].tolist() == [4.0, 8.0] and (df["error"] == "made-here").all()
 
 
 def test_best_per_budget() -> None:
@@ -311,10 +331,9 @@ def test_cache_must_be_a_directory(tmp_path: Path) -> None:
 def test_cli_sweep_writes_rows_and_prints_the_best_per_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import sapptk.sweep
     from sapptk.cli import main
 
-    monkeypatch.setattr(sapptk.sweep, "solve_point", fake_solve)
+    monkeypatch.setattr(SWEEP_MODULE, "solve_point", fake_solve)
     out = tmp_path / "results.parquet"
     argv = ["sweep", "demo", "--stages", "4", "8", "--micro-batches", "8", "16", "--chunks", "1", "2",
             "--schedule", "1f1b", "interleaved", "--memory", "5000", "40000", "none", "--out", str(out),
