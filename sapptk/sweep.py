@@ -457,10 +457,29 @@ def _cancel(pending: list[Future]) -> None:
         f.cancel()
 
 
+def _ignore(pending: list[Future]) -> None:
+    """No cancelling: :func:`_terminate` ends the pool as a whole."""
+
+
 def _run_pool(
     tasks: Sequence[Task], solve: Solve, pool: Executor, rescue: Callable[[Result], None]
 ) -> Iterator[Result]:
     return _run_futures(tasks, lambda t: pool.submit(_timed, solve, t), futures_as_completed, _cancel, rescue)
+
+
+def _terminate(pool: ProcessPoolExecutor) -> None:
+    """End the worker processes now (running solves included) and drop the pool.
+
+    The processes go first: the pool then fails its pending futures itself. (Cancelling
+    them first trips CPython < 3.12, whose pool thread then fails on cancelled futures.)
+    """
+    if hasattr(pool, "terminate_workers"):  # Python >= 3.14
+        pool.terminate_workers()
+        return
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        if proc.is_alive():
+            proc.terminate()
+    pool.shutdown(wait=False)
 
 
 def _run_processes(
@@ -475,10 +494,10 @@ def _run_processes(
         broken: list[Task] = []
         try:
             yield from _run_futures(
-                queue, partial(pool.submit, _timed, solve), futures_as_completed, _cancel, rescue, broken
+                queue, partial(pool.submit, _timed, solve), futures_as_completed, _ignore, rescue, broken
             )
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
+        except BaseException:  # an interrupt: stop the running solves too
+            _terminate(pool)
             raise
         pool.shutdown(wait=True)
         queue = []

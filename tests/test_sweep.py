@@ -77,6 +77,13 @@ def interrupting_solve(task: dict[str, Any]) -> dict[str, Any]:
     return fake_solve(task)
 
 
+def slow_solve(task: dict[str, Any]) -> dict[str, Any]:
+    import time
+
+    time.sleep(0.5)
+    return fake_solve(task)
+
+
 def failing_solve(task: dict[str, Any]) -> dict[str, Any]:
     if task["config"]["stages"] == 8:
         raise RuntimeError("boom")
@@ -282,6 +289,35 @@ def test_cache_resumes_after_an_interrupt(tmp_path: Path) -> None:
     fresh = sweep(DEMO, GRID, solve=fake_solve, progress=False)
     pd.testing.assert_frame_equal(_outputs(df), _outputs(fresh))
     assert len(list(cache.glob("part-*.parquet"))) == 1  # compacted after a complete sweep
+
+
+def test_interrupted_process_sweep_keeps_finished_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import tqdm.auto
+
+    class InterruptingBar(tqdm.auto.tqdm):
+        """Ctrl-C arrives while the third result is being counted."""
+
+        counted = 0
+
+        def update(self, n: int = 1) -> bool | None:
+            InterruptingBar.counted += 1
+            if InterruptingBar.counted >= 3:
+                raise KeyboardInterrupt
+            return super().update(n)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", InterruptingBar)
+    grid = {"stages": [4, 8], "micro_batches": [8, 16], "chunks": [1], "memory_budget": [40000, 50000]}
+    start = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        sweep(DEMO, grid, solve=slow_solve, executor="processes", cache=tmp_path, progress=False)
+    assert time.perf_counter() - start < 5  # running solves are stopped, not awaited
+    kept = len(read_cache(tmp_path))
+    assert 3 <= kept < 8
+    monkeypatch.undo()
+    df = sweep(DEMO, grid, solve=fake_solve, cache=tmp_path, progress=False)
+    assert len(CALLS) == 8 - kept and df["status"].eq("optimal").all()
 
 
 def test_cache_grows_with_the_grid_and_keeps_dtypes(tmp_path: Path) -> None:
