@@ -16,6 +16,13 @@ solved becomes a row with its status and reason, never an exception that loses t
 With ``cache=path`` every finished row is appended to a Parquet dataset (a directory of
 part-files, each written atomically), so an interrupted sweep resumes where it stopped.
 
+Interrupts and crashes: Ctrl-C (or a notebook's interrupt) keeps every finished row and,
+with ``"processes"``, ends the running solves at once. A process that dies (a native
+crash in the solver) only fails its points: the pool is rebuilt and they are retried, up
+to :data:`MAX_ATTEMPTS` times, before they become ``error`` rows. In a serial sweep,
+CP-SAT catches Ctrl-C itself: it ends the current solve (which then reports what it has),
+not the sweep; use ``"processes"`` to stop a sweep promptly.
+
 Frame columns (one row per grid point, in grid order)
 ------------------------------------------------------
 Inputs:
@@ -705,14 +712,16 @@ def sweep(
         :class:`concurrent.futures.Executor` (its processes must be able to import sapptk).
     time_limit: seconds per solve.
     workers: CP-SAT workers per solve; by default chosen so that parallel solves × workers
-        do not exceed the cores (see :func:`default_workers`).
+        do not exceed this machine's cores (see :func:`default_workers`; for Dask the
+        parallel solves are the cluster's threads, so a cluster at least as big as this
+        machine gets 1).
     cache: a directory; finished rows are appended there as Parquet part-files and points
         already there (same profile content, config, time limit, seed, determinism) are not
         solved again.
     progress: show a ``tqdm.auto`` progress bar.
     seed, deterministic: passed to :func:`sapptk.balance.balance`.
-    solve: the function run per point instead of :func:`solve_point` (a module-level
-        function, so processes can import it): plain task dict in, result dict out.
+    solve: the function run per point instead of :func:`solve_point`: plain task dict in,
+        result dict out. One defined in a notebook is shipped by value (cloudpickle).
     """
     from tqdm.auto import tqdm
 
