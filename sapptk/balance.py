@@ -33,8 +33,8 @@ there are too many layouts (many chunks per device) it falls back to the layer c
 Ties are broken lexicographically by the same loop with the step time held at its
 optimum: first the least recompute overhead (backward time above the no-recompute
 backward, summed over layers), then the smallest deviation from the even split,
-``Σ_vs |V · layers_vs − N|``. With ``deterministic=True`` CP-SAT's workers interleave
-deterministically, so the same input gives the same plan.
+``Σ_vs |V · layers_vs − N|``. With ``deterministic=True`` CP-SAT runs one sequential worker,
+so the same input gives the same plan (unless the time limit cuts the search short).
 
 All integer units come from :mod:`sapptk.costs`; the solver's time unit is a *tick*,
 ``TIME_UNIT_MS / splits`` (a slice op of a stage costing c units lasts c ticks).
@@ -132,8 +132,10 @@ class _Search:
         self.memory = memory_model(self.program)
         self.k = self.program.splits
         self.comm_ticks = self.coef.comm * self.k
+        # the budget in the memory model's scaled units (memory units × live-point scale), rounded down
         self.budget = (
-            None if config.memory_budget is None else int(math.floor(config.memory_budget / MEMORY_UNIT_MB + 1e-6))
+            None if config.memory_budget is None
+            else int(math.floor(config.memory_budget / MEMORY_UNIT_MB * self.memory.scale + 1e-6))
         )
         self.allow_empty = allow_empty
         self.workers, self.seed, self.deterministic = workers, seed, deterministic
@@ -151,7 +153,7 @@ class _Search:
         """Whether an assignment fits the budget (exact, from the live points)."""
         if self.budget is None:
             return True
-        return bool((self.memory.peaks(self.coef, self.program, counts) <= self.memory.scale * self.budget).all())
+        return bool((self.memory.peaks(self.coef, self.program, counts) <= self.budget).all())
 
     def valid(self, counts: np.ndarray) -> bool:
         """Structure the masters enforce: allowed modes only, no empty stage unless allowed."""
@@ -188,12 +190,13 @@ class _Search:
         assert self.master is not None
         solver = cp_model.CpSolver()
         prm = solver.parameters
-        prm.num_workers = int(self.workers)
+        # deterministic: one sequential worker (reproducible). CP-SAT 9.15's interleave_search,
+        # its documented deterministic parallel mode, aborts on some of these models
+        # ("Check failed: heuristics.fixed_search != nullptr").
+        prm.num_workers = 1 if self.deterministic else int(self.workers)
         prm.random_seed = int(self.seed)
         limit = self.remaining() if time_cap is None else min(self.remaining(), time_cap)
         prm.max_time_in_seconds = max(0.05, limit)
-        if self.deterministic:
-            prm.interleave_search = True
         collector = _Collector(self.master.variables)
         status = solver.solve(self.master.model, collector)
         self.iterations += 1
@@ -217,11 +220,7 @@ class _Search:
     # ----------------------------------------------------------------- phases
     def seed_incumbents(self) -> None:
         """Even splits (each allowed mode) as first incumbents and sources of paths."""
-        seeds = [c for c in (_even(self.profile, self.config, self.coef, r) for r in range(len(MODES))) if c is not None]
-        unique = []
-        for c in seeds:
-            if not any(np.array_equal(c, u) for u in unique):
-                unique.append(c)
+        unique = _even_splits(self.profile, self.config)
         steps = self.evaluate(unique)
         for c, z in zip(unique, steps, strict=True):
             if self.valid(c) and self.fits(c):
@@ -285,7 +284,7 @@ class _Search:
         lower = 0
         while True:
             if self.best_z is not None:
-                m.model.add(m.z <= self.best_z - 1)
+                m.set_domain(m.z, lower, self.best_z - 1)
             m.hint(self.best)
             status, solver, sols = self.solve()
             for c, z in zip(sols, self.evaluate(sols), strict=True):
@@ -304,25 +303,30 @@ class _Search:
             if self.remaining() <= 0 or status == cp_model.UNKNOWN:
                 return ("feasible" if self.best_z is not None else "unknown"), lower
 
-    def minimise(self, objective: cp_model.LinearExprT, value, cap: int) -> tuple[int, bool]:  # noqa: ANN001
-        """Phases 2 and 3: minimise ``objective`` (``value(counts)`` computes it exactly) with
-        the step time held at ``cap``. Returns (objective of the incumbent, proven)."""
+    def minimise(self, var: cp_model.IntVar, value, cap: int, until: float) -> tuple[int, bool]:  # noqa: ANN001
+        """Phases 2 and 3: minimise ``var`` (``value(counts)`` computes it exactly) with the step
+        time held at ``cap``, until the wall-clock time ``until``. Returns (its value, proven)."""
         m = self.master
         assert m is not None and self.best is not None
-        m.model.minimize(objective)
+        m.model.minimize(var)
         best_v = value(self.best)
-        while self.remaining() > 0:
-            m.model.add(objective <= best_v - 1)
+        while time.perf_counter() < until:
+            if best_v <= 0:  # both tie-break objectives are >= 0
+                m.set_domain(var, 0, 0)
+                return best_v, True
+            m.set_domain(var, 0, best_v - 1)
             m.hint(self.best)
-            status, _, sols = self.solve()
+            status, _, sols = self.solve(time_cap=until - time.perf_counter())
             for c, z in zip(sols, self.evaluate(sols, cap=cap), strict=True):
                 v = value(c)
                 if z <= cap and v < best_v:
                     self.best, best_v = c, v
             if status == cp_model.INFEASIBLE:
+                m.set_domain(var, best_v, best_v)
                 return best_v, True
             if status == cp_model.UNKNOWN:
                 break
+        m.set_domain(var, 0, best_v)
         return best_v, False
 
     def run(self) -> BalanceResult:
@@ -340,11 +344,11 @@ class _Search:
         if status == "optimal":
             m = self.master
             assert m is not None and self.best_z is not None
-            m.model.add(m.z <= self.best_z)
-            res.overhead, proven = self.minimise(m.overhead, self._overhead, self.best_z)
+            m.set_domain(m.z, lower, self.best_z)
+            now = time.perf_counter()
+            _, proven = self.minimise(m.overhead_var, self._overhead, self.best_z, now + 0.5 * self.remaining())
             if proven:
-                m.model.add(m.overhead <= res.overhead)
-                res.deviation, proven = self.minimise(m.deviation, self._deviation, self.best_z)
+                _, proven = self.minimise(m.deviation_var, self._deviation, self.best_z, self.deadline)
                 if not proven:
                     res.notes.append("the smallest deviation from the even split was not proven in time")
             else:
@@ -380,19 +384,17 @@ class _Collector(cp_model.CpSolverSolutionCallback):
         self.solutions.append([self.value(v) for v in self._vars])
 
 
-def _even(profile: Profile, config: PipelineConfig, coef: LayerCoefficients, r: int) -> np.ndarray | None:
-    """The even split with every layer in mode ``r`` (or the group's next stronger allowed one)."""
-    from sapptk.costs import even_counts
+def _even_splits(profile: Profile, config: PipelineConfig) -> list[np.ndarray]:
+    """The plan module's even splits, one per recompute mode every group offers."""
+    from sapptk.plan import even_split
 
-    counts = even_counts(profile, config, MODES[0])
-    out = np.zeros_like(counts)
-    for g in range(counts.shape[0]):
-        allowed = np.flatnonzero(coef.allowed[g])
-        if not len(allowed):
-            return None
-        stronger = allowed[allowed >= r]
-        mode = int(stronger[0]) if len(stronger) else int(allowed[-1])
-        out[g, mode] = counts[g].sum(axis=0)
+    out = []
+    for mode in (*MODES, "strongest"):
+        if mode != "strongest" and not all(mode in g.modes for g in profile.body):
+            continue
+        counts = np.asarray(even_split(profile, config, mode).counts, dtype=np.int64)
+        if not any(np.array_equal(counts, c) for c in out):
+            out.append(counts)
     return out
 
 
@@ -452,8 +454,8 @@ def balance(
     time_limit: wall-clock seconds for the whole search.
     workers: CP-SAT worker threads.
     seed: CP-SAT random seed.
-    deterministic: make CP-SAT's parallel search deterministic (``interleave_search``),
-        so the same input gives the same plan (as long as the time limit is not hit).
+    deterministic: run CP-SAT on one sequential worker (``workers`` is ignored), so the same
+        input gives the same plan as long as the time limit is not hit.
     allow_empty_stages: let virtual stages hold no body layer.
 
     Returns
@@ -497,6 +499,9 @@ def explain_infeasible(profile: Profile, config: PipelineConfig, *, allow_empty_
     program = config.program()
     mem = memory_model(program)
     budget_mb = float(config.memory_budget) if config.memory_budget is not None else math.inf
+    # a body layer needs at least the smallest params and the smallest activation any allowed mode has
+    min_params = int(coef.params.min())
+    min_act = int(np.where(coef.allowed, coef.activation, np.iinfo(np.int64).max).min())
     lowest = []
     for d, stages in enumerate(program.device_stages):
         static = coef.constant + sum(int(coef.fixed_params[vs]) for vs in stages)
@@ -504,20 +509,10 @@ def explain_infeasible(profile: Profile, config: PipelineConfig, *, allow_empty_
         for vs in stages:
             a = int(coef.fixed_activation[vs])
             if not allow_empty_stages and coef.fixed_layers[vs] == 0:
-                # one layer of the group with the least params + activation in its strongest mode
-                cheapest = min(
-                    int(coef.params[g]) * mem.scale * 0 + int(coef.params[g]) + int(coef.activation[g][coef.allowed[g]].min())
-                    for g in range(len(coef.counts))
-                )
-                g_best = min(
-                    range(len(coef.counts)),
-                    key=lambda g: int(coef.params[g]) + int(coef.activation[g][coef.allowed[g]].min()),
-                )
-                static += int(coef.params[g_best])
-                a += cheapest - int(coef.params[g_best])
+                static += min_params
+                a += min_act
             act.append(a)
-        rows = mem.rows[d]
-        live = max((int(np.asarray(row) @ np.asarray(act)) for row in rows), default=0)
+        live = max((int(np.asarray(row) @ np.asarray(act)) for row in mem.rows[d]), default=0)
         lowest.append((mem.scale * static + live) / mem.scale * MEMORY_UNIT_MB)
     worst = int(np.argmax(lowest))
     if lowest[worst] > budget_mb:

@@ -51,7 +51,6 @@ __all__ = [
     "LayerCoefficients",
     "StageCosts",
     "check_counts",
-    "even_counts",
     "layer_coefficients",
     "memory_units",
     "peak_memory",
@@ -264,7 +263,8 @@ def check_counts(profile: Profile, config: PipelineConfig, counts: Any) -> np.nd
         raise ConfigError("counts: expected whole numbers of layers")
     arr = arr.astype(np.int64)
     if (arr < 0).any():
-        raise ConfigError(f"counts: negative layer count at {tuple(np.argwhere(arr < 0)[0])}")
+        g, r, vs = (int(i) for i in np.argwhere(arr < 0)[0])
+        raise ConfigError(f"counts: negative layer count for group {g}, mode {MODES[r]!r}, virtual stage {vs}")
     for g, group in enumerate(body):
         total = int(arr[g].sum())
         if total != group.count:
@@ -320,39 +320,3 @@ def peak_memory(profile: Profile, config: PipelineConfig, counts: Any) -> np.nda
         live = float((pts @ tot["activation"][stages]).max(initial=0.0)) if len(pts) else 0.0
         out[d] = (static + live) * MEMORY_UNIT_MB
     return out
-
-
-def even_counts(profile: Profile, config: PipelineConfig, mode: str) -> np.ndarray:
-    """The naive even split with every layer in one recompute mode.
-
-    Body layers (all groups in model order) are cut into ``p·v`` contiguous pieces of
-    ``⌊N/(p·v)⌋`` layers; the ``N mod (p·v)`` extra layers go one each to the virtual
-    stages nearest the middle of the pipeline (the ends carry head and tail). A group
-    that lacks ``mode`` uses its next stronger available mode, else its strongest one.
-    """
-    body = tuple(profile.body)
-    nvs = config.num_virtual_stages
-    total = sum(int(g.count) for g in body)
-    per = np.full(nvs, total // nvs, dtype=np.int64)
-    extra = total - int(per.sum())
-    centre = (nvs - 1) / 2
-    order = sorted(range(nvs), key=lambda vs: (abs(vs - centre), vs))
-    per[order[:extra]] += 1
-    bounds = np.concatenate([[0], np.cumsum(per)])
-    counts = np.zeros((len(body), len(MODES), nvs), dtype=np.int64)
-    start = 0
-    for g, group in enumerate(body):
-        r = _mode_for(group, mode)
-        lo, hi = start, start + int(group.count)
-        counts[g, r] = np.clip(np.minimum(bounds[1:], hi) - np.maximum(bounds[:-1], lo), 0, None)
-        start = hi
-    return counts
-
-
-def _mode_for(group: LayerGroup, mode: str) -> int:
-    if mode not in MODES:
-        raise ConfigError(f"mode = {mode!r}: expected one of {MODES}")
-    for r in range(MODES.index(mode), len(MODES)):
-        if MODES[r] in group.modes:
-            return r
-    return max(MODES.index(r) for r in group.modes)

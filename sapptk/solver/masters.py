@@ -47,6 +47,18 @@ class Master:
         self.z = self.model.new_int_var(0, Z_MAX, "step_ticks")
         self.cuts: set[bytes] = set()
 
+    def objective_vars(self) -> None:
+        """Integer variables equal to the two tie-break objectives (domains tightened by the search)."""
+        self.overhead_var = self.model.new_int_var(0, Z_MAX, "overhead")
+        self.model.add(self.overhead_var == self.overhead)
+        self.deviation_var = self.model.new_int_var(0, Z_MAX, "deviation")
+        self.model.add(self.deviation_var == self.deviation)
+
+    def set_domain(self, var: cp_model.IntVar, lo: int, hi: int) -> None:
+        """Replace the domain of a variable created with a plain interval (no new constraint)."""
+        dom = self.model.proto.variables[var.index].domain
+        dom[0], dom[1] = int(lo), int(hi)
+
     def counts_of(self, values: list[int]) -> np.ndarray:
         raise NotImplementedError
 
@@ -117,6 +129,7 @@ class LayoutMaster(Master):
         self._contiguity(layers_of)
         self.overhead = self._per_layout(lambda lay: lay.overhead)
         self.deviation = self._per_layout(lambda lay: lay.deviation)
+        self.objective_vars()
 
     def _per_layout(self, values) -> cp_model.LinearExprT:  # noqa: ANN001 - a small lambda
         coefs = np.concatenate([values(lay) for lay in self.layouts])
@@ -131,14 +144,12 @@ class LayoutMaster(Master):
             st = np.asarray(lay.stages)
             lengths.append(lay.forward @ a[st] + lay.backward @ b[st] + lay.weight @ w[st])
         coefs = np.concatenate(lengths)
-        base = int(coefs.min()) if len(coefs) else 0
         # shift each device's lengths by its minimum: one layout per device is always chosen
         const = crossings * self.comm_ticks
         for d, length in enumerate(lengths):
             lo = int(length.min())
             coefs[self.offsets[d] : self.offsets[d + 1]] -= lo
             const += lo
-        del base
         nz = np.flatnonzero(coefs)
         return [self.variables[i] for i in nz], coefs[nz].tolist(), const
 
@@ -169,7 +180,10 @@ class LayoutMaster(Master):
 
 
 class LayerMaster(Master):
-    """Layer counts ``x[g, r, vs]`` as variables; exact memory rows per device and live point."""
+    """Layer counts ``x[g, r, vs]`` as variables; exact memory rows per device and live point.
+
+    ``budget`` is in memory units × the live-point scale (:class:`~sapptk.solver.paths.MemoryModel`).
+    """
 
     def __init__(
         self,
@@ -217,7 +231,7 @@ class LayerMaster(Master):
         self.scale = mem.scale
         if budget is not None:
             for _, expr in self.peaks:
-                model.add(expr <= mem.scale * budget)
+                model.add(expr <= budget)
         g_, r_, _ = self.index.T
         self.overhead = cp_model.LinearExpr.weighted_sum(self.variables, coef.overhead[g_, r_].tolist())
         total = int(coef.counts.sum())
@@ -228,6 +242,7 @@ class LayerMaster(Master):
             model.add(dv >= total - V * self.layers[vs])
             devs.append(dv)
         self.deviation = sum(devs)
+        self.objective_vars()
 
     def stage_expr(self, table: np.ndarray, fixed: np.ndarray, vs: int) -> cp_model.LinearExprT:
         """``Σ_g,r table[g, r] · x[g, r, vs] + fixed[vs]`` as a linear expression."""

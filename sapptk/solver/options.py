@@ -212,7 +212,7 @@ def device_layouts(
     budget: int | None,
     allow_empty: bool,
 ) -> list[DeviceLayouts]:
-    """Every device's layouts that fit ``budget`` (memory units) and whose op chain is at most
+    """Every device's layouts that fit ``budget`` (memory units × live-point scale), op chain at most
     ``ub`` ticks, Pareto-reduced per composition. Raises :class:`TooManyLayouts`."""
     paths = path_model(program)
     mem = memory_model(program)
@@ -265,9 +265,9 @@ def device_layouts(
                 rest_par = sum(min_par[left])
                 for row in rows:
                     used = scale * (p_par + rest_par) + p_act @ row[: c + 1] + int(row[c + 1 :] @ min_act[left])
-                    keep &= used <= scale * budget
+                    keep &= used <= budget
                 if not len(rows):
-                    keep &= p_par + rest_par <= budget
+                    keep &= scale * (p_par + rest_par) <= budget
             sel, p_chain, p_par, p_act = sel[keep], p_chain[keep], p_par[keep], p_act[keep]
         comp = options.comp[sel]  # (k, c, G)
         back = np.stack([chunk[c]["b"][sel[:, c]] for c in range(nc)], axis=1).reshape(len(sel), nc)

@@ -87,6 +87,69 @@ class PathModel:
         return step, paths
 
 
+    def through(self, cost: np.ndarray, comm: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For every unit, the longest path through it: (lengths (n,), signatures (n, 3·nvs), crossings (n,)).
+
+        One forward and one backward pass over the levels; signatures are carried along
+        the arg-max edges, so each one is a real path of the graph.
+        """
+        g = self.program.graph
+        k = self.program.splits
+        n = g.n_units
+        dur = self.unit_sig @ cost
+        width = self.unit_sig.shape[1]
+        lag_unit = g.unit_cross.astype(np.int64) * (comm * k)
+        end = np.zeros(n + 1, dtype=np.int64)
+        sig_in = np.zeros((n + 1, width), dtype=np.int64)
+        cross_in = np.zeros(n + 1, dtype=np.int64)
+        preds, lp, lu = g.unit_preds, g.level_ptr, g.level_units
+        levels = len(lp) - 1
+        for lvl in range(levels):
+            idx = lu[lp[lvl] : lp[lvl + 1]]
+            cand = end[preds[idx]] + lag_unit[idx]
+            a = cand.argmax(axis=1)
+            p = preds[idx, a]
+            end[idx] = cand[np.arange(len(idx)), a] + dur[idx]
+            sig_in[idx] = sig_in[p] + self.unit_sig[idx]
+            cross_in[idx] = cross_in[p] + g.unit_cross[idx, a]
+        # backward: longest continuation after each unit's end
+        tail = np.zeros(n, dtype=np.int64)
+        sig_out = np.zeros((n, width), dtype=np.int64)
+        cross_out = np.zeros(n, dtype=np.int64)
+        src, dst, ecross = self.edges
+        elag = ecross.astype(np.int64) * (comm * k)
+        src_level = g.level[src]
+        order = np.argsort(-src_level, kind="stable")
+        bounds = np.searchsorted(-src_level[order], np.arange(-(levels - 1), 1))
+        bounds = np.r_[bounds, len(order)]
+        for i in range(levels):
+            sel = order[bounds[i] : bounds[i + 1]]
+            if not len(sel):
+                continue
+            s_, d_ = src[sel], dst[sel]
+            cand = elag[sel] + dur[d_] + tail[d_]
+            best = np.full(n, -1, dtype=np.int64)
+            np.maximum.at(best, s_, cand)
+            win = cand == best[s_]
+            # first winning edge per source
+            ws, first = np.unique(s_[win], return_index=True)
+            we = sel[np.flatnonzero(win)[first]]
+            wd = dst[we]
+            tail[ws] = best[ws]
+            sig_out[ws] = sig_out[wd] + self.unit_sig[wd]
+            cross_out[ws] = cross_out[wd] + ecross[we]
+        length = end[:n] + tail
+        return length, sig_in[:n] + sig_out, cross_in[:n] + cross_out
+
+    @property
+    def edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Unit edges as (source, destination, crosses devices) arrays."""
+        g = self.program.graph
+        n = g.n_units
+        u, col = np.nonzero(g.unit_preds < n)
+        return g.unit_preds[u, col], u, g.unit_cross[u, col]
+
+
 def _unit_signatures(program: Program) -> np.ndarray:
     g = program.graph
     nvs = program.num_virtual_stages

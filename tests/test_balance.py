@@ -1,0 +1,216 @@
+"""The balancer against the simulator: predictions equal simulations, optima equal exhaustive
+search, infeasibility is explained, bad setups fail before solving, answers are reproducible."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import numpy as np
+import pytest
+from test_costs import random_counts, small_profile
+
+import sapptk.balance as balance_module
+from sapptk.balance import balance, solve
+from sapptk.config import PipelineConfig
+from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients, simulate_counts, stage_costs
+from sapptk.errors import ConfigError
+from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
+from sapptk.schedules import get, names
+from sapptk.simulate import op_durations, unit_durations, unit_times
+from sapptk.solver.paths import memory_model
+
+
+def config_for(name: str, rng: np.random.Generator, **kw) -> PipelineConfig:
+    spec = get(name)
+    chunks = 2 if spec.chunks is None or 2 in spec.chunks else spec.chunks[0]
+    p = int(rng.integers(2, 4))
+    m = max(spec.min_micro_batches(p, chunks), p) + int(rng.integers(0, 3))
+    splits = 2 if spec.splits else 1
+    return PipelineConfig(p, m, chunks, name, splits=splits, **kw)
+
+
+def fast_step(config: PipelineConfig, profile: Profile, counts: np.ndarray) -> float:
+    """The simulator's own timing functions, without building its DataFrames (for enumeration)."""
+    sc = stage_costs(profile, config, counts)
+    program = config.program()
+    dur = unit_durations(program, op_durations(program, sc.forward, sc.backward, sc.weight))
+    _, end = unit_times(program, dur, sc.comm)
+    return float(end.max())
+
+
+def peaks_mb(config: PipelineConfig, profile: Profile, counts: np.ndarray) -> np.ndarray:
+    program = config.program()
+    mem = memory_model(program)
+    return mem.peaks(layer_coefficients(profile, config), program, counts) / mem.scale * MEMORY_UNIT_MB
+
+
+# ------------------------------------------------------------ prediction = simulation
+@pytest.mark.parametrize("schedule", names())
+def test_prediction_equals_simulation_on_random_problems(schedule):
+    """Every schedule, random two-group profiles, random budgets (some too small)."""
+    rng = np.random.default_rng(abs(hash(schedule)) % 2**32)
+    for trial in range(2):
+        prof = small_profile(rng)
+        cfg = config_for(schedule, rng, comm=float(rng.choice([0.0, 0.05])))
+        samples = [peaks_mb(cfg, prof, random_counts(rng, prof, cfg)).max() for _ in range(8)]
+        budget = float(rng.uniform(0.6, 1.1) * np.median(samples))
+        cfg = cfg.replace(memory_budget=budget)
+        res = solve(prof, cfg, time_limit=20, deterministic=True)
+        assert res.status in ("optimal", "infeasible"), (schedule, trial, res.message)
+        if res.status == "infeasible":
+            assert "device" in res.message and "MB" in res.message
+            continue
+        sim = simulate_counts(prof, cfg, res.counts)
+        assert res.step_time == pytest.approx(sim.step_time, abs=1e-6)
+        assert (sim.peak_memory.to_numpy() <= budget + 1e-6).all()
+        assert np.allclose(peaks_mb(cfg, prof, res.counts), sim.peak_memory.to_numpy(), atol=1e-6)
+        assert res.gap == 0.0 and res.bound == pytest.approx(res.step_time)
+
+
+def test_balance_returns_a_plan_the_simulator_agrees_with():
+    rng = np.random.default_rng(3)
+    prof = small_profile(rng)
+    cfg = PipelineConfig(3, 6, 2, "interleaved", comm=0.02)
+    plan = balance(prof, cfg, time_limit=20, deterministic=True)
+    assert plan.status == "optimal" and plan.source == "balance"
+    assert plan.step_time == pytest.approx(plan.simulate().step_time, abs=1e-6)
+    assert plan.gap == 0.0 and plan.solve_seconds > 0 and "optimal" in plan.message
+
+
+# ------------------------------------------------------------------ exhaustive search
+def all_assignments(profile: Profile, config: PipelineConfig, modes: tuple[int, int]):
+    """Every assignment with each vs holding ≥ 1 body layer (except head/tail stages), two modes."""
+    coef = layer_coefficients(profile, config)
+    body = profile.body
+    total = sum(g.count for g in body)
+    nvs = config.num_virtual_stages
+    need = np.where(coef.fixed_layers > 0, 0, 1)
+    for per_vs in itertools.product(*(range(need[vs], total + 1) for vs in range(nvs))):
+        if sum(per_vs) != total:
+            continue
+        bounds = np.concatenate([[0], np.cumsum(per_vs)])
+        cells = []  # (g, vs, n)
+        start = 0
+        for g, group in enumerate(body):
+            layers = np.clip(np.minimum(bounds[1:], start + group.count) - np.maximum(bounds[:-1], start), 0, None)
+            cells += [(g, vs, int(n)) for vs, n in enumerate(layers) if n]
+            start += group.count
+        for strong in itertools.product(*(range(n + 1) for _, _, n in cells)):
+            counts = np.zeros((len(body), len(MODES), nvs), dtype=np.int64)
+            for (g, vs, n), s in zip(cells, strong, strict=True):
+                counts[g, modes[0], vs] = n - s
+                counts[g, modes[1], vs] = s
+            yield counts
+
+
+def two_mode_profile(layers: tuple[int, ...]) -> Profile:
+    rng = np.random.default_rng(sum(layers))
+    body = []
+    for g, n in enumerate(layers):
+        fwd = float(rng.uniform(1, 2))
+        act = float(rng.uniform(4, 8))
+        body.append(LayerGroup(f"g{g}", "body", n, fwd, float(rng.uniform(1, 3)),
+                               {"none": ModeCost(2 * fwd, act), "full": ModeCost(3 * fwd, 0.1 * act)}))
+    head = LayerGroup("head", "head", 1, 0.3, 2.0)
+    tail = LayerGroup("tail", "tail", 1, 1.1, 3.0)
+    return Profile("two-mode", (head, *body, tail))
+
+
+EXHAUSTIVE = [
+    ("1f1b", 3, 4, 1, 1),
+    ("gpipe", 3, 3, 1, 1),
+    ("interleaved", 2, 3, 2, 1),
+    ("interleaved-lm", 2, 4, 2, 1),
+    ("seq1f1b", 2, 3, 1, 2),
+    ("zb-h1", 3, 4, 1, 1),
+    ("zb-v", 2, 3, 2, 1),
+    ("dualpipe-v", 2, 4, 2, 1),
+]
+
+
+@pytest.mark.parametrize(("schedule", "p", "m", "v", "k"), EXHAUSTIVE, ids=[e[0] for e in EXHAUSTIVE])
+def test_optimum_equals_exhaustive_search(schedule, p, m, v, k):
+    if schedule not in names():
+        pytest.skip(f"{schedule} is not registered")
+    prof = two_mode_profile((3, 5))
+    base = PipelineConfig(p, m, v, schedule, splits=k, comm=0.01)
+    candidates = list(all_assignments(prof, base, (MODES.index("none"), MODES.index("full"))))
+    peaks = np.array([peaks_mb(base, prof, c).max() for c in candidates])
+    budget = float(np.quantile(peaks, 0.3))  # memory binds: most assignments do not fit
+    cfg = base.replace(memory_budget=budget)
+    steps = np.array([fast_step(cfg, prof, c) if pk <= budget + 1e-9 else np.inf for c, pk in zip(candidates, peaks,
+                                                                                                  strict=True)])
+    best = steps.min()
+    res = solve(prof, cfg, time_limit=30, deterministic=True)
+    assert res.status == "optimal", res.message
+    assert res.step_time == pytest.approx(best, abs=1e-6)
+    assert simulate_counts(prof, cfg, res.counts).step_time == pytest.approx(best, abs=1e-6)
+    assert peaks_mb(cfg, prof, res.counts).max() <= budget + 1e-9
+    # the tie-break: among the optimal assignments, the least recompute overhead
+    coef = layer_coefficients(prof, cfg)
+    ties = [c for c, s in zip(candidates, steps, strict=True) if abs(s - best) < 1e-9]
+    least = min(int(np.einsum("grv,gr->", c, coef.overhead)) for c in ties)
+    assert res.overhead == least
+
+
+# ----------------------------------------------------------------- infeasible / errors
+def test_budget_below_any_layout_names_the_device_and_shortfall():
+    rng = np.random.default_rng(5)
+    prof = small_profile(rng)
+    cfg = PipelineConfig(3, 6, 1, "1f1b", memory_budget=1.0)
+    plan = balance(prof, cfg, time_limit=10)
+    assert plan.status == "infeasible"
+    found = re.search(r"device (\d+) needs at least ([\d.]+) MB.*budget is 1 MB, ([\d.]+) MB short", plan.message)
+    assert found, plan.message
+    device, need, short = int(found[1]), float(found[2]), float(found[3])
+    assert 0 <= device < 3 and short == pytest.approx(need - 1.0, abs=1e-3)
+    # every layout needs at least that much on that device
+    some = random_counts(np.random.default_rng(0), prof, cfg)
+    assert peaks_mb(cfg, prof, some)[device] >= need - 1e-6
+
+
+def test_joint_shortfall_is_explained_with_the_least_possible_peak():
+    prof = two_mode_profile((3, 5))
+    base = PipelineConfig(3, 4, 1, "1f1b")
+    least = min(peaks_mb(base, prof, c).max()
+                for c in all_assignments(prof, base, (MODES.index("none"), MODES.index("full"))))
+    budget = round(least - 0.5, 3)
+    res = solve(prof, base.replace(memory_budget=budget), time_limit=20)
+    assert res.status == "infeasible"
+    assert f"{least:.6g} MB on device" in res.message
+    assert f"{least - budget:.6g} MB over the budget" in res.message
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        PipelineConfig(4, 2, 1, "1f1b"),  # m < p
+        PipelineConfig(2, 4, 1, "no-such-schedule"),
+        PipelineConfig(2, 4, 3, "1f1b"),  # 1f1b has one chunk
+        PipelineConfig(2, 4, 1, "1f1b", recompute=("half",)),
+        PipelineConfig(2, 4, 1, "1f1b", memory_budget=-3),
+        PipelineConfig(8, 8, 2, "interleaved"),  # 16 virtual stages, 8 body layers
+    ],
+)
+def test_config_errors_raise_before_solving(cfg, monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("the solver should not have started")
+
+    monkeypatch.setattr(balance_module._Search, "__init__", boom)
+    with pytest.raises(ConfigError):
+        balance(two_mode_profile((3, 5)), cfg)
+
+
+def test_deterministic_runs_give_the_same_plan():
+    rng = np.random.default_rng(9)
+    prof = small_profile(rng, layers=(4, 8))
+    cfg = PipelineConfig(3, 6, 2, "interleaved", memory_budget=None)
+    a = solve(prof, cfg, time_limit=20, deterministic=True)
+    b = solve(prof, cfg, time_limit=20, deterministic=True)
+    assert a.status == b.status == "optimal"
+    assert np.array_equal(a.counts, b.counts)
+
+
+def test_time_units():
+    assert TIME_UNIT_MS == 1e-3 and MEMORY_UNIT_MB == 1e-3

@@ -1,0 +1,224 @@
+"""costs.py and config.py: integer coefficients, stage costs, and the solver's program views
+(longest paths and live points) against the simulator."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from sapptk.config import PipelineConfig
+from sapptk.costs import (
+    MEMORY_UNIT_MB,
+    TIME_UNIT_MS,
+    WEIGHT_SHARE,
+    check_counts,
+    layer_coefficients,
+    peak_memory,
+    simulate_counts,
+    stage_costs,
+)
+from sapptk.errors import ConfigError
+from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile
+from sapptk.schedules import get, names
+from sapptk.solver.paths import memory_model, path_model, stage_cost_vector
+
+
+def small_profile(rng: np.random.Generator, groups: int = 2, layers: tuple[int, ...] = (3, 5)) -> Profile:
+    """A random profile: head, ``groups`` body groups with several modes, tail; odd figures on purpose."""
+    body = []
+    for g in range(groups):
+        fwd = float(rng.uniform(0.5, 3.0))
+        modes = {"none": ModeCost(2 * fwd, float(rng.uniform(5, 9)))}
+        for name, extra, shrink in (("select", 0.1, 0.7), ("both", 0.3, 0.4), ("full", 1.0, 0.05)):
+            if rng.random() < 0.8:
+                modes[name] = ModeCost(2 * fwd + extra * fwd, modes["none"].activation * shrink)
+        body.append(LayerGroup(f"g{g}", "body", layers[g], fwd, float(rng.uniform(1, 4)), modes))
+    head = LayerGroup("head", "head", 1, float(rng.uniform(0.1, 1.0)), float(rng.uniform(1, 5)))
+    tail = LayerGroup("tail", "tail", 1, float(rng.uniform(0.5, 2.0)), float(rng.uniform(1, 5)),
+                      {"none": ModeCost(3.0, float(rng.uniform(0, 4)))})
+    return Profile("random", (head, *body, tail))
+
+
+def setups() -> list[PipelineConfig]:
+    """One small setup per registered schedule (chunks and micro-batches as each one needs)."""
+    out = []
+    for name in names():
+        spec = get(name)
+        chunks = 2 if spec.chunks is None or 2 in spec.chunks else spec.chunks[0]
+        p = 3
+        m = max(spec.min_micro_batches(p, chunks), p) + 1
+        splits = 2 if spec.splits else 1
+        out.append(PipelineConfig(p, m, chunks, name, splits=splits, comm=0.0123, constant_memory=1.5))
+    return out
+
+
+def random_counts(rng: np.random.Generator, profile: Profile, config: PipelineConfig) -> np.ndarray:
+    """A random valid assignment: groups contiguous in model order, modes the profile offers."""
+    body = profile.body
+    nvs = config.num_virtual_stages
+    total = sum(g.count for g in body)
+    cuts = np.sort(rng.integers(0, total + 1, nvs - 1))
+    per_vs = np.diff(np.concatenate([[0], cuts, [total]]))
+    bounds = np.concatenate([[0], np.cumsum(per_vs)])
+    counts = np.zeros((len(body), len(MODES), nvs), dtype=np.int64)
+    start = 0
+    for g, group in enumerate(body):
+        layers = np.clip(np.minimum(bounds[1:], start + group.count) - np.maximum(bounds[:-1], start), 0, None)
+        avail = [MODES.index(m) for m in group.modes]
+        for vs, n in enumerate(layers):
+            for _ in range(n):
+                counts[g, rng.choice(avail), vs] += 1
+        start += group.count
+    return counts
+
+
+# --------------------------------------------------------------------- config
+def test_config_is_plain_picklable_data_and_caches_its_program():
+    cfg = PipelineConfig(4, 8, 2, "interleaved", recompute=["full", "none"])
+    assert cfg.recompute == ("none", "full")
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert cfg.program() is PipelineConfig(4, 8, 2, "interleaved").program()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"stages": 0, "micro_batches": 4}, "stages = 0"),
+        ({"stages": 2.0, "micro_batches": 4}, "stages = 2.0"),
+        ({"stages": 4, "micro_batches": 2}, "micro_batches = 2"),
+        ({"stages": 4, "micro_batches": 8, "schedule": "nope"}, "unknown schedule"),
+        ({"stages": 4, "micro_batches": 8, "chunks": 2}, "chunks = 2"),
+        ({"stages": 4, "micro_batches": 8, "splits": 2}, "splits = 2"),
+        ({"stages": 4, "micro_batches": 8, "memory_budget": -1}, "memory_budget = -1"),
+        ({"stages": 4, "micro_batches": 8, "comm": -0.5}, "comm = -0.5"),
+        ({"stages": 4, "micro_batches": 8, "constant_memory": float("nan")}, "constant_memory"),
+        ({"stages": 4, "micro_batches": 8, "recompute": ("none", "half")}, "'half'"),
+        ({"stages": 4, "micro_batches": 8, "recompute": ()}, "recompute"),
+    ],
+)
+def test_config_errors_name_field_and_value(kwargs, needle):
+    cfg = PipelineConfig(**kwargs)
+    with pytest.raises(ConfigError, match=None) as info:
+        cfg.check(bundled_profile("llama2_70b"))
+    assert needle in str(info.value)
+
+
+def test_config_check_against_profile():
+    prof = bundled_profile("llama2_70b")  # modes none, select, both, full
+    with pytest.raises(ConfigError, match="offers only"):
+        PipelineConfig(4, 8, recompute=("comm",)).check(prof)
+    with pytest.raises(ConfigError, match="virtual stages"):
+        PipelineConfig(64, 64, 2, "interleaved").check(prof)
+    PipelineConfig(64, 64, 2, "interleaved").check(prof, allow_empty_stages=True)
+    if "dualpipe-v" in names():
+        with pytest.raises(ConfigError, match="micro_batches"):
+            PipelineConfig(4, 6, 2, "dualpipe-v").check(prof)
+
+
+# ---------------------------------------------------------------- coefficients
+def test_coefficients_are_integer_units_and_split_backward_keeps_totals():
+    prof = bundled_profile("deepseek_v3")
+    plain = layer_coefficients(prof, PipelineConfig(4, 8))
+    assert plain.forward.dtype.kind == "i" and not plain.weight.any()
+    moe = prof.body[1]
+    r_full = MODES.index("full")
+    assert plain.forward[1] == round(moe.forward / TIME_UNIT_MS)
+    assert plain.backward[1, r_full] == round(moe.modes["full"].backward / TIME_UNIT_MS)
+    assert plain.activation[1, r_full] == round(moe.modes["full"].activation / MEMORY_UNIT_MB)
+    assert plain.overhead[1, r_full] == plain.backward[1, r_full] - plain.backward[1, 0]
+    if "zb-h1" in names():
+        split = layer_coefficients(prof, PipelineConfig(4, 8, schedule="zb-h1"))
+        assert split.split
+        assert split.weight[1] == round(WEIGHT_SHARE * plain.backward[1, 0])
+        avail = split.available
+        assert np.array_equal((split.backward + split.weight[:, None])[avail], plain.backward[avail])
+        assert split.fixed_backward[0] + split.fixed_weight[0] == plain.fixed_backward[0]
+
+
+def test_head_on_first_and_tail_on_last_virtual_stage():
+    prof = bundled_profile("llama2_70b")
+    for sched, v in (("interleaved", 2), ("dualpipe-v", 2)):
+        if sched not in names():
+            continue
+        cfg = PipelineConfig(4, 8, v, sched)
+        coef = layer_coefficients(prof, cfg)
+        assert coef.fixed_layers.tolist() == [1] + [0] * 6 + [1]
+        program = cfg.program()
+        device_of_tail = program.placement[-1]
+        assert device_of_tail == (0 if sched == "dualpipe-v" else 3)
+
+
+def test_check_counts_rejects_bad_assignments():
+    rng = np.random.default_rng(0)
+    prof = small_profile(rng)
+    cfg = PipelineConfig(3, 4)
+    good = random_counts(rng, prof, cfg)
+    check_counts(prof, cfg, good)
+    with pytest.raises(ConfigError, match="shape"):
+        check_counts(prof, cfg, good[:, :, :2])
+    bad = good.copy()
+    bad[0, 0, 0] += 1
+    with pytest.raises(ConfigError, match="layers"):
+        check_counts(prof, cfg, bad)
+    order = np.zeros_like(good)
+    order[1, 0, 0] = prof.body[1].count  # group 1 first, then group 0: out of model order
+    order[0, 0, 2] = prof.body[0].count
+    with pytest.raises(ConfigError, match="before group"):
+        check_counts(prof, cfg, order)
+
+
+@pytest.mark.parametrize("config", setups(), ids=lambda c: c.schedule)
+def test_stage_costs_simulation_and_peaks(config):
+    """Totals per layer survive the split; simulate_counts is the simulator on these costs;
+    peak_memory (live points) equals the simulated peak."""
+    rng = np.random.default_rng(hash(config.schedule) % 2**32)
+    prof = small_profile(rng)
+    for _ in range(3):
+        counts = random_counts(rng, prof, config)
+        sc = stage_costs(prof, config, counts)
+        sim = simulate_counts(prof, config, counts)
+        assert sim.costs["comm"] == pytest.approx(sc.comm)
+        assert np.allclose(peak_memory(prof, config, counts), sim.peak_memory.to_numpy(), atol=1e-6)
+        direct = config.program().simulate(sc.forward, sc.backward, sc.weight, sc.activation, sc.params,
+                                           sc.comm, constant=sc.constant)
+        assert direct.step_time == pytest.approx(sim.step_time)
+
+
+# --------------------------------------------------------- the solver's views
+@pytest.mark.parametrize("config", setups(), ids=lambda c: c.schedule)
+def test_integer_longest_path_equals_the_simulator(config):
+    """The solver's time model (integer longest path, critical path signatures) is the simulator's step time."""
+    rng = np.random.default_rng(7)
+    prof = small_profile(rng)
+    coef = layer_coefficients(prof, config)
+    program = config.program()
+    paths = path_model(program)
+    batch = [random_counts(rng, prof, config) for _ in range(6)]
+    costs = np.stack([stage_cost_vector(coef, c) for c in batch])
+    steps, crit = paths.longest(costs, coef.comm)
+    k = program.splits
+    for c, cost, step, (sig, crossings) in zip(batch, costs, steps, crit, strict=True):
+        sim = simulate_counts(prof, config, c)
+        assert step * TIME_UNIT_MS / k == pytest.approx(sim.step_time, abs=1e-9)
+        assert sig @ cost + crossings * coef.comm * k == step  # the critical path is that long
+        length, sigs, cross = paths.through(cost, coef.comm)
+        assert length.max() == step
+        assert np.array_equal(sigs @ cost + cross * coef.comm * k, length)
+        # every unit lies on its own longest path: no through-path is shorter than that unit's end
+        assert (length >= paths.unit_sig @ cost).all()
+
+
+@pytest.mark.parametrize("config", setups(), ids=lambda c: c.schedule)
+def test_integer_live_points_equal_the_simulated_peak(config):
+    rng = np.random.default_rng(11)
+    prof = small_profile(rng)
+    coef = layer_coefficients(prof, config)
+    program = config.program()
+    mem = memory_model(program)
+    for _ in range(3):
+        counts = random_counts(rng, prof, config)
+        peaks = mem.peaks(coef, program, counts) / mem.scale * MEMORY_UNIT_MB
+        sim = simulate_counts(prof, config, counts)
+        assert np.allclose(peaks, sim.peak_memory.to_numpy(), atol=1e-6)
