@@ -437,16 +437,20 @@ def test_plots_draw_the_solved_points_with_hover() -> None:
 REAL = {"stages": [4], "micro_batches": [8], "schedule": ["1f1b", "interleaved", "zb-h1"], "chunks": [1, 2],
         "memory_budget": [60000, 90000]}
 REAL_LIMIT = 20
+# deterministic CP-SAT with the same workers everywhere: the executors must give equal frames
+REAL_OPTIONS: dict[str, Any] = {"time_limit": REAL_LIMIT, "deterministic": True, "workers": 1, "progress": False}
 
 
 def _agree(frame: pd.DataFrame, reference: pd.DataFrame) -> None:
+    """Equal frames but for the wall times; status and step time above all."""
     cols = [*INPUT_COLUMNS, "status", "step_time_ms", "key"]
     pd.testing.assert_frame_equal(frame[cols], reference[cols])
+    pd.testing.assert_frame_equal(frame.drop(columns="solve_seconds"), reference.drop(columns="solve_seconds"))
 
 
 @pytest.fixture(scope="module")
 def serial_frame() -> pd.DataFrame:
-    return sweep(DEMO, REAL, time_limit=REAL_LIMIT, progress=False)
+    return sweep(DEMO, REAL, **REAL_OPTIONS)
 
 
 def test_real_sweep_rows(serial_frame: pd.DataFrame) -> None:
@@ -464,14 +468,17 @@ def test_real_sweep_rows(serial_frame: pd.DataFrame) -> None:
     assert ok["peak_mb"].map(len).eq(4).all() and (ok["gap"] == 0).all()
     assert ((ok["bound_ms"] - ok["step_time_ms"]).abs() < 1e-6).all()
     assert ok["bubble_of_compute"].between(0, 1).all() and ok["recompute_ms"].ge(0).all()
-    # the row is the plan: balance() directly gives the same step time
+    # the row is the plan: balance() directly, same options, gives the same figures
     from sapptk.balance import balance
 
     plan = balance(DEMO, PipelineConfig(4, 8, chunks=2, schedule="interleaved", memory_budget=90000),
-                   time_limit=REAL_LIMIT)
+                   time_limit=REAL_LIMIT, workers=1, deterministic=True)
+    sim = plan.simulate()
     row = ok[(ok["schedule"] == "interleaved") & (ok["chunks"] == 2)].iloc[0]
-    assert row["step_time_ms"] == pytest.approx(plan.step_time)
-    assert row["peak_mb_max"] == pytest.approx(float(plan.simulate().peak_memory.max()))
+    assert row["step_time_ms"] == pytest.approx(plan.step_time) == pytest.approx(sim.step_time)
+    assert row["peak_mb"] == pytest.approx(sim.peak_memory.tolist())
+    assert row["bubble_of_compute"] == pytest.approx(sim.bubble.of_compute)
+    assert row["recompute_ms"] == pytest.approx(plan.stages["recompute_ms"].sum() * 8)
 
 
 def test_invalid_combinations_are_rows_not_exceptions() -> None:
@@ -489,7 +496,7 @@ def test_invalid_combinations_are_rows_not_exceptions() -> None:
 
 
 def test_processes_give_the_serial_frame(serial_frame: pd.DataFrame) -> None:
-    df = sweep(DEMO, REAL, executor="processes", time_limit=REAL_LIMIT, progress=False)
+    df = sweep(DEMO, REAL, executor="processes", **REAL_OPTIONS)
     _agree(df, serial_frame)
 
 
@@ -499,15 +506,15 @@ def test_dask_local_cluster_gives_the_serial_frame(serial_frame: pd.DataFrame) -
         distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster,
         distributed.Client(cluster) as client,
     ):
-        df = sweep(DEMO, REAL, executor=client, time_limit=REAL_LIMIT, progress=False)
+        df = sweep(DEMO, REAL, executor=client, **REAL_OPTIONS)
     _agree(df, serial_frame)
 
 
 def test_real_cached_sweep_resumes_without_redoing_points(tmp_path: Path, serial_frame: pd.DataFrame) -> None:
     first = {**REAL, "memory_budget": [90000]}
-    sweep(DEMO, first, solve=counting_solve, time_limit=REAL_LIMIT, cache=tmp_path, progress=False)
+    sweep(DEMO, first, solve=counting_solve, cache=tmp_path, **REAL_OPTIONS)
     assert len(CALLS) == 6
     CALLS.clear()
-    df = sweep(DEMO, REAL, solve=counting_solve, time_limit=REAL_LIMIT, cache=tmp_path, progress=False)
+    df = sweep(DEMO, REAL, solve=counting_solve, cache=tmp_path, **REAL_OPTIONS)
     assert len(CALLS) == 6 and all(c["memory_budget"] == 60000 for c in CALLS)
     _agree(df, serial_frame)
