@@ -2,7 +2,8 @@
 
 Commands: ``balance`` (solve a plan, compare with the even splits, optionally write the
 MindFormers YAML and the layout CSV), ``simulate`` (evaluate hand-made MindFormers
-configs), ``schedules`` (list the schedules).
+configs), ``sweep`` (a grid of setups to one Parquet table, resumable), ``schedules`` (list
+the schedules).
 
 Exit codes: 0 success, 1 no plan found (infeasible, or none within the time limit),
 2 bad input (the message goes to stderr, without a traceback).
