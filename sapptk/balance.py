@@ -250,13 +250,82 @@ class _Search:
             layouts = device_layouts(
                 self.coef, self.program, options, ub=self.best_z, budget=self.budget, allow_empty=self.allow_empty
             )
-            self.use(LayoutMaster(self.coef, self.program, self.comm_ticks, layouts))
+            durations = self.config.chunks == 1
+            self.use(LayoutMaster(self.coef, self.program, self.comm_ticks, layouts, durations=durations))
             return sum(len(lay) for lay in layouts)
         except TooManyLayouts:
             self.use(
                 LayerMaster(self.coef, self.program, self.comm_ticks, budget=self.budget, allow_empty=self.allow_empty)
             )
             return 0
+
+    def local_search(self, until: float) -> None:
+        """Primal heuristic: hill-climb on the layers per virtual stage, exactly evaluated.
+
+        A candidate is a vector of body layers per virtual stage (groups follow in model
+        order); each device then takes, among its enumerated layouts with that composition,
+        the one with the least total backward time. Moves shift one layer between two
+        stages; every neighbour is timed exactly (batched longest paths) and the best
+        improving one is taken. It only supplies incumbents: bounds and proofs come from
+        the master.
+        """
+        master = self.master
+        if not isinstance(master, LayoutMaster) or self.best is None:
+            return
+        pick: list[dict[bytes, int]] = []
+        for lay in master.layouts:
+            table: dict[bytes, int] = {}
+            total = lay.backward.sum(axis=1)
+            for o in np.argsort(total, kind="stable"):
+                table.setdefault(lay.comp[o].tobytes(), int(o))
+            pick.append(table)
+        counts_g = self.coef.counts
+        starts = np.concatenate([[0], np.cumsum(counts_g)])
+        V = len(self.coef.fixed_forward)
+        floor = np.where((self.coef.fixed_layers > 0) | self.allow_empty, 0, 1)
+
+        def build(per_vs: np.ndarray) -> np.ndarray | None:
+            bounds = np.concatenate([[0], np.cumsum(per_vs)])
+            comp = np.clip(np.minimum(bounds[1:, None], starts[None, 1:]) - np.maximum(bounds[:-1, None],
+                                                                                       starts[None, :-1]), 0, None)
+            counts = np.zeros(self.coef.shape, dtype=np.int64)
+            for lay, table in zip(master.layouts, pick, strict=True):
+                o = table.get(np.ascontiguousarray(comp[list(lay.stages)]).tobytes())
+                if o is None:
+                    return None
+                for c, vs in enumerate(lay.stages):
+                    counts[:, :, vs] = lay.mix[o, c]
+            return counts
+
+        current = self.best.sum(axis=(0, 1))
+        start = build(current)
+        if start is not None:
+            z = self.evaluate([start])[0]
+            self.offer(start, z)
+        current_z = self.best_z
+        moves = [(a, b) for a in range(V) for b in range(V) if a != b]
+        while time.perf_counter() < until:
+            cands, vecs = [], []
+            for a, b in moves:
+                if current[a] <= floor[a]:
+                    continue
+                vec = current.copy()
+                vec[a] -= 1
+                vec[b] += 1
+                counts = build(vec)
+                if counts is not None:
+                    cands.append(counts)
+                    vecs.append(vec)
+            if not cands:
+                return
+            costs = np.stack([stage_cost_vector(self.coef, c) for c in cands])
+            steps, _ = self.paths.longest(costs, self.coef.comm)
+            i = int(np.argmin(steps))
+            if current_z is not None and steps[i] >= current_z:
+                return
+            current, current_z = vecs[i], int(steps[i])
+            self.evaluate([cands[i]])  # its critical path joins the pool
+            self.offer(cands[i], current_z)
 
     def _layer_caps(self) -> np.ndarray:
         """Most layers of each group one virtual stage can hold in a plan no slower than the incumbent."""
@@ -277,16 +346,23 @@ class _Search:
         return caps
 
     def minimise_step(self) -> tuple[str, int]:
-        """Phase 1: the step time. Returns (status, lower bound in ticks)."""
+        """Phase 1: the step time. Returns (status, lower bound in ticks).
+
+        Each master solve is capped (starting at 5 % of the time limit, doubled whenever a
+        capped solve brings no new path), so that on hard instances many rounds of paths
+        reach the master instead of one long solve on a stale path set.
+        """
         m = self.master
         assert m is not None
         m.model.minimize(m.z)
         lower = 0
+        cap = max(1.0, 0.05 * (self.deadline - self.t0))
         while True:
             if self.best_z is not None:
                 m.set_domain(m.z, lower, self.best_z - 1)
             m.hint(self.best)
-            status, solver, sols = self.solve()
+            cuts_before = len(m.cuts)
+            status, solver, sols = self.solve(time_cap=cap)
             for c, z in zip(sols, self.evaluate(sols), strict=True):
                 self.offer(c, z)
             if status == cp_model.INFEASIBLE:
@@ -300,8 +376,10 @@ class _Search:
                 lower = max(lower, int(math.ceil(solver.best_objective_bound - 1e-9)))
             if self.best_z is not None and self.best_z <= lower:
                 return "optimal", self.best_z
-            if self.remaining() <= 0 or status == cp_model.UNKNOWN:
+            if self.remaining() <= 0:
                 return ("feasible" if self.best_z is not None else "unknown"), lower
+            if status in (cp_model.FEASIBLE, cp_model.UNKNOWN) and len(m.cuts) == cuts_before:
+                cap *= 2  # the cap cut the solve short and taught nothing new: give it longer
 
     def minimise(self, var: cp_model.IntVar, value, cap: int, until: float) -> tuple[int, bool]:  # noqa: ANN001
         """Phases 2 and 3: minimise ``var`` (``value(counts)`` computes it exactly) with the step
@@ -336,6 +414,7 @@ class _Search:
             status = "infeasible" if self.remaining() > 0 else "unknown"
             return self._finish(BalanceResult(status=status, ticks_ms=ticks_ms))
         layouts = self.build_master()
+        self.local_search(until=time.perf_counter() + 0.25 * self.remaining())
         status, lower = self.minimise_step()
         res = BalanceResult(status=status, ticks_ms=ticks_ms, layouts=layouts)
         if status == "infeasible":  # the layout master cannot be infeasible with an incumbent
