@@ -3,6 +3,7 @@ search, infeasibility is explained, bad setups fail before solving, answers are 
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import re
 
@@ -10,7 +11,6 @@ import numpy as np
 import pytest
 from test_costs import random_counts, small_profile
 
-import sapptk.balance as balance_module
 from sapptk.balance import balance, solve
 from sapptk.config import PipelineConfig
 from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients, simulate_counts, stage_costs
@@ -19,6 +19,8 @@ from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
 from sapptk.schedules import get, names
 from sapptk.simulate import op_durations, unit_durations, unit_times
 from sapptk.solver.paths import memory_model
+
+balance_module = importlib.import_module("sapptk.balance")  # sapptk.balance is the function
 
 
 def config_for(name: str, rng: np.random.Generator, **kw) -> PipelineConfig:
@@ -214,3 +216,50 @@ def test_deterministic_runs_give_the_same_plan():
 
 def test_time_units():
     assert TIME_UNIT_MS == 1e-3 and MEMORY_UNIT_MB == 1e-3
+
+
+def test_layer_count_fallback_gives_the_same_optimum(monkeypatch):
+    """When enumeration is too large the layer-count master takes over; same optimum."""
+    import sapptk.solver.options as options
+
+    prof = two_mode_profile((3, 5))
+    cfg = PipelineConfig(2, 3, 2, "interleaved", comm=0.01)
+    candidates = list(all_assignments(prof, cfg, (MODES.index("none"), MODES.index("full"))))
+    peaks = np.array([peaks_mb(cfg, prof, c).max() for c in candidates])
+    cfg = cfg.replace(memory_budget=float(np.quantile(peaks, 0.3)))
+    reference = solve(prof, cfg, time_limit=30, deterministic=True)
+    monkeypatch.setattr(options, "MAX_CANDIDATES", 1)
+    fallback = solve(prof, cfg, time_limit=30, deterministic=True)
+    assert fallback.layouts == 0 and reference.layouts > 0
+    assert fallback.status == reference.status == "optimal"
+    assert fallback.step_time == pytest.approx(reference.step_time, abs=1e-9)
+    assert fallback.overhead == reference.overhead
+
+
+def test_first_plan_when_no_even_split_fits():
+    """A budget no even split meets: the layer-count model finds the first plan."""
+    prof = two_mode_profile((3, 5))
+    cfg = PipelineConfig(3, 4, 1, "1f1b")
+    from sapptk.plan import even_split
+
+    evens = [even_split(prof, cfg, mode) for mode in ("none", "full")]
+    candidates = list(all_assignments(prof, cfg, (MODES.index("none"), MODES.index("full"))))
+    feasible = sorted(peaks_mb(cfg, prof, c).max() for c in candidates)
+    budget = max(feasible[0], 0.5 * (feasible[0] + min(p.simulation.peak_memory.max() for p in evens)))
+    budget = min(budget, min(p.simulation.peak_memory.max() for p in evens) - 1e-3)
+    cfg = cfg.replace(memory_budget=budget)
+    assert not any(even_split(prof, cfg, mode).fits for mode in ("none", "full"))
+    best = min(fast_step(cfg, prof, c) for c in candidates if peaks_mb(cfg, prof, c).max() <= budget + 1e-9)
+    res = solve(prof, cfg, time_limit=30, deterministic=True)
+    assert res.status == "optimal" and res.step_time == pytest.approx(best, abs=1e-6)
+
+
+def test_empty_stages_when_allowed():
+    prof = two_mode_profile((2, 2))
+    cfg = PipelineConfig(4, 4, 2, "interleaved")  # 8 virtual stages, 4 body layers
+    with pytest.raises(ConfigError):
+        solve(prof, cfg)
+    res = solve(prof, cfg, time_limit=20, allow_empty_stages=True, deterministic=True)
+    assert res.status == "optimal"
+    assert (res.counts.sum(axis=(0, 1)) == 0).any()
+    assert res.step_time == pytest.approx(simulate_counts(prof, cfg, res.counts).step_time, abs=1e-9)
