@@ -195,8 +195,15 @@ class _Search:
         # ("Check failed: heuristics.fixed_search != nullptr").
         prm.num_workers = 1 if self.deterministic else int(self.workers)
         prm.random_seed = int(self.seed)
-        limit = self.remaining() if time_cap is None else min(self.remaining(), time_cap)
-        prm.max_time_in_seconds = max(0.05, limit)
+        if self.deterministic:
+            # caps in CP-SAT's deterministic time, so the sequence of solves is reproducible;
+            # only the overall wall-clock limit can cut it short
+            prm.max_time_in_seconds = max(0.05, self.remaining())
+            if time_cap is not None:
+                prm.max_deterministic_time = max(0.05, time_cap)
+        else:
+            limit = self.remaining() if time_cap is None else min(self.remaining(), time_cap)
+            prm.max_time_in_seconds = max(0.05, limit)
         collector = _Collector(self.master.variables)
         status = solver.solve(self.master.model, collector)
         self.iterations += 1
@@ -304,7 +311,11 @@ class _Search:
             self.offer(start, z)
         current_z = self.best_z
         moves = [(a, b) for a in range(V) for b in range(V) if a != b]
-        while time.perf_counter() < until:
+        # a fixed number of rounds when deterministic (wall time would make it irreproducible)
+        rounds = 4 * V if self.deterministic else None
+        while (rounds is None and time.perf_counter() < until) or (rounds is not None and rounds > 0):
+            if rounds is not None:
+                rounds -= 1
             cands, vecs = [], []
             for a, b in moves:
                 if current[a] <= floor[a]:
@@ -394,7 +405,7 @@ class _Search:
                 return best_v, True
             m.set_domain(var, 0, best_v - 1)
             m.hint(self.best)
-            status, _, sols = self.solve(time_cap=until - time.perf_counter())
+            status, _, sols = self.solve(time_cap=None if self.deterministic else until - time.perf_counter())
             for c, z in zip(sols, self.evaluate(sols, cap=cap), strict=True):
                 v = value(c)
                 if z <= cap and v < best_v:
@@ -424,8 +435,9 @@ class _Search:
             m = self.master
             assert m is not None and self.best_z is not None
             m.set_domain(m.z, lower, self.best_z)
-            now = time.perf_counter()
-            _, proven = self.minimise(m.overhead_var, self._overhead, self.best_z, now + 0.5 * self.remaining())
+            # half the time left for each tie-break (all of it when deterministic: reproducible)
+            half = self.deadline if self.deterministic else time.perf_counter() + 0.5 * self.remaining()
+            _, proven = self.minimise(m.overhead_var, self._overhead, self.best_z, half)
             if proven:
                 _, proven = self.minimise(m.deviation_var, self._deviation, self.best_z, self.deadline)
                 if not proven:
