@@ -26,9 +26,20 @@ path) and the critical paths of the even splits.
 
 The master problem (:mod:`sapptk.solver.masters`) picks one *layout* per device among an
 enumeration (:mod:`sapptk.solver.options`) of the layouts that fit its memory, Pareto-
-reduced; this strong formulation is what lets CP-SAT prove optimality in seconds. When
-there are too many layouts (many chunks per device) it falls back to the layer counts
-``x[g, r, vs]`` with one memory row per live point; both are exact.
+reduced (memory is per device, so this is exact and CP-SAT never reasons about a memory
+knapsack); this is what lets CP-SAT prove one-chunk schedules optimal in seconds. When
+there are too many layouts it falls back to the layer counts ``x[g, r, vs]`` with one
+memory row per live point; both are exact (the tests compare them).
+
+Before the master runs, a local search over the layers per virtual stage (each device
+taking its cheapest layout of that composition; every neighbour timed exactly) supplies a
+strong incumbent. Master solves are capped, and the cap doubles when a capped solve adds
+no path, so hard instances get many rounds of paths.
+
+Where it is weak: on two-chunk schedules (interleaved, dualpipe-v) at 16 stages the step
+time is a max over very many paths, and the LP relaxation averages several layouts of a
+device, which lands about 9 % below the optimum; the bound then stays some 7-11 % under
+the incumbent and the plan comes back "feasible" with that gap (``benchmarks/balance.py``).
 
 Ties are broken lexicographically by the same loop with the step time held at its
 optimum: first the least recompute overhead (backward time above the no-recompute
