@@ -38,7 +38,7 @@ no path, so hard instances get many rounds of paths.
 
 Where it is weak: on two-chunk schedules (interleaved, dualpipe-v) at 16 stages the step
 time is a max over very many paths, and the LP relaxation averages several layouts of a
-device, which lands about 9 % below the optimum; the bound then stays some 7-11 % under
+device, which lands about 9 % below the best plan found; the bound then stays 7-11 % under
 the incumbent and the plan comes back "feasible" with that gap (``benchmarks/balance.py``).
 
 Ties are broken lexicographically by the same loop with the step time held at its
