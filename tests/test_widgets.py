@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from bokeh.models import GlyphRenderer
 from jupyter_bokeh.widgets import BokehModel
@@ -112,12 +114,12 @@ def test_invalid_setups_are_explained_not_solved(explorer):
 
 
 def test_solver_failure_is_a_status_line_not_a_traceback(explorer, monkeypatch):
-    import sapptk.balance
+    balance_module = importlib.import_module("sapptk.balance")  # sapptk.balance is the function
 
     def boom(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(sapptk.balance, "balance", boom)
+    monkeypatch.setattr(balance_module, "balance", boom)
     explorer.solve_button.click()
     assert "error" in _status(explorer) and "RuntimeError: boom" in _status(explorer)
     assert not explorer.solve_button.disabled
