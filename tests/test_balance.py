@@ -15,6 +15,7 @@ from sapptk.balance import balance, solve
 from sapptk.config import PipelineConfig
 from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients, simulate_counts, stage_costs
 from sapptk.errors import ConfigError
+from sapptk.plan import from_mindformers
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
 from sapptk.schedules import get, names
 from sapptk.simulate import op_durations, unit_durations, unit_times
@@ -263,3 +264,36 @@ def test_empty_stages_when_allowed():
     assert res.status == "optimal"
     assert (res.counts.sum(axis=(0, 1)) == 0).any()
     assert res.step_time == pytest.approx(simulate_counts(prof, cfg, res.counts).step_time, abs=1e-9)
+
+
+# ------------------------------------------------ cells MindFormers can spell
+def select_comm_profile() -> Profile:
+    rng = np.random.default_rng(7)
+    fwd, act = 1.5, 6.0
+    body = LayerGroup("g0", "body", 5, fwd, 2.0, {
+        "select": ModeCost(2.1 * fwd, 0.7 * act), "comm": ModeCost(2.3 * fwd, 0.45 * act),
+    })
+    head = LayerGroup("head", "head", 1, float(rng.uniform(0.2, 0.4)), 2.0)
+    tail = LayerGroup("tail", "tail", 1, 1.1, 3.0)
+    return Profile("select-comm", (head, body, tail))
+
+
+@pytest.mark.parametrize("budget_quantile", [0.2, 0.5, 0.9])
+def test_no_cell_mixes_select_only_and_comm_only(budget_quantile):
+    """MindFormers reads a layer in both select lists as "both": the solver never mixes the
+    two in a cell, and its optimum equals exhaustive search over the spellable assignments."""
+    prof = select_comm_profile()
+    sel, com = MODES.index("select"), MODES.index("comm")
+    base = PipelineConfig(2, 4, 1, "1f1b")
+    candidates = [c for c in all_assignments(prof, base, (sel, com))
+                  if not ((c[:, sel] > 0) & (c[:, com] > 0)).any()]
+    peaks = np.array([peaks_mb(base, prof, c).max() for c in candidates])
+    cfg = base.replace(memory_budget=float(np.quantile(peaks, budget_quantile)))
+    steps = [fast_step(cfg, prof, c) for c, pk in zip(candidates, peaks, strict=True)
+             if pk <= cfg.memory_budget + 1e-9]
+    plan = balance(prof, cfg, time_limit=20, deterministic=True)
+    assert plan.status == "optimal", plan.message
+    assert plan.step_time == pytest.approx(min(steps), abs=1e-6)
+    assert not ((plan.counts[:, sel] > 0) & (plan.counts[:, com] > 0)).any()
+    back = from_mindformers(prof, cfg, plan.to_mindformers())
+    assert np.array_equal(back.counts, plan.counts)

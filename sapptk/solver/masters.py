@@ -240,6 +240,14 @@ class LayerMaster(Master):
         for g in range(G):
             model.add(sum(layers_of[g]) == int(coef.counts[g]))
         self._contiguity(layers_of)
+        # a cell holds select-only or comm-only layers, never both (no MindFormers spelling)
+        sel, com = MODES.index("select"), MODES.index("comm")
+        for g in range(G):
+            for vs in range(V):
+                if (g, sel, vs) in self.grid and (g, com, vs) in self.grid:
+                    uses_select = model.new_bool_var(f"select_not_comm_{g}_{vs}")
+                    model.add(self.grid[g, com, vs] == 0).only_enforce_if(uses_select)
+                    model.add(self.grid[g, sel, vs] == 0).only_enforce_if(uses_select.Not())
         self.layers = [sum(layers_of[g][vs] for g in range(G)) for vs in range(V)]
         if not allow_empty:
             for vs in range(V):

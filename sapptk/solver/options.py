@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sapptk.costs import LayerCoefficients
+from sapptk.profile import MODES
 from sapptk.schedules.program import Program
 from sapptk.solver.paths import memory_model, path_model
 
@@ -71,9 +72,35 @@ def _pareto_2d(b: np.ndarray, a: np.ndarray) -> np.ndarray:
 
 
 def group_fronts(coef: LayerCoefficients, g: int, n_max: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """For n = 0..n_max layers of group g: Pareto mixes as (backward, activation, mix (k, R))."""
-    R = coef.allowed.shape[1]
+    """For n = 0..n_max layers of group g: Pareto mixes as (backward, activation, mix (k, R)).
+
+    A mix never holds select-only and comm-only layers together: MindFormers' lists count a
+    layer in both ``select_recompute`` and ``select_comm_recompute`` as "both", so such a
+    cell has no spelling in the format users train with. With both modes allowed, the
+    fronts of the two restricted mode sets are merged (each is exact by the DP below).
+    """
     modes = np.flatnonzero(coef.allowed[g])
+    select, comm = MODES.index("select"), MODES.index("comm")
+    if select not in modes or comm not in modes:
+        return _fronts(coef, g, n_max, modes)
+    one = _fronts(coef, g, n_max, modes[modes != comm])
+    two = _fronts(coef, g, n_max, modes[modes != select])
+    merged = []
+    for (b1, a1, m1), (b2, a2, m2) in zip(one, two, strict=True):
+        b, a, m = np.r_[b1, b2], np.r_[a1, a2], np.concatenate([m1, m2])
+        keep = _pareto_2d(b, a)
+        merged.append((b[keep], a[keep], m[keep]))
+    return merged
+
+
+def _fronts(
+    coef: LayerCoefficients, g: int, n_max: int, modes: np.ndarray
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Pareto mixes of n = 0..n_max layers of group g over ``modes``.
+
+    Exact: a Pareto-optimal mix of n layers minus any one layer is Pareto-optimal for n − 1.
+    """
+    R = coef.allowed.shape[1]
     b = coef.backward[g]
     a = coef.activation[g]
     fronts = [(np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros((1, R), np.int64))]
