@@ -244,8 +244,13 @@ class _Search:
             if self.valid(c) and self.fits(c):
                 self.offer(c, z)
 
-    def first_plan(self, share: float) -> bool:
-        """No even split fits: find a plan with the layer-count model. False if there is none."""
+    def first_plan(self, share: float) -> str:
+        """No even split fits: find a plan with the layer-count model.
+
+        Returns "found", "infeasible" (CP-SAT proved that no assignment fits) or "unknown"
+        (the time limit ran out first). A capped solve that ends without an answer proves
+        nothing: the cap doubles and the search goes on until the deadline.
+        """
         master = LayerMaster(self.coef, self.program, self.comm_ticks, budget=self.budget, allow_empty=self.allow_empty)
         self.use(master)
         master.model.minimize(master.z)
@@ -255,10 +260,10 @@ class _Search:
             for c, z in zip(sols, self.evaluate(sols), strict=True):
                 self.offer(c, z)
             if status == cp_model.INFEASIBLE:
-                return False
+                return "infeasible"
             if status == cp_model.UNKNOWN:
-                break
-        return self.best_z is not None
+                cap *= 2
+        return "found" if self.best_z is not None else "unknown"
 
     def build_master(self) -> int:
         """The layout master if enumeration is small enough, else the layer-count one."""
@@ -432,9 +437,10 @@ class _Search:
     def run(self) -> BalanceResult:
         self.seed_incumbents()
         ticks_ms = TIME_UNIT_MS / self.k
-        if self.best_z is None and not self.first_plan(share=0.25):
-            status = "infeasible" if self.remaining() > 0 else "unknown"
-            return self._finish(BalanceResult(status=status, ticks_ms=ticks_ms))
+        if self.best_z is None:
+            found = self.first_plan(share=0.25)
+            if found != "found":
+                return self._finish(BalanceResult(status=found, ticks_ms=ticks_ms))
         layouts = self.build_master()
         self.local_search(until=time.perf_counter() + 0.25 * self.remaining())
         status, lower = self.minimise_step()

@@ -255,6 +255,32 @@ def test_first_plan_when_no_even_split_fits():
     assert res.status == "optimal" and res.step_time == pytest.approx(best, abs=1e-6)
 
 
+def test_a_first_solve_cut_short_is_not_called_infeasible(monkeypatch):
+    """Only a proof makes a plan infeasible: a capped solve that ends without an answer
+    (as under load) doubles its cap and searches on."""
+    from ortools.sat.python import cp_model
+
+    from sapptk.plan import even_split
+
+    prof = two_mode_profile((3, 5))
+    cfg = PipelineConfig(3, 4, 1, "1f1b")
+    strongest = even_split(prof, cfg, "full").simulation.peak_memory.max()
+    cfg = cfg.replace(memory_budget=strongest - 1e-3)  # no even split fits
+    real = balance_module._Search.solve
+    caps: list[float | None] = []
+
+    def first_one_times_out(self, time_cap=None):
+        caps.append(time_cap)
+        if len(caps) == 1:
+            return cp_model.UNKNOWN, None, []
+        return real(self, time_cap)
+
+    monkeypatch.setattr(balance_module._Search, "solve", first_one_times_out)
+    res = solve(prof, cfg, time_limit=30)
+    assert res.status in ("optimal", "feasible"), res.message
+    assert caps[1] == pytest.approx(2 * caps[0])
+
+
 def test_empty_stages_when_allowed():
     prof = two_mode_profile((2, 2))
     cfg = PipelineConfig(4, 4, 2, "interleaved")  # 8 virtual stages, 4 body layers
