@@ -31,8 +31,8 @@ knapsack); this is what lets CP-SAT prove one-chunk schedules optimal in seconds
 there are too many layouts it falls back to the layer counts ``x[g, r, vs]`` with one
 memory row per live point; both are exact (the tests compare them).
 
-Before the master runs, a local search over the layers per virtual stage (each device
-taking its cheapest layout of that composition; every neighbour timed exactly) supplies a
+Before the master runs, a local search over the layers per virtual stage and the layouts
+of each device (every neighbour timed exactly), iterated with random kicks, supplies a
 strong incumbent. Master solves are capped, and the cap doubles when a capped solve adds
 no path, so hard instances get many rounds of paths.
 
@@ -288,9 +288,15 @@ class _Search:
         A candidate is a vector of body layers per virtual stage (groups follow in model
         order); each device then takes, among its enumerated layouts with that composition,
         the one with the least total backward time. Moves shift one layer between two
-        stages; every neighbour is timed exactly (batched longest paths) and the best
-        improving one is taken. It only supplies incumbents: bounds and proofs come from
-        the master.
+        stages (devices whose composition does not change keep their layout) or switch one
+        device to another kept layout of the same composition (recompute modes traded
+        between its stages); every neighbour is timed exactly (batched longest paths,
+        :meth:`PathModel.steps`) and the best improving one is taken. From the local
+        optimum, an iterated local search kicks it by 2-4 random layer moves, climbs again
+        on a sample of 4·V layer moves per round, and keeps the result when it is better;
+        it stops after V/2 kicks without improvement, or at ``until``. When deterministic,
+        the rounds and kicks are counted instead of timed. It only supplies incumbents:
+        bounds and proofs come from the master.
         """
         master = self.master
         if not isinstance(master, LayoutMaster) or self.best is None:
@@ -307,52 +313,106 @@ class _Search:
         V = len(self.coef.fixed_forward)
         floor = np.where((self.coef.fixed_layers > 0) | self.allow_empty, 0, 1)
 
-        def build(per_vs: np.ndarray) -> np.ndarray | None:
+        def build(per_vs: np.ndarray, base: np.ndarray | None = None) -> np.ndarray | None:
+            """Counts with ``per_vs`` layers per stage; a device whose composition is the same
+            as in ``base`` keeps its layout there, the others take their cheapest layout."""
             bounds = np.concatenate([[0], np.cumsum(per_vs)])
             comp = np.clip(np.minimum(bounds[1:, None], starts[None, 1:]) - np.maximum(bounds[:-1, None],
                                                                                        starts[None, :-1]), 0, None)
             counts = np.zeros(self.coef.shape, dtype=np.int64)
             for lay, table in zip(master.layouts, pick, strict=True):
-                o = table.get(np.ascontiguousarray(comp[list(lay.stages)]).tobytes())
+                st = list(lay.stages)
+                if base is not None and np.array_equal(base[:, :, st].sum(axis=1).T, comp[st]):
+                    counts[:, :, st] = base[:, :, st]
+                    continue
+                o = table.get(np.ascontiguousarray(comp[st]).tobytes())
                 if o is None:
                     return None
                 for c, vs in enumerate(lay.stages):
                     counts[:, :, vs] = lay.mix[o, c]
             return counts
 
-        current = self.best.sum(axis=(0, 1))
-        start = build(current)
+        def alternatives(counts: np.ndarray) -> list[np.ndarray]:
+            """``counts`` with one device switched to another kept layout of the same composition."""
+            out = []
+            for lay in master.layouts:
+                st = list(lay.stages)
+                comp = counts[:, :, st].sum(axis=1).T
+                for o in np.flatnonzero(np.all(lay.comp == comp[None], axis=(1, 2))):
+                    alt = counts.copy()
+                    for c, vs in enumerate(lay.stages):
+                        alt[:, :, vs] = lay.mix[o, c]
+                    if not np.array_equal(alt, counts):
+                        out.append(alt)
+            return out
+
+        def climb(
+            current: np.ndarray, current_z: int, rounds: int | None, sample: int | None = None
+        ) -> tuple[np.ndarray, int]:
+            """Best-improvement hill climb from the counts ``current``: one layer between two
+            stages (over ``sample`` random moves per round, or all of them) or one device's
+            layout for another of the same composition; returns the local optimum reached."""
+            while (rounds is None and time.perf_counter() < until) or (rounds is not None and rounds > 0):
+                if rounds is not None:
+                    rounds -= 1
+                vec = current.sum(axis=(0, 1))
+                cands = alternatives(current)
+                chosen = moves if sample is None else [moves[i] for i in rng.choice(len(moves), sample, replace=False)]
+                for a, b in chosen:
+                    if vec[a] <= floor[a]:
+                        continue
+                    v = vec.copy()
+                    v[a] -= 1
+                    v[b] += 1
+                    counts = build(v, current)
+                    if counts is not None:
+                        cands.append(counts)
+                if not cands:
+                    break
+                costs = np.stack([stage_cost_vector(self.coef, c) for c in cands])
+                steps = self.paths.steps(costs, self.coef.comm)
+                i = int(np.argmin(steps))
+                if steps[i] >= current_z:
+                    break
+                current, current_z = cands[i], int(steps[i])
+                if self.best_z is None or current_z < self.best_z:
+                    self.evaluate([current])  # its critical path joins the pool
+                    self.offer(current, current_z)
+            return current, current_z
+
+        rng = np.random.default_rng(self.seed)
+        start = build(self.best.sum(axis=(0, 1)))
         if start is not None:
             z = self.evaluate([start])[0]
             self.offer(start, z)
-        current_z = self.best_z
         moves = [(a, b) for a in range(V) for b in range(V) if a != b]
         # a fixed number of rounds when deterministic (wall time would make it irreproducible)
         rounds = 4 * V if self.deterministic else None
-        while (rounds is None and time.perf_counter() < until) or (rounds is not None and rounds > 0):
-            if rounds is not None:
-                rounds -= 1
-            cands, vecs = [], []
-            for a, b in moves:
-                if current[a] <= floor[a]:
-                    continue
-                vec = current.copy()
-                vec[a] -= 1
-                vec[b] += 1
-                counts = build(vec)
-                if counts is not None:
-                    cands.append(counts)
-                    vecs.append(vec)
-            if not cands:
-                return
-            costs = np.stack([stage_cost_vector(self.coef, c) for c in cands])
-            steps, _ = self.paths.longest(costs, self.coef.comm)
-            i = int(np.argmin(steps))
-            if current_z is not None and steps[i] >= current_z:
-                return
-            current, current_z = vecs[i], int(steps[i])
-            self.evaluate([cands[i]])  # its critical path joins the pool
-            self.offer(cands[i], current_z)
+        assert self.best_z is not None
+        current, current_z = climb(self.best, self.best_z, rounds)
+        # iterated local search: kick the local optimum by a few random layer moves, climb
+        # again (on a sample of the moves), keep the result when it is better (a fixed number
+        # of kicks when deterministic)
+        kicks = 2 * V if self.deterministic else None
+        idle = 0  # kicks since the last improvement: the search stops after V / 2 of them
+        while ((kicks is None and time.perf_counter() < until) or (kicks is not None and kicks > 0)) and idle < V // 2:
+            if kicks is not None:
+                kicks -= 1
+            idle += 1
+            vec = current.sum(axis=(0, 1))
+            for _ in range(int(rng.integers(2, 5))):
+                a, b = moves[int(rng.integers(len(moves)))]
+                if vec[a] > floor[a]:
+                    vec[a] -= 1
+                    vec[b] += 1
+            counts = build(vec, current)
+            if counts is None or np.array_equal(counts, current):
+                continue
+            z = int(self.paths.steps(stage_cost_vector(self.coef, counts)[None, :], self.coef.comm)[0])
+            counts, z = climb(counts, z, V if self.deterministic else None, sample=min(len(moves), 4 * V))
+            if z < current_z:
+                current, current_z = climb(counts, z, V if self.deterministic else None)
+                idle = 0
 
     def _layer_caps(self) -> np.ndarray:
         """Most layers of each group one virtual stage can hold in a plan no slower than the incumbent."""

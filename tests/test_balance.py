@@ -19,7 +19,7 @@ from sapptk.plan import from_mindformers
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
 from sapptk.schedules import get, names
 from sapptk.simulate import op_durations, unit_durations, unit_times
-from sapptk.solver.paths import memory_model
+from sapptk.solver.paths import memory_model, path_model, stage_cost_vector
 
 balance_module = importlib.import_module("sapptk.balance")  # sapptk.balance is the function
 
@@ -69,6 +69,24 @@ def test_prediction_equals_simulation_on_random_problems(schedule):
         assert (sim.peak_memory.to_numpy() <= budget + 1e-6).all()
         assert np.allclose(peaks_mb(cfg, prof, res.counts), sim.peak_memory.to_numpy(), atol=1e-6)
         assert res.gap == 0.0 and res.bound == pytest.approx(res.step_time)
+
+
+@pytest.mark.parametrize("schedule", names())
+def test_batched_step_times_equal_the_simulator(schedule):
+    """PathModel.steps (the local search's evaluator, no paths) is the simulator's step time."""
+    rng = np.random.default_rng(abs(hash(schedule)) % 2**32 + 1)
+    prof = small_profile(rng)
+    cfg = config_for(schedule, rng, comm=float(rng.choice([0.0, 0.05])))
+    coef = layer_coefficients(prof, cfg)
+    program = cfg.program()
+    paths = path_model(program)
+    counts = [random_counts(rng, prof, cfg) for _ in range(6)]
+    costs = np.stack([stage_cost_vector(coef, c) for c in counts])
+    steps = paths.steps(costs, coef.comm)
+    assert steps.tolist() == paths.longest(costs, coef.comm)[0].tolist()
+    ticks_ms = TIME_UNIT_MS / program.splits
+    for c, st in zip(counts, steps.tolist(), strict=True):
+        assert st * ticks_ms == pytest.approx(simulate_counts(prof, cfg, c).step_time, abs=1e-6)
 
 
 def test_balance_returns_a_plan_the_simulator_agrees_with():
