@@ -171,7 +171,10 @@ def simulate(
         raise SapptkError(f"weight_holds: expected a fraction in [0, 1], got {weight_holds!r}")
     g = program.graph
     nvs = program.num_virtual_stages
-    op_dur = op_durations(program, forward, backward, weight)
+    f = per_stage("forward", forward, nvs)
+    b = per_stage("backward", backward, nvs)
+    w = per_stage("weight", weight, nvs)
+    op_dur = op_durations(program, f, b, w)
     dur = unit_durations(program, op_dur, overlap)
     start, end = unit_times(program, dur, comm)
     step_time = float(end.max(initial=0.0))
@@ -219,9 +222,9 @@ def simulate(
         }
     )
     costs = {
-        "forward": per_stage("forward", forward, nvs),
-        "backward": per_stage("backward", backward, nvs),
-        "weight": per_stage("weight", weight, nvs),
+        "forward": f,
+        "backward": b,
+        "weight": w,
         "activation": act,
         "params": par,
         "comm": float(comm),
