@@ -50,14 +50,17 @@ class PathModel:
         ``costs`` has shape (batch, 3·nvs): per virtual stage the forward, backward (``I`` or
         the part of ``B`` carrying recompute) and weight costs in time units; ``comm`` is the
         p2p latency in time units. Mirrors :func:`sapptk.simulate.unit_times`: a unit starts
-        at the latest end of its predecessors, plus comm across devices.
+        at the latest end of its predecessors, plus comm across devices. Integer costs give
+        exact integer steps; fractional costs (the LP relaxation's averaged durations,
+        :mod:`sapptk.solver.relaxation`) are timed in floating point, and their critical
+        paths are real paths all the same.
         """
         g = self.program.graph
         k = self.program.splits
         n = g.n_units
         batch = costs.shape[0]
         dur = self.durations(costs)
-        end = np.zeros((n + 1, batch), dtype=np.int64)
+        end = np.zeros((n + 1, batch), dtype=np.float64 if np.issubdtype(dur.dtype, np.floating) else np.int64)
         arg = np.full((n, batch), -1, dtype=np.int64)  # column of unit_preds that set the start
         lag = g.unit_cross.astype(np.int64) * (comm * k)
         preds, lp, lu = g.unit_preds, g.level_ptr, g.level_units

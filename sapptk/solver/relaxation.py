@@ -1,0 +1,225 @@
+"""A proven lower bound on the step time from the LP relaxation of the layout master.
+
+CP-SAT's own bound on the two-chunk masters moves slowly and by chance (it depends on
+which paths it has seen and on its portfolio); this module computes the relaxation's bound
+directly, and hands the paths it needed to the master.
+
+1. **Row generation on the LP.** The layout master (:class:`~sapptk.solver.masters.LayoutMaster`)
+   with its ``y[d, o]`` relaxed to ``[0, 1]``: exactly one layout per device, the layers of
+   every group adding up, ``z ≥ length of path P`` for the paths found so far. GLOP solves
+   it; at its solution every virtual stage has a fractional (averaged) duration, and the
+   longest path under those durations is the most violated path constraint
+   (:meth:`~sapptk.solver.paths.PathModel.longest` with fractional costs). It joins the LP
+   until none is violated: the LP then holds the optimum of the relaxation with *all* paths.
+2. **A Lagrangian bound, in exact arithmetic over the integers.** Any weights ``λ ≥ 0`` on
+   the path constraints give ``z ≥ Σ_P λ_P len_P(y) / Σ_P λ_P`` for every plan, so
+   ``min`` of that over integer plans (one layout per device, the layers of every group
+   adding up) is a lower bound. With the LP's duals as ``λ`` it is at least the LP bound up
+   to rounding, and its minimum is a small dynamic program over devices (state: layers of
+   each group placed so far). The LP itself is never trusted for the bound: floating-point
+   tolerances only make ``λ`` a little less good, never the bound wrong.
+
+Why it does not close the gap on its own: the step time is a max over paths, convex in the
+durations, so the relaxation gains by averaging layouts of a device (see the balance module).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from ortools.linear_solver import pywraplp
+
+from sapptk.costs import LayerCoefficients
+from sapptk.solver.options import DeviceLayouts
+from sapptk.solver.paths import PathModel
+
+__all__ = ["Relaxation", "lagrangian_bound", "relax"]
+
+MAX_DP_STATES = 2_000_000
+"""Most states of the dynamic program over per-group layer counts; above it, only the total counts."""
+
+
+@dataclass
+class Relaxation:
+    """What :func:`relax` found.
+
+    ``bound`` (ticks, a proven lower bound on every plan built from ``layouts``; 0 when the
+    LP could not be solved), ``lp`` (ticks, the LP's value, for reporting only), ``converged``
+    (no path constraint was violated at the last LP solution), ``cuts`` (the paths added,
+    as (signature, crossings)), ``iterations`` (LP solves) and ``seconds``.
+    """
+
+    bound: int = 0
+    lp: float = 0.0
+    converged: bool = False
+    cuts: list[tuple[np.ndarray, int]] = field(default_factory=list)
+    iterations: int = 0
+    seconds: float = 0.0
+
+
+def _path_lengths(layouts: list[DeviceLayouts], sigs: np.ndarray) -> list[np.ndarray]:
+    """Per device, the (paths, layouts) matrix of the op durations each path adds up on it."""
+    V = sigs.shape[1] // 3
+    out = []
+    for lay in layouts:
+        st = np.asarray(lay.stages)
+        a, b, w = sigs[:, st], sigs[:, V + st], sigs[:, 2 * V + st]
+        out.append(a @ lay.forward.T + b @ lay.backward.T + w @ lay.weight.T)
+    return out
+
+
+def _totals(layouts: list[DeviceLayouts]) -> list[np.ndarray]:
+    """Per device, the (layouts, groups) layers each layout holds over its chunks."""
+    return [lay.comp.sum(axis=1) for lay in layouts]
+
+
+def lagrangian_bound(
+    layouts: list[DeviceLayouts],
+    counts: np.ndarray,
+    sigs: np.ndarray,
+    crossings: np.ndarray,
+    comm_ticks: int,
+    weights: np.ndarray,
+) -> float:
+    """``min over integer plans of Σ_P w_P len_P / Σ_P w_P``: a lower bound on the step time (ticks).
+
+    A plan picks one layout per device with the layers of each group adding up to
+    ``counts`` (group contiguity is relaxed). Returns ``inf`` when no such plan exists
+    among ``layouts``, and 0 when the weights are all zero.
+    """
+    w = np.clip(np.asarray(weights, dtype=np.float64), 0.0, None)
+    total_w = float(w.sum())
+    if total_w <= 0.0:
+        return 0.0
+    w = w / total_w
+    const = float(w @ (crossings.astype(np.float64) * comm_ticks))
+    lengths = _path_lengths(layouts, sigs)
+    totals = _totals(layouts)
+    counts = np.asarray(counts, dtype=np.int64)
+    if int(np.prod(counts + 1)) > MAX_DP_STATES:  # only the total layers: still a relaxation
+        counts = np.array([int(counts.sum())])
+        totals = [t.sum(axis=1, keepdims=True) for t in totals]
+    shape = tuple(int(c) + 1 for c in counts)
+    best = np.full(shape, np.inf)
+    best[(0,) * len(shape)] = 0.0
+    for length, tot in zip(lengths, totals, strict=True):
+        cost = w @ length.astype(np.float64)
+        nxt = np.full(shape, np.inf)
+        keys, inverse = np.unique(tot, axis=0, return_inverse=True)
+        for i, key in enumerate(keys):
+            if (key > counts).any():
+                continue
+            c = float(cost[inverse.ravel() == i].min())
+            src = tuple(slice(0, n - int(k)) for n, k in zip(shape, key, strict=True))
+            dst = tuple(slice(int(k), n) for n, k in zip(shape, key, strict=True))
+            np.minimum(nxt[dst], best[src] + c, out=nxt[dst])
+        best = nxt
+    return float(best[tuple(int(c) for c in counts)]) + const
+
+
+def relax(
+    coef: LayerCoefficients,
+    paths: PathModel,
+    layouts: list[DeviceLayouts],
+    comm_ticks: int,
+    seed_paths: list[tuple[np.ndarray, int]],
+    *,
+    until: float,
+    max_iterations: int = 1000,
+) -> Relaxation:
+    """Row generation on the LP relaxation of the layout master, then its Lagrangian bound.
+
+    ``seed_paths`` start the LP (device chains and the paths seen so far); ``until`` is a
+    :func:`time.perf_counter` deadline. The bound is taken from the last LP's duals, and
+    from each earlier one when the loop stops early, the best of them.
+    """
+    t0 = time.perf_counter()
+    out = Relaxation()
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    if solver is None:  # GLOP ships with OR-Tools; guard anyway
+        return out
+    D = len(layouts)
+    nvs = paths.nvs
+    y = [[solver.NumVar(0.0, 1.0, f"y_{d}_{o}") for o in range(len(lay))] for d, lay in enumerate(layouts)]
+    for ys in y:
+        row = solver.Constraint(1.0, 1.0)
+        for var in ys:
+            row.SetCoefficient(var, 1.0)
+    totals = _totals(layouts)
+    for g, n in enumerate(coef.counts.tolist()):
+        row = solver.Constraint(float(n), float(n))
+        for d in range(D):
+            for o in np.flatnonzero(totals[d][:, g]):
+                row.SetCoefficient(y[d][o], float(totals[d][o, g]))
+    # lengths are normalised by the longest device chain so that the LP's numbers are near 1
+    norm = float(max(int(lay.chain.max()) for lay in layouts) or 1)
+    z = solver.NumVar(0.0, solver.infinity(), "z")
+    objective = solver.Objective()
+    objective.SetCoefficient(z, 1.0)
+    objective.SetMinimization()
+    sigs: list[np.ndarray] = []
+    crossings: list[int] = []
+    rows: list[pywraplp.Constraint] = []
+    seen: set[bytes] = set()
+
+    def add(sig: np.ndarray, cross: int) -> bool:
+        key = sig.tobytes() + int(cross).to_bytes(8, "little")
+        if key in seen:
+            return False
+        seen.add(key)
+        lengths = _path_lengths(layouts, sig[None, :])
+        const = cross * comm_ticks
+        for d in range(D):
+            const += int(lengths[d].min())
+        row = solver.Constraint(const / norm, solver.infinity())
+        row.SetCoefficient(z, 1.0)
+        for d in range(D):
+            rel = lengths[d][0] - int(lengths[d].min())
+            for o in np.flatnonzero(rel):
+                row.SetCoefficient(y[d][o], -float(rel[o]) / norm)
+        sigs.append(np.asarray(sig, dtype=np.int64))
+        crossings.append(int(cross))
+        rows.append(row)
+        return True
+
+    for sig, cross in seed_paths:
+        add(sig, cross)
+    n_seed = len(sigs)
+
+    def bound_now() -> float:
+        duals = np.array([row.dual_value() for row in rows])
+        return lagrangian_bound(layouts, coef.counts, np.stack(sigs), np.asarray(crossings), comm_ticks, duals)
+
+    best = 0.0
+    while out.iterations < max_iterations:
+        status = solver.Solve()
+        out.iterations += 1
+        if status != pywraplp.Solver.OPTIMAL:
+            break
+        out.lp = z.solution_value() * norm
+        cost = np.zeros(3 * nvs)
+        for d, lay in enumerate(layouts):
+            yd = np.array([var.solution_value() for var in y[d]])
+            st = np.asarray(lay.stages)
+            cost[st] += yd @ lay.forward
+            cost[nvs + st] += yd @ lay.backward
+            cost[2 * nvs + st] += yd @ lay.weight
+        steps, found = paths.longest(cost[None, :], coef.comm)
+        if float(steps[0]) <= out.lp * (1 + 1e-9) + 1e-6:
+            out.converged = True
+            best = max(best, bound_now())
+            break
+        if time.perf_counter() >= until or not add(*found[0]):
+            best = max(best, bound_now())
+            break
+    out.cuts = list(zip(sigs[n_seed:], crossings[n_seed:], strict=True))
+    if math.isfinite(best):
+        # the DP's sums are floating point: step down by a relative 1e-9 before rounding up to a tick
+        out.bound = max(0, math.ceil(best - 1e-9 * abs(best) - 1e-6))
+    else:
+        out.bound = 2**62  # no integer plan among these layouts at all
+    out.seconds = time.perf_counter() - t0
+    return out
