@@ -61,6 +61,17 @@ def test_bound_never_exceeds_the_exhaustive_optimum(schedule, p, m, v, k):
         assert int(sig @ cost) + cross * s.comm_ticks <= best_ticks
 
 
+def test_bound_from_a_relaxation_cut_short_is_still_a_bound():
+    """Out of time after the first LP: the bound comes from that LP's duals, and is still valid."""
+    prof, cfg, fitting = setup("interleaved", 2, 3, 2, 1)
+    s = search_for(prof, cfg)
+    best_ticks = round(min(fast_step(cfg, prof, c) for c in fitting) / TIME_UNIT_MS)
+    full = relax(s.coef, s.paths, s.master.layouts, s.comm_ticks, seeds(s), until=time.perf_counter() + 30)
+    short = relax(s.coef, s.paths, s.master.layouts, s.comm_ticks, seeds(s), until=time.perf_counter())
+    assert short.iterations == 1 and not short.cuts
+    assert 0 < short.bound <= full.bound <= best_ticks
+
+
 def only(layouts, pick: list[int]):
     """The layouts reduced to one per device (index ``pick[d]``)."""
     out = []
