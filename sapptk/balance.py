@@ -44,7 +44,13 @@ time is a max over very many paths, convex in the durations, and the relaxation 
 averaging several layouts of a device: for llama2_70b interleaved (16 stages, 32
 micro-batches, 56000 MB) its optimum is 75.1 s against a best plan of 82.1 s. CP-SAT's
 branching then moves the bound by well under 1 % a minute, and the plan comes back
-"feasible" with a gap of about 8 % (``benchmarks/balance.py``).
+"feasible" with a gap of about 8 % (``benchmarks/balance.py``). Measured for whoever takes
+it on: the gap is almost all in how many layers each device holds. With every device's
+layer total fixed to the best plan's, the same relaxation is within 0.94 % of it, and with
+every virtual stage's layer count fixed, within 0.18 %. A plain best-first branch and bound on
+those totals, with GLOP nodes, moved the bound from 75.1 to 77.0 s in 4 minutes. It needs
+much faster node LPs (or a formulation that does not average devices' layer totals) before
+it can prove anything here.
 
 Ties are broken lexicographically by the same loop with the step time held at its
 optimum: first the least recompute overhead (backward time above the no-recompute
