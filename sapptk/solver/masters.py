@@ -21,7 +21,7 @@ from ortools.sat.python import cp_model
 from sapptk.costs import LayerCoefficients
 from sapptk.profile import MODES
 from sapptk.schedules.program import Program
-from sapptk.solver.options import DeviceLayouts
+from sapptk.solver.options import DeviceLayouts, path_lengths
 from sapptk.solver.paths import memory_model
 
 __all__ = ["LayerMaster", "LayoutMaster", "Master"]
@@ -166,12 +166,7 @@ class LayoutMaster(Master):
         if self.durations is not None:
             nz = np.flatnonzero(sig)
             return [self.durations[int(i)] for i in nz], sig[nz].tolist(), crossings * self.comm_ticks
-        V = len(self.coef.fixed_forward)
-        a, b, w = sig[:V], sig[V : 2 * V], sig[2 * V :]
-        lengths = []
-        for lay in self.layouts:
-            st = np.asarray(lay.stages)
-            lengths.append(lay.forward @ a[st] + lay.backward @ b[st] + lay.weight @ w[st])
+        lengths = [row[0] for row in path_lengths(self.layouts, sig[None, :])]
         coefs = np.concatenate(lengths)
         # shift each device's lengths by its minimum: one layout per device is always chosen
         const = crossings * self.comm_ticks

@@ -200,6 +200,18 @@ class DeviceLayouts:
         return int(hits[np.argmin(self.backward[hits].sum(axis=1))])
 
 
+def path_lengths(layouts: list[DeviceLayouts], sigs: np.ndarray) -> list[np.ndarray]:
+    """Per device, the (paths, layouts) matrix of the op durations each path (row of ``sigs``,
+    a :class:`~sapptk.solver.paths.PathModel` signature) adds up on that device's stages."""
+    V = sigs.shape[1] // 3
+    out = []
+    for lay in layouts:
+        st = np.asarray(lay.stages)
+        a, b, w = sigs[:, st], sigs[:, V + st], sigs[:, 2 * V + st]
+        out.append(a @ lay.forward.T + b @ lay.backward.T + w @ lay.weight.T)
+    return out
+
+
 def _pareto_groups(key: np.ndarray, back: np.ndarray) -> np.ndarray:
     """Indices of rows whose ``back`` vector is not dominated by a row with the same ``key``."""
     n, v = back.shape

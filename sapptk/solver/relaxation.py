@@ -33,7 +33,7 @@ import numpy as np
 from ortools.linear_solver import pywraplp
 
 from sapptk.costs import LayerCoefficients
-from sapptk.solver.options import DeviceLayouts
+from sapptk.solver.options import DeviceLayouts, path_lengths
 from sapptk.solver.paths import PathModel
 
 __all__ = ["Relaxation", "lagrangian_bound", "relax"]
@@ -58,17 +58,6 @@ class Relaxation:
     cuts: list[tuple[np.ndarray, int]] = field(default_factory=list)
     iterations: int = 0
     seconds: float = 0.0
-
-
-def _path_lengths(layouts: list[DeviceLayouts], sigs: np.ndarray) -> list[np.ndarray]:
-    """Per device, the (paths, layouts) matrix of the op durations each path adds up on it."""
-    V = sigs.shape[1] // 3
-    out = []
-    for lay in layouts:
-        st = np.asarray(lay.stages)
-        a, b, w = sigs[:, st], sigs[:, V + st], sigs[:, 2 * V + st]
-        out.append(a @ lay.forward.T + b @ lay.backward.T + w @ lay.weight.T)
-    return out
 
 
 def _totals(layouts: list[DeviceLayouts]) -> list[np.ndarray]:
@@ -96,7 +85,7 @@ def lagrangian_bound(
         return 0.0
     w = w / total_w
     const = float(w @ (crossings.astype(np.float64) * comm_ticks))
-    lengths = _path_lengths(layouts, sigs)
+    lengths = path_lengths(layouts, sigs)
     totals = _totals(layouts)
     counts = np.asarray(counts, dtype=np.int64)
     if int(np.prod(counts + 1)) > MAX_DP_STATES:  # only the total layers: still a relaxation
@@ -174,7 +163,7 @@ def relax(
         if key in seen:
             return False
         seen.add(key)
-        lengths = _path_lengths(layouts, sig[None, :])
+        lengths = path_lengths(layouts, sig[None, :])
         const = cross * comm_ticks
         for d in range(D):
             const += int(lengths[d].min())
