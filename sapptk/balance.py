@@ -76,7 +76,7 @@ from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, LayerCoefficients, layer_
 from sapptk.profile import MODES
 from sapptk.solver.masters import LayerMaster, LayoutMaster, Master
 from sapptk.solver.options import TooManyLayouts, device_layouts, stage_options
-from sapptk.solver.paths import memory_model, path_model, stage_cost_vector
+from sapptk.solver.paths import memory_model, path_key, path_model, stage_cost_vector
 from sapptk.solver.relaxation import Relaxation, relax
 
 if TYPE_CHECKING:
@@ -198,7 +198,7 @@ class _Search:
         steps, paths = self.paths.longest(costs, self.coef.comm)
         out = []
         for step, (sig, crossings) in zip(steps.tolist(), paths, strict=True):
-            key = sig.tobytes() + int(crossings).to_bytes(8, "little")
+            key = path_key(sig, crossings)
             self.pool.setdefault(key, (sig, crossings))
             if self.master is not None and (cap is None or step > cap):
                 self.master.add_cut(sig, crossings)
@@ -453,7 +453,7 @@ class _Search:
         seed = [(self.paths.device_sig[d], 0) for d in range(self.program.stages)] + list(self.pool.values())
         self.relaxation = relax(self.coef, self.paths, master.layouts, self.comm_ticks, seed, until=until)
         for sig, crossings in self.relaxation.cuts:
-            self.pool.setdefault(sig.tobytes() + int(crossings).to_bytes(8, "little"), (sig, crossings))
+            self.pool.setdefault(path_key(sig, crossings), (sig, crossings))
             master.add_cut(sig, crossings)
 
     def minimise_step(self) -> tuple[str, int]:

@@ -22,7 +22,7 @@ from sapptk.costs import LayerCoefficients
 from sapptk.profile import MODES
 from sapptk.schedules.program import Program
 from sapptk.solver.options import DeviceLayouts, path_lengths
-from sapptk.solver.paths import memory_model
+from sapptk.solver.paths import memory_model, path_key
 
 __all__ = ["LayerMaster", "LayoutMaster", "Master"]
 
@@ -70,7 +70,7 @@ class Master:
 
     def add_cut(self, sig: np.ndarray, crossings: int) -> bool:
         """Add ``z ≥ length of the path (sig, crossings)`` unless already there; True if added."""
-        key = sig.tobytes() + int(crossings).to_bytes(8, "little")
+        key = path_key(sig, crossings)
         if key in self.cuts:
             return False
         self.cuts.add(key)

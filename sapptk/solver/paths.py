@@ -17,7 +17,7 @@ from sapptk.costs import LayerCoefficients
 from sapptk.schedules.program import B_CODE, F_CODE, I_CODE, W_CODE, Program
 from sapptk.simulate import WEIGHT_HOLDS
 
-__all__ = ["MemoryModel", "PathModel", "memory_model", "path_model", "stage_cost_vector"]
+__all__ = ["MemoryModel", "PathModel", "memory_model", "path_key", "path_model", "stage_cost_vector"]
 
 
 # ----------------------------------------------------------------- the time model
@@ -165,6 +165,11 @@ class PathModel:
         n = g.n_units
         u, col = np.nonzero(g.unit_preds < n)
         return g.unit_preds[u, col], u, g.unit_cross[u, col]
+
+
+def path_key(sig: np.ndarray, crossings: int) -> bytes:
+    """A hashable identity of a path (its signature and crossings), for sets of paths already seen."""
+    return np.asarray(sig, dtype=np.int64).tobytes() + int(crossings).to_bytes(8, "little")
 
 
 def _unit_signatures(program: Program) -> np.ndarray:

@@ -34,7 +34,7 @@ from ortools.linear_solver import pywraplp
 
 from sapptk.costs import LayerCoefficients
 from sapptk.solver.options import DeviceLayouts, path_lengths
-from sapptk.solver.paths import PathModel
+from sapptk.solver.paths import PathModel, path_key
 
 __all__ = ["Relaxation", "lagrangian_bound", "relax"]
 
@@ -159,7 +159,7 @@ def relax(
     seen: set[bytes] = set()
 
     def add(sig: np.ndarray, cross: int) -> bool:
-        key = sig.tobytes() + int(cross).to_bytes(8, "little")
+        key = path_key(sig, cross)
         if key in seen:
             return False
         seen.add(key)
