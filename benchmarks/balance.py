@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from sapptk.balance import solve
+from sapptk.balancer import solve
 from sapptk.config import PipelineConfig
 from sapptk.costs import simulate_counts
-from sapptk.plan import even_split
-from sapptk.profile import MODES, bundled_profile
+from sapptk.plan import even_splits
+from sapptk.profile import bundled_profile
 
 SETUPS = [
     ("llama2_70b", PipelineConfig(16, 32, 1, "1f1b", memory_budget=56000)),
@@ -34,14 +34,11 @@ SETUPS = [
 
 def best_even(profile, config) -> tuple[str, float] | None:
     """The fastest even split (one mode for every layer) that fits the budget."""
-    best = None
-    for mode in (*MODES, "strongest"):
-        if mode != "strongest" and not all(mode in g.modes for g in profile.body):
-            continue
-        plan = even_split(profile, config, mode)
-        if plan.fits and (best is None or plan.step_time < best[1]):
-            best = (mode, plan.step_time)
-    return best
+    fitting = [plan for plan in even_splits(profile, config) if plan.fits]
+    if not fitting:
+        return None
+    fastest = min(fitting, key=lambda plan: plan.step_time)
+    return fastest.source.removeprefix("even_split(").rstrip(")"), fastest.step_time
 
 
 def main() -> None:

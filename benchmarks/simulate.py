@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from sapptk.schedules import build
-from sapptk.simulate import op_durations, unit_durations
+from sapptk.simulation import op_durations, unit_durations
 
 
 def best_of(fn, repeat: int = 3) -> float:

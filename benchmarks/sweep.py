@@ -29,7 +29,7 @@ import warnings
 import pandas as pd
 
 from sapptk.profile import bundled_profile
-from sapptk.sweep import _cores, default_workers, sweep
+from sapptk.sweeps import _cores, default_workers, sweep
 
 SHAPES = [("1f1b", 1), ("interleaved", 2), ("interleaved-lm", 2)]
 

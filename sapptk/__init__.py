@@ -1,28 +1,54 @@
 """sapptk: plan pipeline-parallel training — balance, simulate, explore.
 
-``sapptk.balance`` and ``sapptk.sweep`` are the functions (their modules share the names:
-reach a module with ``importlib.import_module("sapptk.sweep")``). The figures
-(``sapptk.viz``) and the explorer (``sapptk.widgets``) are imported explicitly, so the core
-runs headless.
+The public names below are loaded on first use (PEP 562), so ``import sapptk`` is light:
+OR-Tools loads with the first ``balance``, pyarrow with the first cached sweep, Bokeh with
+``sapptk.viz``. Every module has a name of its own, distinct from the functions exported
+here (``sapptk.balance`` is the function, :mod:`sapptk.balancer` its module), so importing
+a module never rebinds a public function. Figures (:mod:`sapptk.viz`) and the explorer
+(:mod:`sapptk.widgets`) are never imported by the core.
 """
 
 from __future__ import annotations
 
-from sapptk import schedules
-from sapptk.balance import balance
-from sapptk.config import PipelineConfig
-from sapptk.errors import ConfigError, DeadlockError, ProfileError, SapptkError, ScheduleError
-from sapptk.plan import Plan, even_split, from_mindformers, make_plan
-from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile, bundled_profiles, load_profile
-from sapptk.simulate import Bubble, Simulation, simulate
-from sapptk.sweep import sweep
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    "SapptkError": "sapptk.errors",
+    "ProfileError": "sapptk.errors",
+    "ScheduleError": "sapptk.errors",
+    "DeadlockError": "sapptk.errors",
+    "ConfigError": "sapptk.errors",
+    "MODES": "sapptk.profile",
+    "LayerGroup": "sapptk.profile",
+    "ModeCost": "sapptk.profile",
+    "Profile": "sapptk.profile",
+    "bundled_profile": "sapptk.profile",
+    "bundled_profiles": "sapptk.profile",
+    "load_profile": "sapptk.profile",
+    "Bubble": "sapptk.simulation",
+    "Simulation": "sapptk.simulation",
+    "simulate": "sapptk.simulation",
+    "PipelineConfig": "sapptk.config",
+    "Plan": "sapptk.plan",
+    "even_baseline": "sapptk.plan",
+    "even_split": "sapptk.plan",
+    "from_mindformers": "sapptk.plan",
+    "make_plan": "sapptk.plan",
+    "balance": "sapptk.balancer",
+    "sweep": "sapptk.sweeps",
+}
+_MODULES = ("schedules",)
 
 __all__ = [
-    "MODES",
     "Bubble",
     "ConfigError",
     "DeadlockError",
     "LayerGroup",
+    "MODES",
     "ModeCost",
     "PipelineConfig",
     "Plan",
@@ -34,6 +60,7 @@ __all__ = [
     "balance",
     "bundled_profile",
     "bundled_profiles",
+    "even_baseline",
     "even_split",
     "from_mindformers",
     "load_profile",
@@ -42,5 +69,28 @@ __all__ = [
     "simulate",
     "sweep",
 ]
-__version__ = "0.1.0"
 
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from sapptk import schedules
+    from sapptk.balancer import balance
+    from sapptk.config import PipelineConfig
+    from sapptk.errors import ConfigError, DeadlockError, ProfileError, SapptkError, ScheduleError
+    from sapptk.plan import Plan, even_baseline, even_split, from_mindformers, make_plan
+    from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile, bundled_profiles, load_profile
+    from sapptk.simulation import Bubble, Simulation, simulate
+    from sapptk.sweeps import sweep
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _MODULES:
+        value = importlib.import_module(f"sapptk.{name}")
+    else:
+        raise AttributeError(f"module 'sapptk' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

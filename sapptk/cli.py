@@ -10,7 +10,7 @@ Exit codes: 0 success, 1 no plan found (infeasible, or none within the time limi
 
 Adding a command: write ``_add_<name>(commands)`` that adds a subparser and sets
 ``func=<handler>`` (a function ``(args) -> int``), and call it in :func:`build_parser`.
-:func:`add_pipeline_args` and :func:`resolve_profile` are there to share.
+:func:`add_pipeline_args` and :func:`sapptk.profile.resolve_profile` are there to share.
 """
 
 from __future__ import annotations
@@ -23,21 +23,13 @@ from pathlib import Path
 import pandas as pd
 
 from sapptk.errors import ConfigError, SapptkError
-from sapptk.profile import MODES, Profile, bundled_profile, load_profile
+from sapptk.profile import MODES, Profile, resolve_profile
 
-__all__ = ["add_pipeline_args", "build_parser", "main", "pipeline_config", "resolve_profile"]
+__all__ = ["add_pipeline_args", "build_parser", "main", "pipeline_config"]
 
-_PROFILE_SUFFIXES = (".json", ".yaml", ".yml")
 
 
 # ------------------------------------------------------------------------ shared helpers
-def resolve_profile(text: str) -> Profile:
-    """A profile from a file path, or a bundled profile by name (``llama2_70b``, ``demo``, ...)."""
-    if Path(text).suffix.lower() in _PROFILE_SUFFIXES or Path(text).exists():
-        return load_profile(text)
-    return bundled_profile(text)
-
-
 def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     """The pipeline setup options shared by the commands (one value each)."""
     group = parser.add_argument_group("pipeline")
@@ -124,29 +116,18 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_balance)
 
 
-def _baseline_modes(profile: Profile) -> list[str]:
-    """No recompute, and full recompute (or each group's strongest mode when some group lacks full)."""
-    strong = "full" if all("full" in g.modes for g in profile.body) else "strongest"
-    return ["none", strong]
-
-
 def _balance(args: argparse.Namespace) -> int:
-    from sapptk.plan import even_split
+    from sapptk.plan import even_splits
 
     profile = resolve_profile(args.profile)
     config = pipeline_config(args, profile)
-    from sapptk.balance import balance  # after validation: OR-Tools loads only when there is work
+    from sapptk.balancer import balance  # after validation: OR-Tools loads only when there is work
     print(_setup_line(profile, config))
     plan = balance(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed)
     print(plan.summary())
     print()
-    print("compared with the even split (ratio = baseline step time / plan step time; > 1: the plan is faster):")
-    for mode in _baseline_modes(profile):
-        try:
-            base = even_split(profile, config, mode)
-        except ConfigError as exc:
-            print(f"  even_split({mode}): n/a: {exc}")
-            continue
+    print("compared with the even splits (ratio = baseline step time / plan step time; > 1: the plan is faster):")
+    for base in even_splits(profile, config):
         ratio = f"{base.step_time / plan.step_time:.2f}" if plan.solved and plan.step_time else "n/a"
         print(f"  {base.source:<22} step {base.step_time:10.1f} ms  fits {_yes(base.fits):<3}  ratio {ratio}")
     if not plan.solved:
@@ -256,7 +237,7 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from sapptk.sweep import best, sweep
+    from sapptk.sweeps import best, sweep
 
     profile = resolve_profile(args.profile)
     grid = {

@@ -15,7 +15,7 @@ from numbers import Real
 from typing import TYPE_CHECKING, Any
 
 from sapptk.errors import ConfigError, ScheduleError
-from sapptk.profile import MODES
+from sapptk.profile import MODES, mode_set
 from sapptk.schedules import Program, build, get, names
 
 if TYPE_CHECKING:
@@ -73,13 +73,8 @@ class PipelineConfig:
     recompute: tuple[str, ...] = field(default=MODES)
 
     def __post_init__(self) -> None:
-        # normalise a list or a single name to a tuple so the config stays hashable
-        rec = self.recompute
-        if isinstance(rec, str):
-            rec = (rec,)
-        elif isinstance(rec, list | set | frozenset):
-            rec = tuple(sorted(rec, key=lambda r: MODES.index(r) if r in MODES else len(MODES)))
-        object.__setattr__(self, "recompute", tuple(rec) if isinstance(rec, tuple) else rec)
+        # one canonical tuple (MODES order), so equal mode sets give equal, hashable configs
+        object.__setattr__(self, "recompute", mode_set(self.recompute))
 
     # ------------------------------------------------------------- derived
     @property

@@ -38,7 +38,7 @@ import numpy as np
 
 from sapptk.errors import ConfigError
 from sapptk.profile import MODES
-from sapptk.simulate import WEIGHT_HOLDS, Simulation, simulate
+from sapptk.simulation import WEIGHT_HOLDS, Simulation, simulate
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig

@@ -4,9 +4,9 @@ MindFormers export/import.
 A plan holds ``counts``, an int array ``(body groups, len(MODES), virtual stages)``: how
 many layers of each body group run in each recompute mode on each virtual stage (the head
 sits on virtual stage 0, the tail on the last one). Plans come from the balancer
-(:func:`sapptk.balance.balance`, through :func:`make_plan`), from a naive baseline
+(:func:`sapptk.balancer.balance`, through :func:`make_plan`), from a naive baseline
 (:func:`even_split`) or from a hand-made MindFormers config (:func:`from_mindformers`).
-The MindFormers format itself lives in :mod:`sapptk.mindformers`.
+The MindFormers format itself lives in :mod:`sapptk.formats.mindformers`.
 """
 
 from __future__ import annotations
@@ -22,17 +22,18 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from sapptk import mindformers
 from sapptk.costs import StageCosts, check_counts, simulate_counts, stage_costs
 from sapptk.errors import ConfigError
+from sapptk.formats import mindformers
 from sapptk.profile import MODES
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
     from sapptk.profile import Profile
-    from sapptk.simulate import Simulation
+    from sapptk.simulation import Simulation
 
-__all__ = ["PLAN_STATUSES", "Plan", "even_layers", "even_split", "from_mindformers", "make_plan"]
+__all__ = ["PLAN_STATUSES", "Plan", "even_baseline", "even_layers", "even_split", "even_splits", "from_mindformers",
+           "make_plan"]
 
 PLAN_STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown", "given")
 """``optimal``/``feasible``: solver results; ``infeasible``/``unknown``: no assignment
@@ -188,7 +189,7 @@ class Plan:
 
         Always keyed by body group, even for one group (``plan.to_mindformers()[name]`` is
         then exactly the block MindFormers reads). Lists are ``[chunk][device]``; flat
-        lists when ``chunks = 1``. See :mod:`sapptk.mindformers` for the meaning.
+        lists when ``chunks = 1``. See :mod:`sapptk.formats.mindformers` for the meaning.
         """
         self._need_solution("a MindFormers config")
         return mindformers.encode(self.profile, self.config.program(), self.counts)
@@ -376,6 +377,33 @@ def even_split(profile: Profile, config: PipelineConfig, recompute: str = "none"
     return make_plan(profile, config, counts, status="given", source=f"even_split({recompute})")
 
 
+def even_splits(profile: Profile, config: PipelineConfig) -> list[Plan]:
+    """Every distinct even split: one per recompute mode that every body group offers (in
+    :data:`MODES` order, weakest first), then each group's strongest mode if that differs."""
+    plans: list[Plan] = []
+    for mode in (*MODES, "strongest"):
+        if mode != "strongest" and not all(mode in g.modes for g in profile.body):
+            continue
+        plan = even_split(profile, config, mode)
+        if not any(np.array_equal(plan.counts, other.counts) for other in plans):
+            plans.append(plan)
+    return plans
+
+
+def even_baseline(profile: Profile, config: PipelineConfig) -> Plan:
+    """The even split a person would try first: the weakest recompute mode allowed by
+    ``config.recompute`` (and offered by every body group) that fits the budget, else the
+    strongest such mode (each group's strongest mode when no allowed mode is common)."""
+    allowed = [m for m in MODES if m in config.recompute] or list(MODES)
+    usable = [m for m in allowed if all(m in g.modes for g in profile.body)] or ["strongest"]
+    plan = even_split(profile, config, usable[0])
+    for mode in usable:
+        plan = even_split(profile, config, mode)
+        if plan.fits:
+            return plan
+    return plan
+
+
 def from_mindformers(
     profile: Profile,
     config: PipelineConfig,
@@ -383,7 +411,7 @@ def from_mindformers(
     *,
     name: str | None = None,
 ) -> Plan | dict[str, Plan]:
-    """Plans from MindFormers configs (see :mod:`sapptk.mindformers` for every accepted spelling).
+    """Plans from MindFormers configs (see :mod:`sapptk.formats.mindformers` for every accepted spelling).
 
     ``data`` is a parsed mapping or a path to a YAML/JSON file. One config gives a
     :class:`Plan`; a mapping of named configs gives ``{name: Plan}`` in file order, or the

@@ -48,6 +48,8 @@ __all__ = [
     "bundled_profile",
     "bundled_profiles",
     "load_profile",
+    "mode_set",
+    "resolve_profile",
 ]
 
 MODES: tuple[str, ...] = ("none", "select", "comm", "both", "full")
@@ -945,3 +947,33 @@ def bundled_profile(name: str) -> Profile:
             f"{', '.join(sorted(files)) or '(none found)'}"
         )
     return load_profile(files[name])
+
+
+def resolve_profile(source: Profile | str | os.PathLike[str]) -> Profile:
+    """A :class:`Profile` from what a user names: a Profile itself, a file path (a
+    :class:`os.PathLike`, or a string that names an existing file, has a file suffix or a
+    path separator), or else the name of a bundled profile (:func:`bundled_profiles`)."""
+    if isinstance(source, Profile):
+        return source
+    if isinstance(source, os.PathLike):
+        return load_profile(source)
+    if not isinstance(source, str):
+        raise ProfileError(
+            f"profile: expected a Profile, a profile file or a bundled name ({', '.join(bundled_profiles())}), "
+            f"got {type(source).__name__} {_show(source)}"
+        )
+    if Path(source).suffix or os.sep in source or "/" in source or Path(source).is_file():
+        return load_profile(source)
+    return bundled_profile(source)
+
+
+def mode_set(modes: Any) -> Any:
+    """Recompute mode names as one canonical tuple: a single name becomes a 1-tuple, any list,
+    tuple or set of names is deduplicated and put in :data:`MODES` order (unknown names last,
+    in the order given). Anything else is returned unchanged, for the caller to reject."""
+    if isinstance(modes, str):
+        return (modes,)
+    if isinstance(modes, list | tuple | set | frozenset) and all(isinstance(m, str) for m in modes):
+        unique = list(dict.fromkeys(sorted(modes) if isinstance(modes, set | frozenset) else modes))
+        return tuple(sorted(unique, key=lambda m: MODES.index(m) if m in MODES else len(MODES)))
+    return modes

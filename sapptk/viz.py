@@ -425,7 +425,7 @@ def timeline(
     memory: bool = True,
     backend: str = "webgl",
 ) -> UIElement:
-    """Gantt chart of a :class:`~sapptk.simulate.Simulation` with its memory below.
+    """Gantt chart of a :class:`~sapptk.simulation.Simulation` with its memory below.
 
     One row per device; each op a box from its start to its end, coloured by kind
     (forward, backward, input-gradient, weight-gradient; overlapped pairs share a row

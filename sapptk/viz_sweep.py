@@ -1,4 +1,4 @@
-"""Bokeh figures of a sweep, built from the frame of :func:`sapptk.sweep.sweep` only.
+"""Bokeh figures of a sweep, built from the frame of :func:`sapptk.sweeps.sweep` only.
 
 * :func:`step_time_by_budget`: the best step time at each memory budget, one line per
   schedule (or any other label column).
@@ -22,7 +22,7 @@ from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LinearColorMappe
 from bokeh.palettes import Category10_10, Viridis256
 from bokeh.plotting import figure
 
-from sapptk.sweep import SOLVED
+from sapptk.sweeps import SOLVED
 
 __all__ = ["heatmap", "pareto", "pareto_front", "step_time_by_budget"]
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from sapptk.plan import Plan
     from sapptk.profile import Profile
 
-__all__ = ["Explorer", "even_baseline"]
+__all__ = ["Explorer"]
 
 _MAX_STAGES = 64
 _MAX_MICRO_BATCHES = 512
@@ -33,22 +33,6 @@ _MAX_CHUNKS = 8
 _MAX_SPLITS = 8
 _DESC = {"description_width": "130px"}
 _WIDE = w.Layout(width="420px")
-
-
-def even_baseline(profile: Profile, config: PipelineConfig) -> Plan:
-    """The even split a person would try first: the weakest allowed recompute mode that
-    fits the budget, else the strongest allowed one (every layer in the same mode)."""
-    from sapptk.plan import even_split
-
-    allowed = [m for m in MODES if m in config.recompute] or list(MODES)
-    body = tuple(profile.body)
-    usable = [m for m in allowed if all(m in g.modes for g in body)] or ["strongest"]
-    plan = None
-    for mode in usable:
-        plan = even_split(profile, config, recompute=mode)
-        if plan.fits:
-            return plan
-    return plan
 
 
 def _error_text(exc: BaseException) -> str:
@@ -227,7 +211,8 @@ class Explorer:
         self._set_status("solving…", f"(up to {self.time_limit.value} s)")
         t0 = time.perf_counter()
         try:
-            from sapptk.balance import balance
+            from sapptk.balancer import balance
+            from sapptk.plan import even_baseline
 
             plan = balance(self.profile, config, time_limit=float(self.time_limit.value), workers=self.workers)
             baseline = even_baseline(self.profile, config)

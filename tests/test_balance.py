@@ -3,7 +3,6 @@ search, infeasibility is explained, bad setups fail before solving, answers are 
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import re
 
@@ -11,17 +10,16 @@ import numpy as np
 import pytest
 from test_costs import random_counts, small_profile
 
-from sapptk.balance import balance, solve
+import sapptk.balancer as balance_module
+from sapptk.balancer import balance, solve
 from sapptk.config import PipelineConfig
 from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients, simulate_counts, stage_costs
 from sapptk.errors import ConfigError
 from sapptk.plan import from_mindformers
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
 from sapptk.schedules import get, names
-from sapptk.simulate import op_durations, unit_durations, unit_times
+from sapptk.simulation import op_durations, unit_durations, unit_times
 from sapptk.solver.paths import memory_model, path_model, stage_cost_vector
-
-balance_module = importlib.import_module("sapptk.balance")  # sapptk.balance is the function
 
 
 def config_for(name: str, rng: np.random.Generator, **kw) -> PipelineConfig:

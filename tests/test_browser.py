@@ -14,6 +14,7 @@ import pytest
 
 from sapptk import viz
 from sapptk.schedules import build
+from sapptk.simulation import simulate
 
 pytest.importorskip("selenium", reason="needs selenium: pip install 'sapptk[export]'")
 if viz.find_chromium() is None:
@@ -103,7 +104,7 @@ def test_png_decoder_matches_pillow_when_present(tmp_path):
 
 
 def test_timeline_page_renders_without_console_errors(driver, tmp_path):
-    sim = build("interleaved", stages=4, micro_batches=8, chunks=2).simulate(0.5, 1.0, activation=5.0, params=25.0)
+    sim = simulate(build("interleaved", stages=4, micro_batches=8, chunks=2), 0.5, 1.0, activation=5.0, params=25.0)
     page = viz.save_html(viz.timeline(sim, budget=110.0), tmp_path / "timeline.html")
     _open(driver, page)
     errors = _severe(driver)
@@ -120,7 +121,7 @@ def test_timeline_page_renders_without_console_errors(driver, tmp_path):
 
 
 def test_zoom_writes_micro_batches_on_boxes(driver, tmp_path):
-    sim = build("1f1b", stages=4, micro_batches=200).simulate(1.0, 2.0)
+    sim = simulate(build("1f1b", stages=4, micro_batches=200), 1.0, 2.0)
     page = viz.save_html(viz.timeline(sim), tmp_path / "long.html")
     _open(driver, page)
     count = """
@@ -142,7 +143,7 @@ def test_zoom_writes_micro_batches_on_boxes(driver, tmp_path):
 
 
 def test_large_program_page_renders(driver, tmp_path):
-    sim = build("interleaved", stages=16, micro_batches=320, chunks=2).simulate(0.5, 1.0)
+    sim = simulate(build("interleaved", stages=16, micro_batches=320, chunks=2), 0.5, 1.0)
     assert len(sim.events) > 20_000
     page = viz.save_html(viz.timeline(sim), tmp_path / "large.html")
     _open(driver, page)
@@ -156,7 +157,7 @@ def test_large_program_page_renders(driver, tmp_path):
 
 
 def test_export_png_and_svg(tmp_path):
-    sim = build("1f1b", stages=4, micro_batches=8).simulate(1.0, 2.0)
+    sim = simulate(build("1f1b", stages=4, micro_batches=8), 1.0, 2.0)
     fig = viz.timeline(sim)
     png = viz.export_png(fig, tmp_path / "t.png")
     img = decode_png(png.read_bytes())

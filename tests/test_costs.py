@@ -22,6 +22,7 @@ from sapptk.costs import (
 from sapptk.errors import ConfigError
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile
 from sapptk.schedules import get, names
+from sapptk.simulation import simulate
 from sapptk.solver.paths import memory_model, path_model, stage_cost_vector
 
 
@@ -181,7 +182,7 @@ def test_stage_costs_simulation_and_peaks(config):
         sim = simulate_counts(prof, config, counts)
         assert sim.costs["comm"] == pytest.approx(sc.comm)
         assert np.allclose(peak_memory(prof, config, counts), sim.peak_memory.to_numpy(), atol=1e-6)
-        direct = config.program().simulate(sc.forward, sc.backward, sc.weight, sc.activation, sc.params,
+        direct = simulate(config.program(), sc.forward, sc.backward, sc.weight, sc.activation, sc.params,
                                            sc.comm, constant=sc.constant)
         assert direct.step_time == pytest.approx(sim.step_time)
 

@@ -12,9 +12,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sapptk import mindformers
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
+from sapptk.formats import mindformers
 from sapptk.plan import from_mindformers, make_plan
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_balance import EXHAUSTIVE, all_assignments, fast_step, peaks_mb, two_mode_profile
 
-from sapptk.balance import _Search
+from sapptk.balancer import _Search
 from sapptk.config import PipelineConfig
 from sapptk.costs import TIME_UNIT_MS, layer_coefficients
 from sapptk.profile import MODES

@@ -8,7 +8,7 @@ import pytest
 
 from sapptk.errors import DeadlockError, ScheduleError
 from sapptk.schedules import Op, build, make_program, names
-from sapptk.simulate import simulate
+from sapptk.simulation import simulate
 
 
 def grid(min_m=lambda p: 1):
@@ -70,7 +70,7 @@ def test_line_schedules_closed_forms(name, p, m):
 
 
 def test_worked_value_1f1b():
-    sim = build("1f1b", stages=4, micro_batches=8).simulate(1, 2)
+    sim = simulate(build("1f1b", stages=4, micro_batches=8), 1, 2)
     assert sim.step_time == 33
     assert sim.bubble.of_compute == pytest.approx(3 / 8)
 
@@ -104,7 +104,7 @@ def test_interleaved_grid(p, m, v):
 
 
 def test_worked_value_interleaved():
-    sim = build("interleaved", stages=4, micro_batches=8, chunks=2).simulate(0.5, 1)
+    sim = simulate(build("interleaved", stages=4, micro_batches=8, chunks=2), 0.5, 1)
     assert sim.step_time == pytest.approx(28.5)
     assert sim.bubble.of_compute == pytest.approx(3 / 16)
 
@@ -124,7 +124,7 @@ def test_interleaved_hand_order_p2_m4_v2():
         "device 1: F0@1 F1@1 F0@3 B0@3 F1@3 B1@3 F2@1 B0@1 F3@1 B1@1 F2@3 B2@3 F3@3 B3@3 B2@1 B3@1"
     )
     # by hand with F = 1, B = 2 per chunk: (v·m + p − 1)(F + B) = 27
-    assert program.simulate(1, 2).step_time == 27
+    assert simulate(program, 1, 2).step_time == 27
 
 
 def test_interleaved_remainder_step_time_hand_case():
@@ -136,7 +136,7 @@ def test_interleaved_remainder_step_time_hand_case():
     # F1@2 4-5, F2@2 5-6. Device 1: F0@1 1-2, F1@1 2-3, F2@1 3-4, F0@3 4-5, B0@3 5-7, F1@3 7-8,
     # B1@3 8-10, F2@3 10-11, B2@3 11-13. Device 0: B0@2 7-9, B1@2 10-12, B2@2 13-15.
     # Device 1: B0@1 13-15, B1@1 15-17, B2@1 17-19. Device 0: B0@0 15-17, B1@0 17-19, B2@0 19-21.
-    sim = program.simulate(1, 2)
+    sim = simulate(program, 1, 2)
     ev = sim.events.set_index(["kind", "micro_batch", "virtual_stage"])
     assert ev.loc[("B", 2, 3), "start_ms"] == 11
     assert ev.loc[("B", 0, 1), "start_ms"] == 13
@@ -191,7 +191,7 @@ def test_seq1f1b_hand_order():
 # ------------------------------------------------------------------ comm, costs
 def test_comm_latency_hand_case():
     # p = 2, m = 2, F = 1, B = 2, comm 0.5: worked out by hand in the test docstring below
-    sim = build("1f1b", stages=2, micro_batches=2).simulate(1, 2, comm=0.5)
+    sim = simulate(build("1f1b", stages=2, micro_batches=2), 1, 2, comm=0.5)
     ev = sim.events.set_index(["device", "kind", "micro_batch"])
     assert ev.loc[(1, "F", 0), "start_ms"] == 1.5
     assert ev.loc[(1, "F", 1), "start_ms"] == 4.5
@@ -204,7 +204,7 @@ def test_per_stage_costs_1f1b_bottleneck():
     # the slowest stage sets the steady-state pace: step = sum of others' F+B fill + m·slowest
     f = [1.0, 1.0, 3.0, 1.0]
     b = [2.0, 2.0, 6.0, 2.0]
-    sim = build("1f1b", stages=4, micro_batches=8).simulate(f, b)
+    sim = simulate(build("1f1b", stages=4, micro_batches=8), f, b)
     assert_dependencies_hold(sim)
     assert sim.step_time >= 8 * 9.0
     busy = sim.summary["busy_ms"].tolist()
@@ -214,13 +214,13 @@ def test_per_stage_costs_1f1b_bottleneck():
 def test_cost_validation():
     program = build("1f1b", stages=4, micro_batches=8)
     with pytest.raises(ValueError, match="forward: expected a number or 4 values"):
-        program.simulate([1, 2], 2)
+        simulate(program, [1, 2], 2)
     with pytest.raises(ValueError, match="backward: expected finite values >= 0"):
-        program.simulate(1, -2)
+        simulate(program, 1, -2)
     with pytest.raises(ValueError, match="comm"):
-        program.simulate(1, 2, comm=-1)
+        simulate(program, 1, 2, comm=-1)
     with pytest.raises(ValueError, match="overlap"):
-        program.simulate(1, 2, overlap="min")
+        simulate(program, 1, 2, overlap="min")
 
 
 # ------------------------------------------------------------------ memory
@@ -229,7 +229,7 @@ def test_memory_peak_equals_order_based_bound():
     rng = np.random.default_rng(0)
     act = rng.uniform(10, 100, program.num_virtual_stages)
     params = rng.uniform(100, 200, program.num_virtual_stages)
-    sim = program.simulate(rng.uniform(1, 2, 8), rng.uniform(2, 4, 8), activation=act, params=params, constant=7)
+    sim = simulate(program, rng.uniform(1, 2, 8), rng.uniform(2, 4, 8), activation=act, params=params, constant=7)
     for d, pts in enumerate(program.live_points()):
         stages_d = program.device_stages[d]
         static = params[list(stages_d)].sum() + 7
@@ -245,7 +245,7 @@ def test_memory_peak_equals_order_based_bound():
 
 
 def test_memory_steps_hand_case():
-    sim = build("1f1b", stages=2, micro_batches=2).simulate(1, 2, activation=10, params=100)
+    sim = simulate(build("1f1b", stages=2, micro_batches=2), 1, 2, activation=10, params=100)
     d0 = sim.memory[sim.memory.device == 0]
     # device 0: F0 0-1, F1 1-2, B0 4-6 (after B0 on device 1, 2-4), B1 7-9 (after B1 5-7)
     assert d0["time_ms"].tolist() == [0, 0, 1, 6, 9]
@@ -254,7 +254,7 @@ def test_memory_steps_hand_case():
 
 
 def test_summary_columns_and_bubble_consistency():
-    sim = build("1f1b", stages=4, micro_batches=8).simulate(1, 2)
+    sim = simulate(build("1f1b", stages=4, micro_batches=8), 1, 2)
     assert list(sim.summary.columns) == [
         "device", "busy_ms", "idle_ms", "bubble_of_step", "static_mb", "peak_mb", "peak_live"
     ]

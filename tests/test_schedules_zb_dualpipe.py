@@ -18,7 +18,7 @@ from sapptk.schedules import build, get
 from sapptk.schedules.dualpipe import build_dualpipe_v, v_placement
 from sapptk.schedules.program import Program
 from sapptk.schedules.zerobubble import ZBV_WEIGHT_HOLDS, build_zb_h1, build_zb_v
-from sapptk.simulate import WEIGHT_HOLDS
+from sapptk.simulation import WEIGHT_HOLDS
 
 NAMES = ("dualpipe-v", "zb-h1", "zb-v")
 CHUNKS = {"dualpipe-v": 2, "zb-h1": 1, "zb-v": 2}

@@ -7,7 +7,6 @@ balancer on small problems (demo profile, 4 stages, 8 micro-batches).
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 from pathlib import Path
@@ -16,10 +15,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
+import sapptk.sweeps as sweeps_module
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.profile import MODES, bundled_profile
-from sapptk.sweep import (
+from sapptk.sweeps import (
     COLUMNS,
     INPUT_COLUMNS,
     STATUSES,
@@ -33,8 +33,6 @@ from sapptk.sweep import (
     sweep,
 )
 
-# the module itself, even if ``sapptk.sweep`` is (also) exported as the function
-SWEEP_MODULE = importlib.import_module("sapptk.sweep")
 DEMO = bundled_profile("demo")
 SMALL = {"stages": [4], "micro_batches": [8]}
 
@@ -229,14 +227,14 @@ def test_dead_worker_processes_are_retried_then_give_error_rows(
     mark = str(tmp_path / "died")
     df = sweep({mark: DEMO}, grid, solve=dying_once_solve, executor="processes", progress=False)
     assert df["status"].tolist() == ["optimal", "optimal"] and Path(mark).exists()
-    monkeypatch.setattr(SWEEP_MODULE, "MAX_ATTEMPTS", 2)
+    monkeypatch.setattr(sweeps_module, "MAX_ATTEMPTS", 2)
     df = sweep(DEMO, grid, solve=dying_solve, executor="processes", progress=False)
     assert (df["status"] == "error").all() and df["error"].str.contains("worker process died 2 times").all()
 
 
 NOTEBOOK_CELL = """
 def notebook_solve(task):
-    from sapptk.sweep import _profile_of
+    from sapptk.sweeps import _profile_of
     profile = _profile_of(task)
     return {"status": "optimal", "step_time_ms": float(task["config"]["stages"]), "error": profile.name}
 """
@@ -369,7 +367,7 @@ def test_cli_sweep_writes_rows_and_prints_the_best_per_budget(
 ) -> None:
     from sapptk.cli import main
 
-    monkeypatch.setattr(SWEEP_MODULE, "solve_point", fake_solve)
+    monkeypatch.setattr(sweeps_module, "solve_point", fake_solve)
     out = tmp_path / "results.parquet"
     argv = ["sweep", "demo", "--stages", "4", "8", "--micro-batches", "8", "16", "--chunks", "1", "2",
             "--schedule", "1f1b", "interleaved", "--memory", "5000", "40000", "none", "--out", str(out),
@@ -469,7 +467,7 @@ def test_real_sweep_rows(serial_frame: pd.DataFrame) -> None:
     assert ((ok["bound_ms"] - ok["step_time_ms"]).abs() < 1e-6).all()
     assert ok["bubble_of_compute"].between(0, 1).all() and ok["recompute_ms"].ge(0).all()
     # the row is the plan: balance() directly, same options, gives the same figures
-    from sapptk.balance import balance
+    from sapptk.balancer import balance
 
     plan = balance(DEMO, PipelineConfig(4, 8, chunks=2, schedule="interleaved", memory_budget=90000),
                    time_limit=REAL_LIMIT, workers=1, deterministic=True)

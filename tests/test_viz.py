@@ -13,6 +13,7 @@ from bokeh.plotting import figure
 
 from sapptk import viz
 from sapptk.schedules import Op, build, get, make_program, names
+from sapptk.simulation import simulate
 
 
 def _sim(name="interleaved", p=4, m=8, v=2, k=1, **kw):
@@ -21,7 +22,7 @@ def _sim(name="interleaved", p=4, m=8, v=2, k=1, **kw):
     costs = dict(forward=np.linspace(0.5, 1.0, nvs), backward=np.linspace(1.0, 2.0, nvs), activation=10.0,
                  params=100.0)
     costs.update(kw)
-    return program.simulate(**costs)
+    return simulate(program, **costs)
 
 
 def _overlapped_program(p=4, m=8):
@@ -102,7 +103,7 @@ def test_every_registered_schedule_draws_all_its_ops(name):
     k = 2 if spec.splits else 1
     m = max(8, spec.min_micro_batches(4, v))
     program = build(name, stages=4, micro_batches=m, chunks=v, splits=k)
-    sim = program.simulate(1.0, 1.5, 0.5, activation=3.0, params=10.0)
+    sim = simulate(program, 1.0, 1.5, 0.5, activation=3.0, params=10.0)
     data = _renderer(viz.timeline(sim, budget=100.0), "ops").data_source.data
     np.testing.assert_array_equal(np.asarray(data["start_ms"]), sim.events["start_ms"].to_numpy())
     np.testing.assert_array_equal(np.asarray(data["end_ms"]), sim.events["end_ms"].to_numpy())
@@ -190,7 +191,7 @@ def test_colour_by_kind_and_shade_by_chunk():
 
 
 def test_input_and_weight_gradient_kinds():
-    sim = _zero_bubble_program().simulate(1.0, 1.0, 1.0)
+    sim = simulate(_zero_bubble_program(), 1.0, 1.0, 1.0)
     data = _renderer(viz.timeline(sim), "ops").data_source.data
     cats = set(data["category"])
     assert cats == {"forward", "input-gradient", "weight-gradient"}
@@ -200,7 +201,7 @@ def test_input_and_weight_gradient_kinds():
 
 
 def test_overlapped_pairs_share_the_row_in_strips():
-    sim = _overlapped_program().simulate(1.0, 2.0)
+    sim = simulate(_overlapped_program(), 1.0, 2.0)
     data = _renderer(viz.timeline(sim), "ops").data_source.data
     frame = pd.DataFrame({k: np.asarray(data[k]) for k in ("unit", "category", "kind", "lower", "upper",
                                                            "start_ms", "end_ms")})

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 from bokeh.models import GlyphRenderer
 from jupyter_bokeh.widgets import BokehModel
 
 from sapptk.config import PipelineConfig
+from sapptk.plan import even_baseline
 from sapptk.profile import bundled_profile
 from sapptk.schedules import get, names
-from sapptk.widgets import Explorer, even_baseline
+from sapptk.widgets import Explorer
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +113,7 @@ def test_invalid_setups_are_explained_not_solved(explorer):
 
 
 def test_solver_failure_is_a_status_line_not_a_traceback(explorer, monkeypatch):
-    balance_module = importlib.import_module("sapptk.balance")  # sapptk.balance is the function
+    import sapptk.balancer as balance_module
 
     def boom(*args, **kwargs):
         raise RuntimeError("boom")

@@ -198,12 +198,6 @@ class Program:
         """Raise :class:`ScheduleError` (or :class:`DeadlockError`) if the program is invalid."""
         self.graph  # noqa: B018 - compiling validates
 
-    def simulate(self, forward, backward, weight=0.0, activation=1.0, params=0.0, comm=0.0, **kw):
-        """Run this program; see :func:`sapptk.simulate.simulate` for the arguments."""
-        from sapptk.simulate import simulate
-
-        return simulate(self, forward, backward, weight, activation, params, comm, **kw)
-
     # ----------------------------------------------------- memory from order
     def live_points(self, weight_holds: float = 0.5) -> list[np.ndarray]:
         """Live activation counts at every point where a device's memory can peak.

@@ -1,2 +1,2 @@
-"""Internals of :mod:`sapptk.balance`: integer views of a program (paths, live points),
+"""Internals of :mod:`sapptk.balancer`: integer views of a program (paths, live points),
 per-device layout enumeration, and the CP-SAT master problems. Use :func:`sapptk.balance`."""

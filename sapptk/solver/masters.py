@@ -1,7 +1,7 @@
 """The two CP-SAT master problems of the balancer.
 
 Both describe the same set of plans and expose the same small interface to the search
-(:mod:`sapptk.balance`): a ``model``, the step-time variable ``z`` (in ticks), ``variables``
+(:mod:`sapptk.balancer`): a ``model``, the step-time variable ``z`` (in ticks), ``variables``
 to read a solution from, ``counts_of`` to turn a solution into a layer assignment,
 ``hint``, ``add_cut`` for a path, and linear expressions of the two tie-break objectives.
 

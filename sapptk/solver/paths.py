@@ -15,7 +15,7 @@ import numpy as np
 
 from sapptk.costs import LayerCoefficients
 from sapptk.schedules.program import B_CODE, F_CODE, I_CODE, W_CODE, Program
-from sapptk.simulate import WEIGHT_HOLDS
+from sapptk.simulation import WEIGHT_HOLDS
 
 __all__ = ["MemoryModel", "PathModel", "memory_model", "path_key", "path_model", "stage_cost_vector"]
 
@@ -49,7 +49,7 @@ class PathModel:
 
         ``costs`` has shape (batch, 3·nvs): per virtual stage the forward, backward (``I`` or
         the part of ``B`` carrying recompute) and weight costs in time units; ``comm`` is the
-        p2p latency in time units. Mirrors :func:`sapptk.simulate.unit_times`: a unit starts
+        p2p latency in time units. Mirrors :func:`sapptk.simulation.unit_times`: a unit starts
         at the latest end of its predecessors, plus comm across devices. Integer costs give
         exact integer steps; fractional costs (the LP relaxation's averaged durations,
         :mod:`sapptk.solver.relaxation`) are timed in floating point, and their critical

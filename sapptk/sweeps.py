@@ -95,7 +95,7 @@ import pyarrow.parquet as pq
 
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError, SapptkError
-from sapptk.profile import MODES, Profile, bundled_profile, load_profile
+from sapptk.profile import Profile, mode_set, resolve_profile
 
 __all__ = [
     "COLUMNS",
@@ -207,34 +207,17 @@ def expand_grid(grid: Mapping[str, Any] | Iterable[PipelineConfig | Mapping[str,
 
 
 def _profiles(profile: Profile | str | os.PathLike[str] | Mapping[str, Profile]) -> dict[str, Profile]:
-    """Name → Profile from one profile, a bundled name or file path, or a mapping."""
+    """Name → Profile from one profile (anything :func:`~sapptk.profile.resolve_profile` takes) or a mapping."""
     if isinstance(profile, Mapping):
-        return {str(name): _profiles(p).popitem()[1] for name, p in profile.items()}
-    if isinstance(profile, Profile):
-        return {profile.name: profile}
-    if isinstance(profile, str | os.PathLike):
-        text = os.fspath(profile)
-        is_file = Path(text).suffix or os.sep in text
-        loaded = load_profile(text) if is_file else bundled_profile(text)
-        return {loaded.name: loaded}
-    raise ConfigError(
-        f"profile: expected a Profile, a bundled name, a file or a mapping name -> Profile, got {profile!r}"
-    )
+        return {str(name): resolve_profile(p) for name, p in profile.items()}
+    loaded = resolve_profile(profile)
+    return {loaded.name: loaded}
 
 
 # --------------------------------------------------------------------------- keys
-def _recompute_modes(value: Any) -> Any:
-    """Mode names in MODES order (unknown names last, as given); other values unchanged."""
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, list | tuple | set | frozenset) and all(isinstance(v, str) for v in value):
-        return tuple(sorted(value, key=lambda r: MODES.index(r) if r in MODES else len(MODES)))
-    return value
-
-
 def recompute_label(value: Any) -> str:
     """The ``recompute`` column's label of a mode set, e.g. ``"none,full"``."""
-    modes = _recompute_modes(value)
+    modes = mode_set(value)
     return ",".join(modes) if isinstance(modes, tuple) else str(modes)
 
 
@@ -244,7 +227,7 @@ def _canonical(fields: Mapping[str, Any]) -> dict[str, Any]:
     for name in CONFIG_FIELDS:
         value = fields[name]
         if name == "recompute":
-            value = _recompute_modes(value)
+            value = mode_set(value)
             value = list(value) if isinstance(value, tuple) else value
         elif name in _FLOAT_FIELDS and isinstance(value, int | float) and not isinstance(value, bool):
             value = float(value)
@@ -319,7 +302,7 @@ def solve_point(task: Task) -> Result:
     Errors become results: :class:`~sapptk.errors.SapptkError` gives ``invalid``,
     anything else ``error``.
     """
-    from sapptk.balance import balance  # the solver stack loads in the worker only
+    from sapptk.balancer import balance  # the solver stack loads in the worker only
 
     try:
         profile = _profile_of(task)
@@ -404,7 +387,7 @@ def _pool_context() -> multiprocessing.context.BaseContext:
     later pools start in milliseconds rather than seconds."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["sapptk.sweep", "sapptk.balance"])
+        ctx.set_forkserver_preload(["sapptk.sweeps", "sapptk.balancer"])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -719,7 +702,7 @@ def sweep(
         already there (same profile content, config, time limit, seed, determinism) are not
         solved again.
     progress: show a ``tqdm.auto`` progress bar.
-    seed, deterministic: passed to :func:`sapptk.balance.balance`.
+    seed, deterministic: passed to :func:`sapptk.balancer.balance`.
     solve: the function run per point instead of :func:`solve_point`: plain task dict in,
         result dict out. One defined in a notebook is shipped by value (cloudpickle).
     """

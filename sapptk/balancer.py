@@ -73,7 +73,6 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, LayerCoefficients, layer_coefficients
-from sapptk.profile import MODES
 from sapptk.solver.masters import LayerMaster, LayoutMaster, Master
 from sapptk.solver.options import TooManyLayouts, device_layouts, stage_options
 from sapptk.solver.paths import memory_model, path_key, path_model, stage_cost_vector
@@ -581,17 +580,10 @@ class _Collector(cp_model.CpSolverSolutionCallback):
 
 
 def _even_splits(profile: Profile, config: PipelineConfig) -> list[np.ndarray]:
-    """The plan module's even splits, one per recompute mode every group offers."""
-    from sapptk.plan import even_split
+    """The counts of every distinct even split (:func:`sapptk.plan.even_splits`)."""
+    from sapptk.plan import even_splits
 
-    out = []
-    for mode in (*MODES, "strongest"):
-        if mode != "strongest" and not all(mode in g.modes for g in profile.body):
-            continue
-        counts = np.asarray(even_split(profile, config, mode).counts, dtype=np.int64)
-        if not any(np.array_equal(counts, c) for c in out):
-            out.append(counts)
-    return out
+    return [np.asarray(plan.counts, dtype=np.int64) for plan in even_splits(profile, config)]
 
 
 def solve(

@@ -1,0 +1,182 @@
+"""The package's shape: imports only go downward, and ``import sapptk`` stays light.
+
+``LAYERS`` is the table in ``docs/internals.md``: a module may import modules of earlier
+layers, and modules of its own package in the same layer (without cycles). Imports under
+``if TYPE_CHECKING:`` are for type checkers only and are not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "sapptk"
+
+# lowest first; a module belongs to the layer of the longest prefix that names it
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("sapptk.errors", "sapptk.files"),
+    ("sapptk.profile",),
+    ("sapptk.schedules",),
+    ("sapptk.formats.chrome_trace",),
+    ("sapptk.simulation",),
+    ("sapptk.config",),
+    ("sapptk.costs",),
+    ("sapptk.formats",),
+    ("sapptk.plan",),
+    ("sapptk.solver",),
+    ("sapptk.balancer",),
+    ("sapptk.calibration", "sapptk.analysis"),
+    ("sapptk.sweeps",),
+    ("sapptk.viz", "sapptk.viz_sweep"),
+    ("sapptk.widgets",),
+    ("sapptk.cli",),
+    ("sapptk.__main__",),
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> tuple[int, str]:
+    """(layer index, the prefix that placed it) for a sapptk module."""
+    best: tuple[int, str] | None = None
+    for i, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > len(best[1])):
+                best = (i, prefix)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer of LAYERS: add it (and to docs/internals.md)")
+    return best
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, imported sapptk module) for every import in the file, function bodies included."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    found = []
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "sapptk"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "sapptk":
+                continue
+            for alias in node.names:  # "from sapptk.x import y" may name the submodule y
+                sub = f"{target}.{alias.name}"
+                where = ROOT / Path(*sub.split("."))
+                is_module = where.is_dir() or where.with_suffix(".py").is_file()
+                found.append((node.lineno, sub if is_module else target))
+    return found
+
+
+def _graph() -> dict[str, list[tuple[int, str]]]:
+    return {_module_name(p): _imports(p, _module_name(p)) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_module_has_a_layer():
+    for module in _graph():
+        if module != "sapptk":
+            _layer(module)
+
+
+def test_imports_only_go_downward():
+    bad = []
+    for module, imports in _graph().items():
+        if module == "sapptk":
+            continue
+        own, own_prefix = _layer(module)
+        for line, target in imports:
+            if target == "sapptk":
+                bad.append(f"{module}:{line} imports the package root (import the defining module)")
+                continue
+            layer, prefix = _layer(target)
+            if layer > own or (layer == own and prefix != own_prefix):
+                bad.append(f"{module}:{line} imports {target} (layer {layer} {prefix}) from layer {own} {own_prefix}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    graph = {m: {t for _, t in imps if t in _graph_names()} for m, imps in _graph().items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def _graph_names() -> set[str]:
+    return {_module_name(p) for p in PACKAGE.rglob("*.py")}
+
+
+def test_package_root_imports_nothing_at_import_time():
+    root = _imports(PACKAGE / "__init__.py", "sapptk")
+    assert root == [], root
+
+
+# pandas 3 imports pyarrow itself (its default string dtype), so pyarrow is only absent
+# while pandas is
+@pytest.mark.parametrize(
+    ("statement", "absent"),
+    [
+        ("import sapptk", ("ortools", "pyarrow", "bokeh", "ipywidgets", "matplotlib", "sapptk.viz", "sapptk.widgets")),
+        ("import sapptk.cli", ("ortools", "bokeh", "ipywidgets", "matplotlib")),
+        ("from sapptk import Plan, PipelineConfig, simulate", ("ortools", "bokeh", "ipywidgets")),
+    ],
+)
+def test_heavy_libraries_load_on_first_use(statement, absent):
+    code = f"import sys\n{statement}\nprint([m for m in {absent!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "[]", f"{statement} loaded {out.strip()}"
+
+
+def test_functions_stay_functions_after_their_modules_are_imported():
+    code = (
+        "import sapptk.balancer, sapptk.sweeps, sapptk.simulation, sapptk.cli\n"
+        "import sapptk\n"
+        "for name in ('balance', 'sweep', 'simulate'):\n"
+        "    assert callable(getattr(sapptk, name)) and not isinstance(getattr(sapptk, name), type(sapptk)), name\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_export_exists():
+    import sapptk
+
+    for name in sapptk.__all__:
+        assert getattr(sapptk, name) is not None, name
+    with pytest.raises(AttributeError):
+        sapptk.no_such_name  # noqa: B018
