@@ -149,6 +149,7 @@ def test_package_root_imports_nothing_at_import_time():
 
 # pandas 3 imports pyarrow itself (its default string dtype), so pyarrow is only absent
 # while pandas is
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("statement", "absent"),
     [
@@ -163,6 +164,7 @@ def test_heavy_libraries_load_on_first_use(statement, absent):
     assert out.strip() == "[]", f"{statement} loaded {out.strip()}"
 
 
+@pytest.mark.slow
 def test_functions_stay_functions_after_their_modules_are_imported():
     code = (
         "import sapptk.balancer, sapptk.sweeps, sapptk.simulation, sapptk.cli\n"

@@ -3,54 +3,39 @@ search, infeasibility is explained, bad setups fail before solving, answers are 
 
 from __future__ import annotations
 
-import itertools
 import re
 
 import numpy as np
 import pytest
-from test_costs import random_counts, small_profile
+from support import (
+    EXHAUSTIVE,
+    all_assignments,
+    config_for,
+    fast_step,
+    peaks_mb,
+    random_counts,
+    seed_of,
+    small_profile,
+    two_mode_profile,
+)
 
 import sapptk.balancer as balance_module
 from sapptk.balancer import balance, solve
 from sapptk.config import PipelineConfig
-from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients, simulate_counts, stage_costs
+from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients, simulate_counts
 from sapptk.errors import ConfigError
 from sapptk.plan import from_mindformers
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
-from sapptk.schedules import get, names
-from sapptk.simulation import op_durations, unit_durations, unit_times
-from sapptk.solver.paths import memory_model, path_model, stage_cost_vector
-
-
-def config_for(name: str, rng: np.random.Generator, **kw) -> PipelineConfig:
-    spec = get(name)
-    chunks = 2 if spec.chunks is None or 2 in spec.chunks else spec.chunks[0]
-    p = int(rng.integers(2, 4))
-    m = max(spec.min_micro_batches(p, chunks), p) + int(rng.integers(0, 3))
-    splits = 2 if spec.splits else 1
-    return PipelineConfig(p, m, chunks, name, splits=splits, **kw)
-
-
-def fast_step(config: PipelineConfig, profile: Profile, counts: np.ndarray) -> float:
-    """The simulator's own timing functions, without building its DataFrames (for enumeration)."""
-    sc = stage_costs(profile, config, counts)
-    program = config.program()
-    dur = unit_durations(program, op_durations(program, sc.forward, sc.backward, sc.weight))
-    _, end = unit_times(program, dur, sc.comm)
-    return float(end.max())
-
-
-def peaks_mb(config: PipelineConfig, profile: Profile, counts: np.ndarray) -> np.ndarray:
-    program = config.program()
-    mem = memory_model(program)
-    return mem.peaks(layer_coefficients(profile, config), program, counts) / mem.scale * MEMORY_UNIT_MB
+from sapptk.schedules import names
+from sapptk.solver.paths import path_model, stage_cost_vector
 
 
 # ------------------------------------------------------------ prediction = simulation
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", names())
 def test_prediction_equals_simulation_on_random_problems(schedule):
     """Every schedule, random two-group profiles, random budgets (some too small)."""
-    rng = np.random.default_rng(abs(hash(schedule)) % 2**32)
+    rng = np.random.default_rng(seed_of("prediction", schedule))
     for trial in range(2):
         prof = small_profile(rng)
         cfg = config_for(schedule, rng, comm=float(rng.choice([0.0, 0.05])))
@@ -72,7 +57,7 @@ def test_prediction_equals_simulation_on_random_problems(schedule):
 @pytest.mark.parametrize("schedule", names())
 def test_batched_step_times_equal_the_simulator(schedule):
     """PathModel.steps (the local search's evaluator, no paths) is the simulator's step time."""
-    rng = np.random.default_rng(abs(hash(schedule)) % 2**32 + 1)
+    rng = np.random.default_rng(seed_of("batched", schedule))
     prof = small_profile(rng)
     cfg = config_for(schedule, rng, comm=float(rng.choice([0.0, 0.05])))
     coef = layer_coefficients(prof, cfg)
@@ -98,56 +83,7 @@ def test_balance_returns_a_plan_the_simulator_agrees_with():
 
 
 # ------------------------------------------------------------------ exhaustive search
-def all_assignments(profile: Profile, config: PipelineConfig, modes: tuple[int, int]):
-    """Every assignment with each vs holding ≥ 1 body layer (except head/tail stages), two modes."""
-    coef = layer_coefficients(profile, config)
-    body = profile.body
-    total = sum(g.count for g in body)
-    nvs = config.num_virtual_stages
-    need = np.where(coef.fixed_layers > 0, 0, 1)
-    for per_vs in itertools.product(*(range(need[vs], total + 1) for vs in range(nvs))):
-        if sum(per_vs) != total:
-            continue
-        bounds = np.concatenate([[0], np.cumsum(per_vs)])
-        cells = []  # (g, vs, n)
-        start = 0
-        for g, group in enumerate(body):
-            layers = np.clip(np.minimum(bounds[1:], start + group.count) - np.maximum(bounds[:-1], start), 0, None)
-            cells += [(g, vs, int(n)) for vs, n in enumerate(layers) if n]
-            start += group.count
-        for strong in itertools.product(*(range(n + 1) for _, _, n in cells)):
-            counts = np.zeros((len(body), len(MODES), nvs), dtype=np.int64)
-            for (g, vs, n), s in zip(cells, strong, strict=True):
-                counts[g, modes[0], vs] = n - s
-                counts[g, modes[1], vs] = s
-            yield counts
-
-
-def two_mode_profile(layers: tuple[int, ...]) -> Profile:
-    rng = np.random.default_rng(sum(layers))
-    body = []
-    for g, n in enumerate(layers):
-        fwd = float(rng.uniform(1, 2))
-        act = float(rng.uniform(4, 8))
-        body.append(LayerGroup(f"g{g}", "body", n, fwd, float(rng.uniform(1, 3)),
-                               {"none": ModeCost(2 * fwd, act), "full": ModeCost(3 * fwd, 0.1 * act)}))
-    head = LayerGroup("head", "head", 1, 0.3, 2.0)
-    tail = LayerGroup("tail", "tail", 1, 1.1, 3.0)
-    return Profile("two-mode", (head, *body, tail))
-
-
-EXHAUSTIVE = [
-    ("1f1b", 3, 4, 1, 1),
-    ("gpipe", 3, 3, 1, 1),
-    ("interleaved", 2, 3, 2, 1),
-    ("interleaved-lm", 2, 4, 2, 1),
-    ("seq1f1b", 2, 3, 1, 2),
-    ("zb-h1", 3, 4, 1, 1),
-    ("zb-v", 2, 3, 2, 1),
-    ("dualpipe-v", 2, 4, 2, 1),
-]
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize(("schedule", "p", "m", "v", "k"), EXHAUSTIVE, ids=[e[0] for e in EXHAUSTIVE])
 def test_optimum_equals_exhaustive_search(schedule, p, m, v, k):
     if schedule not in names():
@@ -221,6 +157,7 @@ def test_config_errors_raise_before_solving(cfg, monkeypatch):
         balance(two_mode_profile((3, 5)), cfg)
 
 
+@pytest.mark.slow
 def test_deterministic_runs_give_the_same_plan():
     rng = np.random.default_rng(9)
     prof = small_profile(rng, layers=(4, 8))
@@ -235,6 +172,7 @@ def test_time_units():
     assert TIME_UNIT_MS == 1e-3 and MEMORY_UNIT_MB == 1e-3
 
 
+@pytest.mark.slow
 def test_layer_count_fallback_gives_the_same_optimum(monkeypatch):
     """When enumeration is too large the layer-count master takes over; same optimum."""
     import sapptk.solver.options as options
@@ -253,6 +191,7 @@ def test_layer_count_fallback_gives_the_same_optimum(monkeypatch):
     assert fallback.overhead == reference.overhead
 
 
+@pytest.mark.slow
 def test_first_plan_when_no_even_split_fits():
     """A budget no even split meets: the layer-count model finds the first plan."""
     prof = two_mode_profile((3, 5))

@@ -6,11 +6,11 @@ skips with the reason where they are missing (CI installs them).
 
 from __future__ import annotations
 
-import struct
-import zlib
+import io
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from sapptk import viz
 from sapptk.schedules import build
@@ -21,51 +21,10 @@ if viz.find_chromium() is None:
     pytest.skip("needs Chromium: apt-get install chromium chromium-driver", allow_module_level=True)
 
 
-# ------------------------------------------------------------ PNG decoding
 def decode_png(data: bytes) -> np.ndarray:
-    """Pixels of an 8-bit RGB/RGBA PNG as an (h, w, channels) uint8 array (no PIL)."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    pos, idat, header = 8, [], None
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos : pos + 4])
-        kind = data[pos + 4 : pos + 8]
-        body = data[pos + 8 : pos + 8 + length]
-        if kind == b"IHDR":
-            header = struct.unpack(">IIBBBBB", body)
-        elif kind == b"IDAT":
-            idat.append(body)
-        pos += 12 + length
-    width, height, depth, color_type, _, _, interlace = header
-    assert depth == 8 and color_type in (2, 6) and interlace == 0, header
-    bpp = 3 if color_type == 2 else 4
-    stride = width * bpp
-    raw = np.frombuffer(zlib.decompress(b"".join(idat)), dtype=np.uint8).reshape(height, stride + 1)
-    out = np.zeros((height, stride), dtype=np.uint8)
-    prev = np.zeros(stride, dtype=np.int64)
-    for y in range(height):
-        ftype, line = raw[y, 0], raw[y, 1:].astype(np.int64)
-        if ftype == 0:
-            cur = line
-        elif ftype == 1:  # Sub: running sum per channel
-            cur = np.cumsum(line.reshape(width, bpp), axis=0).reshape(-1) % 256
-        elif ftype == 2:  # Up
-            cur = (line + prev) % 256
-        else:  # Average or Paeth: sequential along the row
-            cur = np.zeros(stride, dtype=np.int64)
-            for x in range(stride):
-                a = cur[x - bpp] if x >= bpp else 0
-                b = prev[x]
-                if ftype == 3:
-                    cur[x] = (line[x] + (a + b) // 2) % 256
-                else:
-                    c = prev[x - bpp] if x >= bpp else 0
-                    p = a + b - c
-                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                    pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
-                    cur[x] = (line[x] + pred) % 256
-        out[y] = cur
-        prev = cur
-    return out.reshape(height, width, bpp)
+    """Pixels of a PNG as an (h, w, channels) uint8 array."""
+    with Image.open(io.BytesIO(data)) as img:
+        return np.asarray(img.convert("RGBA" if img.mode in ("RGBA", "LA", "P") else "RGB"))
 
 
 def _rgb(hex_color: str) -> tuple[int, int, int]:
@@ -93,16 +52,6 @@ def _severe(driver):
 
 
 # --------------------------------------------------------------------- tests
-def test_png_decoder_matches_pillow_when_present(tmp_path):
-    pil = pytest.importorskip("PIL.Image")
-    rng = np.random.default_rng(0)
-    img = (rng.integers(0, 4, size=(40, 50, 3)) * 60).astype(np.uint8)
-    img[:, :10] = 255  # flat areas: encoders choose different filters per row
-    path = tmp_path / "x.png"
-    pil.fromarray(img).save(path, optimize=True)
-    np.testing.assert_array_equal(decode_png(path.read_bytes()), img)
-
-
 def test_timeline_page_renders_without_console_errors(driver, tmp_path):
     sim = simulate(build("interleaved", stages=4, micro_batches=8, chunks=2), 0.5, 1.0, activation=5.0, params=25.0)
     page = viz.save_html(viz.timeline(sim, budget=110.0), tmp_path / "timeline.html")

@@ -46,6 +46,7 @@ def test_help_and_usage_errors(capsys):
     assert code == 2 and "invalid choice" in err
 
 
+@pytest.mark.slow
 def test_python_dash_m_runs_the_cli():
     done = subprocess.run([sys.executable, "-m", "sapptk", "schedules"], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and "interleaved" in done.stdout
@@ -114,6 +115,7 @@ def test_bad_input_exits_2_without_traceback(capsys, argv, message):
 
 
 # ---------------------------------------------------------------------------- balance
+@pytest.mark.slow
 def test_balance_solves_compares_and_writes(capsys, tmp_path):
     out_dir = tmp_path / "out"
     # without "comm": the MindFormers lists cannot hold select-only and comm-only layers in one cell

@@ -7,6 +7,7 @@ import pickle
 
 import numpy as np
 import pytest
+from support import random_counts, seed_of, setups, small_profile
 
 from sapptk.config import PipelineConfig
 from sapptk.costs import (
@@ -20,59 +21,10 @@ from sapptk.costs import (
     stage_costs,
 )
 from sapptk.errors import ConfigError
-from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile
-from sapptk.schedules import get, names
+from sapptk.profile import MODES, bundled_profile
+from sapptk.schedules import names
 from sapptk.simulation import simulate
 from sapptk.solver.paths import memory_model, path_model, stage_cost_vector
-
-
-def small_profile(rng: np.random.Generator, groups: int = 2, layers: tuple[int, ...] = (3, 5)) -> Profile:
-    """A random profile: head, ``groups`` body groups with several modes, tail; odd figures on purpose."""
-    body = []
-    for g in range(groups):
-        fwd = float(rng.uniform(0.5, 3.0))
-        modes = {"none": ModeCost(2 * fwd, float(rng.uniform(5, 9)))}
-        for name, extra, shrink in (("select", 0.1, 0.7), ("both", 0.3, 0.4), ("full", 1.0, 0.05)):
-            if rng.random() < 0.8:
-                modes[name] = ModeCost(2 * fwd + extra * fwd, modes["none"].activation * shrink)
-        body.append(LayerGroup(f"g{g}", "body", layers[g], fwd, float(rng.uniform(1, 4)), modes))
-    head = LayerGroup("head", "head", 1, float(rng.uniform(0.1, 1.0)), float(rng.uniform(1, 5)))
-    tail = LayerGroup("tail", "tail", 1, float(rng.uniform(0.5, 2.0)), float(rng.uniform(1, 5)),
-                      {"none": ModeCost(3.0, float(rng.uniform(0, 4)))})
-    return Profile("random", (head, *body, tail))
-
-
-def setups() -> list[PipelineConfig]:
-    """One small setup per registered schedule (chunks and micro-batches as each one needs)."""
-    out = []
-    for name in names():
-        spec = get(name)
-        chunks = 2 if spec.chunks is None or 2 in spec.chunks else spec.chunks[0]
-        p = 3
-        m = max(spec.min_micro_batches(p, chunks), p) + 1
-        splits = 2 if spec.splits else 1
-        out.append(PipelineConfig(p, m, chunks, name, splits=splits, comm=0.0123, constant_memory=1.5))
-    return out
-
-
-def random_counts(rng: np.random.Generator, profile: Profile, config: PipelineConfig) -> np.ndarray:
-    """A random valid assignment: groups contiguous in model order, modes the profile offers."""
-    body = profile.body
-    nvs = config.num_virtual_stages
-    total = sum(g.count for g in body)
-    cuts = np.sort(rng.integers(0, total + 1, nvs - 1))
-    per_vs = np.diff(np.concatenate([[0], cuts, [total]]))
-    bounds = np.concatenate([[0], np.cumsum(per_vs)])
-    counts = np.zeros((len(body), len(MODES), nvs), dtype=np.int64)
-    start = 0
-    for g, group in enumerate(body):
-        layers = np.clip(np.minimum(bounds[1:], start + group.count) - np.maximum(bounds[:-1], start), 0, None)
-        avail = [MODES.index(m) for m in group.modes]
-        for vs, n in enumerate(layers):
-            for _ in range(n):
-                counts[g, rng.choice(avail), vs] += 1
-        start += group.count
-    return counts
 
 
 # --------------------------------------------------------------------- config
@@ -174,7 +126,7 @@ def test_check_counts_rejects_bad_assignments():
 def test_stage_costs_simulation_and_peaks(config):
     """Totals per layer survive the split; simulate_counts is the simulator on these costs;
     peak_memory (live points) equals the simulated peak."""
-    rng = np.random.default_rng(hash(config.schedule) % 2**32)
+    rng = np.random.default_rng(seed_of("costs", config.schedule))
     prof = small_profile(rng)
     for _ in range(3):
         counts = random_counts(rng, prof, config)

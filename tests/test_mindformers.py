@@ -332,6 +332,7 @@ def assignments(draw):
     return prof, cfg, counts
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(assignments())
 def test_round_trip_plan_to_mindformers_and_yaml(case):

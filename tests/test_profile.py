@@ -535,6 +535,7 @@ def test_huge_file_refused_before_parsing(tmp_path: Path) -> None:
     assert time.perf_counter() - start < 5
 
 
+@pytest.mark.slow
 def test_deeply_nested_documents(tmp_path: Path) -> None:
     path = tmp_path / "deep.json"
     path.write_text("[" * 200_000 + "]" * 200_000, encoding="utf-8")
@@ -770,6 +771,7 @@ def profiles(draw: st.DrawFn) -> Profile:
     return Profile(draw(st.text(min_size=1, max_size=12).filter(str.strip)), tuple(groups))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(profiles())
 def test_own_format_round_trips(p: Profile) -> None:

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from test_balance import EXHAUSTIVE, all_assignments, fast_step, peaks_mb, two_mode_profile
+from support import EXHAUSTIVE, all_assignments, fast_step, peaks_mb, two_mode_profile
 
 from sapptk.balancer import _Search
 from sapptk.config import PipelineConfig
@@ -43,6 +43,7 @@ def seeds(s: _Search) -> list[tuple[np.ndarray, int]]:
     return [(s.paths.device_sig[d], 0) for d in range(s.program.stages)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("schedule", "p", "m", "v", "k"), EXHAUSTIVE, ids=[e[0] for e in EXHAUSTIVE])
 def test_bound_never_exceeds_the_exhaustive_optimum(schedule, p, m, v, k):
     if schedule not in names():
@@ -61,6 +62,7 @@ def test_bound_never_exceeds_the_exhaustive_optimum(schedule, p, m, v, k):
         assert int(sig @ cost) + cross * s.comm_ticks <= best_ticks
 
 
+@pytest.mark.slow
 def test_bound_from_a_relaxation_cut_short_is_still_a_bound():
     """Out of time after the first LP: the bound comes from that LP's duals, and is still valid."""
     prof, cfg, fitting = setup("interleaved", 2, 3, 2, 1)
@@ -84,6 +86,7 @@ def only(layouts, pick: list[int]):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved", "dualpipe-v", "zb-v"])
 def test_bound_is_exact_without_a_choice(schedule):
     """One layout per device: the relaxation is the plan itself, and its bound its exact step time."""
@@ -106,6 +109,7 @@ def test_bound_is_exact_without_a_choice(schedule):
         checked += 1
     assert checked
 
+@pytest.mark.slow
 def test_lagrangian_bound_equals_brute_force():
     """The dynamic program over devices is the minimum over every integer plan of the weighted paths."""
     prof = two_mode_profile((2, 3))

@@ -51,6 +51,7 @@ def assert_each_op_once(program) -> None:
 
 
 # ------------------------------------------------------------------ 1F1B, GPipe
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["1f1b", "gpipe"])
 @pytest.mark.parametrize(("p", "m"), list(grid()))
 def test_line_schedules_closed_forms(name, p, m):
@@ -82,6 +83,7 @@ def test_1f1b_fewer_micro_batches_than_stages():
 
 
 # ------------------------------------------------------------------ interleaved
+@pytest.mark.slow
 @pytest.mark.parametrize("v", [1, 2, 3, 4])
 @pytest.mark.parametrize(("p", "m"), list(grid(min_m=lambda p: p)))
 def test_interleaved_grid(p, m, v):
@@ -143,6 +145,7 @@ def test_interleaved_remainder_step_time_hand_case():
     assert sim.step_time == 21
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("v", [1, 2, 3])
 @pytest.mark.parametrize(("p", "m"), list(grid(min_m=lambda p: p)))
 def test_interleaved_less_memory_grid(p, m, v):
@@ -166,6 +169,7 @@ def test_interleaved_with_one_chunk_is_1f1b():
 
 
 # ------------------------------------------------------------------ seq1f1b
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 @pytest.mark.parametrize(("p", "m"), list(grid()))
 def test_seq1f1b_grid(p, m, k):

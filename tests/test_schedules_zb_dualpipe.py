@@ -84,6 +84,7 @@ def test_builders_refuse_what_they_cannot_build_when_called_directly() -> None:
 
 
 # ----------------------------------------------------------------- structure
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_every_op_once_and_events_respect_dependencies(name: str) -> None:
     rng = np.random.default_rng(7)
@@ -227,6 +228,7 @@ def test_zb_v_by_hand() -> None:
 DP_COSTS = [(1.0, 1.0, 1.0), (2.0, 2.0, 1.0), (1.5, 1.5, 0.5), (3.0, 3.0, 3.0), (2.0, 2.0, 0.0)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", ["sum", "max"])
 def test_dualpipe_v_bubble_matches_deepseek(overlap: str) -> None:
     """Bubble (PP/2 − 1)(F&B + B_full − 3W), PP = 2p: DeepSeek's README table.
@@ -287,6 +289,7 @@ def test_dualpipe_v_memory() -> None:
 ZB_COSTS = [(1.0, 1.0, 1.0), (2.0, 1.0, 1.0), (1.0, 2.0, 0.5), (1.5, 1.0, 1.0), (3.0, 2.0, 0.5), (1.0, 1.0, 0.0)]
 
 
+@pytest.mark.slow
 def test_zb_h1_step_time_matches_paper() -> None:
     """m(F + B + W) + (p − 1)(F + B − W): exact for uniform stages, no comm, m >= p, W <= min(F, B)."""
     for p, m in grid("zb-h1"):
@@ -327,6 +330,7 @@ def test_zb_h1_peak_in_flight() -> None:
 
 
 # --------------------------------------------------------------------- ZB-V
+@pytest.mark.slow
 def test_zb_v_bubble_is_the_pipeline_fill_only() -> None:
     """F = B = W = c, no comm, m >= p: step = 6mc + (p − 1)c, the least possible.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +26,7 @@ def programs(draw):
         raise AssertionError(f"{name} refused p={p} m={m} v={v} k={k}: {exc}") from exc
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs(), st.data())
 def test_events_respect_dependencies_and_devices(program, data):

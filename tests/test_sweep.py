@@ -220,6 +220,7 @@ def test_solver_failures_become_error_rows() -> None:
     assert "RuntimeError: boom" in df["error"].iloc[1]
 
 
+@pytest.mark.slow
 def test_dead_worker_processes_are_retried_then_give_error_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -289,6 +290,7 @@ def test_cache_resumes_after_an_interrupt(tmp_path: Path) -> None:
     assert len(list(cache.glob("part-*.parquet"))) == 1  # compacted after a complete sweep
 
 
+@pytest.mark.slow
 def test_interrupted_process_sweep_keeps_finished_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
@@ -451,6 +453,7 @@ def serial_frame() -> pd.DataFrame:
     return sweep(DEMO, REAL, **REAL_OPTIONS)
 
 
+@pytest.mark.slow
 def test_real_sweep_rows(serial_frame: pd.DataFrame) -> None:
     df = serial_frame
     assert len(df) == 12 and list(df.columns) == list(COLUMNS)
@@ -493,11 +496,13 @@ def test_invalid_combinations_are_rows_not_exceptions() -> None:
     assert df["recompute"].astype(str).iloc[3] == "select"
 
 
+@pytest.mark.slow
 def test_processes_give_the_serial_frame(serial_frame: pd.DataFrame) -> None:
     df = sweep(DEMO, REAL, executor="processes", **REAL_OPTIONS)
     _agree(df, serial_frame)
 
 
+@pytest.mark.slow
 def test_dask_local_cluster_gives_the_serial_frame(serial_frame: pd.DataFrame) -> None:
     distributed = pytest.importorskip("distributed")
     with (
@@ -508,6 +513,7 @@ def test_dask_local_cluster_gives_the_serial_frame(serial_frame: pd.DataFrame) -
     _agree(df, serial_frame)
 
 
+@pytest.mark.slow
 def test_real_cached_sweep_resumes_without_redoing_points(tmp_path: Path, serial_frame: pd.DataFrame) -> None:
     first = {**REAL, "memory_budget": [90000]}
     sweep(DEMO, first, solve=counting_solve, cache=tmp_path, **REAL_OPTIONS)

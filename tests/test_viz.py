@@ -72,6 +72,7 @@ def _figures(layout):
 
 
 # ------------------------------------------------------------------ timeline
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args",
     [("1f1b", 4, 8, 1, 1), ("gpipe", 3, 5, 1, 1), ("interleaved", 4, 6, 2, 1), ("interleaved-lm", 4, 8, 3, 1),
@@ -96,6 +97,7 @@ def test_every_op_is_one_box_at_its_start_and_end(args):
     assert np.all(np.asarray(data["upper"]) <= dev + 0.4 + 1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", names())
 def test_every_registered_schedule_draws_all_its_ops(name):
     spec = get(name)
@@ -239,6 +241,7 @@ def test_rejects_what_is_not_a_simulation():
         viz.timeline(pd.DataFrame())
 
 
+@pytest.mark.slow
 def test_builds_large_programs_fast():
     sim = _sim("interleaved", 16, 1600, 2)  # 102 400 ops
     assert len(sim.events) > 100_000

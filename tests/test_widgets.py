@@ -68,6 +68,7 @@ def test_options_the_schedule_does_not_allow_are_disabled(explorer, name):
     assert "ready" in _status(explorer) or "invalid" in _status(explorer)
 
 
+@pytest.mark.slow
 def test_solve_shows_status_table_yaml_and_timelines(explorer):
     explorer.solve_button.click()
     status = _status(explorer)

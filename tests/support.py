@@ -1,0 +1,145 @@
+"""Helpers shared by the test modules: small random profiles and assignments, exhaustive
+enumeration, and stable seeds. (Fixtures live in ``conftest.py``.)"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+
+import numpy as np
+
+from sapptk.config import PipelineConfig
+from sapptk.costs import MEMORY_UNIT_MB, layer_coefficients, stage_costs
+from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
+from sapptk.schedules import get, names
+from sapptk.simulation import op_durations, unit_durations, unit_times
+from sapptk.solver.paths import memory_model
+
+
+def seed_of(*parts: object) -> int:
+    """A seed that is the same in every process (``hash()`` of a string is not: Python
+    randomises it per process)."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def small_profile(rng: np.random.Generator, groups: int = 2, layers: tuple[int, ...] = (3, 5)) -> Profile:
+    """A random profile: head, ``groups`` body groups with several modes, tail; odd figures on purpose."""
+    body = []
+    for g in range(groups):
+        fwd = float(rng.uniform(0.5, 3.0))
+        modes = {"none": ModeCost(2 * fwd, float(rng.uniform(5, 9)))}
+        for name, extra, shrink in (("select", 0.1, 0.7), ("both", 0.3, 0.4), ("full", 1.0, 0.05)):
+            if rng.random() < 0.8:
+                modes[name] = ModeCost(2 * fwd + extra * fwd, modes["none"].activation * shrink)
+        body.append(LayerGroup(f"g{g}", "body", layers[g], fwd, float(rng.uniform(1, 4)), modes))
+    head = LayerGroup("head", "head", 1, float(rng.uniform(0.1, 1.0)), float(rng.uniform(1, 5)))
+    tail = LayerGroup("tail", "tail", 1, float(rng.uniform(0.5, 2.0)), float(rng.uniform(1, 5)),
+                      {"none": ModeCost(3.0, float(rng.uniform(0, 4)))})
+    return Profile("random", (head, *body, tail))
+
+
+def setups() -> list[PipelineConfig]:
+    """One small setup per registered schedule (chunks and micro-batches as each one needs)."""
+    out = []
+    for name in names():
+        spec = get(name)
+        chunks = 2 if spec.chunks is None or 2 in spec.chunks else spec.chunks[0]
+        p = 3
+        m = max(spec.min_micro_batches(p, chunks), p) + 1
+        splits = 2 if spec.splits else 1
+        out.append(PipelineConfig(p, m, chunks, name, splits=splits, comm=0.0123, constant_memory=1.5))
+    return out
+
+
+def random_counts(rng: np.random.Generator, profile: Profile, config: PipelineConfig) -> np.ndarray:
+    """A random valid assignment: groups contiguous in model order, modes the profile offers."""
+    body = profile.body
+    nvs = config.num_virtual_stages
+    total = sum(g.count for g in body)
+    cuts = np.sort(rng.integers(0, total + 1, nvs - 1))
+    per_vs = np.diff(np.concatenate([[0], cuts, [total]]))
+    bounds = np.concatenate([[0], np.cumsum(per_vs)])
+    counts = np.zeros((len(body), len(MODES), nvs), dtype=np.int64)
+    start = 0
+    for g, group in enumerate(body):
+        layers = np.clip(np.minimum(bounds[1:], start + group.count) - np.maximum(bounds[:-1], start), 0, None)
+        avail = [MODES.index(m) for m in group.modes]
+        for vs, n in enumerate(layers):
+            for _ in range(n):
+                counts[g, rng.choice(avail), vs] += 1
+        start += group.count
+    return counts
+
+
+def config_for(name: str, rng: np.random.Generator, **kw) -> PipelineConfig:
+    spec = get(name)
+    chunks = 2 if spec.chunks is None or 2 in spec.chunks else spec.chunks[0]
+    p = int(rng.integers(2, 4))
+    m = max(spec.min_micro_batches(p, chunks), p) + int(rng.integers(0, 3))
+    splits = 2 if spec.splits else 1
+    return PipelineConfig(p, m, chunks, name, splits=splits, **kw)
+
+
+def fast_step(config: PipelineConfig, profile: Profile, counts: np.ndarray) -> float:
+    """The simulator's own timing functions, without building its DataFrames (for enumeration)."""
+    sc = stage_costs(profile, config, counts)
+    program = config.program()
+    dur = unit_durations(program, op_durations(program, sc.forward, sc.backward, sc.weight))
+    _, end = unit_times(program, dur, sc.comm)
+    return float(end.max())
+
+
+def peaks_mb(config: PipelineConfig, profile: Profile, counts: np.ndarray) -> np.ndarray:
+    program = config.program()
+    mem = memory_model(program)
+    return mem.peaks(layer_coefficients(profile, config), program, counts) / mem.scale * MEMORY_UNIT_MB
+
+
+def all_assignments(profile: Profile, config: PipelineConfig, modes: tuple[int, int]):
+    """Every assignment with each vs holding ≥ 1 body layer (except head/tail stages), two modes."""
+    coef = layer_coefficients(profile, config)
+    body = profile.body
+    total = sum(g.count for g in body)
+    nvs = config.num_virtual_stages
+    need = np.where(coef.fixed_layers > 0, 0, 1)
+    for per_vs in itertools.product(*(range(need[vs], total + 1) for vs in range(nvs))):
+        if sum(per_vs) != total:
+            continue
+        bounds = np.concatenate([[0], np.cumsum(per_vs)])
+        cells = []  # (g, vs, n)
+        start = 0
+        for g, group in enumerate(body):
+            layers = np.clip(np.minimum(bounds[1:], start + group.count) - np.maximum(bounds[:-1], start), 0, None)
+            cells += [(g, vs, int(n)) for vs, n in enumerate(layers) if n]
+            start += group.count
+        for strong in itertools.product(*(range(n + 1) for _, _, n in cells)):
+            counts = np.zeros((len(body), len(MODES), nvs), dtype=np.int64)
+            for (g, vs, n), s in zip(cells, strong, strict=True):
+                counts[g, modes[0], vs] = n - s
+                counts[g, modes[1], vs] = s
+            yield counts
+
+
+def two_mode_profile(layers: tuple[int, ...]) -> Profile:
+    rng = np.random.default_rng(sum(layers))
+    body = []
+    for g, n in enumerate(layers):
+        fwd = float(rng.uniform(1, 2))
+        act = float(rng.uniform(4, 8))
+        body.append(LayerGroup(f"g{g}", "body", n, fwd, float(rng.uniform(1, 3)),
+                               {"none": ModeCost(2 * fwd, act), "full": ModeCost(3 * fwd, 0.1 * act)}))
+    head = LayerGroup("head", "head", 1, 0.3, 2.0)
+    tail = LayerGroup("tail", "tail", 1, 1.1, 3.0)
+    return Profile("two-mode", (head, *body, tail))
+
+
+EXHAUSTIVE = [
+    ("1f1b", 3, 4, 1, 1),
+    ("gpipe", 3, 3, 1, 1),
+    ("interleaved", 2, 3, 2, 1),
+    ("interleaved-lm", 2, 4, 2, 1),
+    ("seq1f1b", 2, 3, 1, 2),
+    ("zb-h1", 3, 4, 1, 1),
+    ("zb-v", 2, 3, 2, 1),
+    ("dualpipe-v", 2, 4, 2, 1),
+]
