@@ -26,3 +26,12 @@ class DeadlockError(ScheduleError):
 
 class ConfigError(SapptkError):
     """A pipeline configuration or a hand-made plan is invalid."""
+
+
+class CalibrationError(SapptkError):
+    """Dry-run observations cannot be read or cannot determine a profile (which file,
+    which field, what was expected; for an under-determined fit, which observation would fix it)."""
+
+
+class TraceError(SapptkError):
+    """A profiler trace cannot be read, or holds no event that matches the layer names given."""

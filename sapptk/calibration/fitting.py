@@ -1,0 +1,528 @@
+"""Per-layer memory from observed dry-run peaks: :func:`calibrate` and its :class:`Calibration`.
+
+The model (units MB). A device ``d`` of a dry run holds the virtual stages its schedule's
+:class:`~sapptk.schedules.Program` places on it; with ``n_d`` body layers on them, the head
+(virtual stage 0) and the tail (the last virtual stage) where they live, its peak is
+
+    peak_d = constant + param·n_d + head·[head on d] + tail·[tail on d]
+             + max over live points L of  Σ_c L[c] · Σ_r cells[r, c, d] · activation_r
+
+where ``L[c]`` is how many micro-batches of chunk ``c`` are in flight at one of the
+device's allocation points (:meth:`~sapptk.schedules.Program.live_points`, the rows the
+balancer and the simulator use), and ``cells[r, c, d]`` the layers in recompute mode ``r``
+on that chunk. The reference model (1F1B, m ≥ p: ``p − s`` in flight) is the special case
+of a single live point per device.
+
+The fit. With one live point per device (every one-chunk schedule) the model is linear
+and :func:`calibrate` returns the least-squares solution over all observations. With
+several chunks the highest live point depends on the unknowns, so the fit iterates: pick
+each observation's highest live point under the current values, solve the least squares,
+repeat until the points no longer change, from several starting points, keeping the
+smallest sum of squares. What is guaranteed: every predicted peak is the model's peak at
+the fitted values (each observation is read at its highest live point, and the simulator
+confirms the predicted peaks when the fitted figures are non-negative), and no other
+choice of the unknowns has a smaller sum of squares for those live points; the
+fit is a local minimum of the exact (max) model when no observation has two highest points.
+
+Identifiability: the rank of the design matrix (columns scaled to unit length) and the
+unknowns in its null space are reported. The constant is fitted when the data identify
+it; otherwise (option ``constant="auto"``) it is left out, so head and tail absorb it, as
+the reference does. Any other unidentified unknown is an error that names them and the
+observation (an unobserved device, or a new dry run) that would identify them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from sapptk.calibration.observations import DryRun, DryRuns, read_observations
+from sapptk.errors import CalibrationError
+from sapptk.profile import DEFAULT_COEFS, MODES, LayerGroup, ModeCost, Profile
+from sapptk.simulation import WEIGHT_HOLDS, simulate
+
+if TYPE_CHECKING:
+    from sapptk.calibration.traces import LayerTimes
+
+__all__ = ["UNKNOWNS", "Calibration", "calibrate"]
+
+UNKNOWNS: tuple[str, ...] = (
+    "param", *(f"activation_{m}" for m in MODES), "head", "tail", "constant",
+)
+"""Every unknown a calibration can have, in the order of :attr:`Calibration.coefficients`."""
+
+_COL = {name: i for i, name in enumerate(UNKNOWNS)}
+_ACT = [_COL[f"activation_{m}"] for m in MODES]
+_STARTS = 8  # random starting points of the fixed-point iteration (multi-point observations only)
+_MAX_ROUNDS = 100
+
+
+@dataclass(frozen=True, eq=False)
+class _Observation:
+    run: int
+    device: int
+    peak: float
+    rows: np.ndarray  # (live points, len(UNKNOWNS)): the design row at each live point
+
+
+def _device_rows(run: DryRun, device: int, weight_holds: float) -> np.ndarray:
+    """Design rows of one device of one run, one per live point (see the module docstring)."""
+    program = run.program
+    cells = run.device_cells(device).astype(float)  # (modes, v)
+    points = program.live_points(weight_holds)[device]
+    if len(points) == 0:
+        points = np.zeros((1, cells.shape[1]))
+    base = np.zeros(len(UNKNOWNS))
+    base[_COL["constant"]] = 1.0
+    base[_COL["param"]] = cells.sum()
+    base[_COL["head"]] = float(program.placement[0] == device)
+    base[_COL["tail"]] = float(program.placement[-1] == device)
+    rows = np.repeat(base[None, :], len(points), axis=0)
+    rows[:, _ACT] = points @ cells.T
+    return rows
+
+
+def _scaled(matrix: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(matrix, axis=0)
+    norms[norms == 0] = 1.0
+    return matrix / norms
+
+
+def _rank_and_null(matrix: np.ndarray) -> tuple[int, np.ndarray, float]:
+    """Rank of the column-scaled matrix, a basis of its null space (columns), and its condition number."""
+    scaled = _scaled(matrix)
+    _, sv, vt = np.linalg.svd(scaled, full_matrices=True)
+    tol = max(scaled.shape) * np.finfo(float).eps * (sv[0] if len(sv) else 0.0) * 16
+    rank = int((sv > tol).sum())
+    null = vt[rank:].T
+    cond = float(sv[0] / sv[rank - 1]) if rank and rank == matrix.shape[1] else math.inf
+    return rank, null, cond
+
+
+def _unidentified(matrix: np.ndarray, names: list[str]) -> list[str]:
+    rank, null, _ = _rank_and_null(matrix)
+    if rank == len(names):
+        return []
+    weight = np.linalg.norm(null, axis=1)
+    return [n for n, w in zip(names, weight, strict=True) if w > 1e-8]
+
+
+def _solve(rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+    scale = np.linalg.norm(rows, axis=0)
+    scale[scale == 0] = 1.0
+    x, *_ = np.linalg.lstsq(rows / scale, y, rcond=None)
+    return x / scale
+
+
+def _fixed_point(
+    obs: list[_Observation], cols: list[int], y: np.ndarray, start: list[int]
+) -> tuple[list[int], np.ndarray, float] | None:
+    """Iterate (highest live points → least squares) from ``start``; None when it cycles."""
+    sel = list(start)
+    seen: set[tuple[int, ...]] = set()
+    for _ in range(_MAX_ROUNDS):
+        rows = np.array([o.rows[i, cols] for o, i in zip(obs, sel, strict=True)])
+        x = _solve(rows, y)
+        new = []
+        for o, cur in zip(obs, sel, strict=True):
+            values = o.rows[:, cols] @ x
+            top = values.max()
+            tol = 1e-9 * max(1.0, abs(top))
+            new.append(cur if values[cur] >= top - tol else int(values.argmax()))
+        if new == sel:
+            sse = float(((rows @ x - y) ** 2).sum())
+            return sel, x, sse
+        key = tuple(new)
+        if key in seen:
+            return None
+        seen.add(key)
+        sel = new
+    return None
+
+
+def _fit(obs: list[_Observation], cols: list[int], y: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """The best self-consistent least-squares fit over several starting points."""
+    act = [c for c in cols if c in _ACT]
+    starts = [[int(o.rows[:, act].sum(axis=1).argmax()) if act else 0 for o in obs]]
+    if any(len(o.rows) > 1 for o in obs):
+        rng = np.random.default_rng(0)
+        starts += [[int(rng.integers(len(o.rows))) for o in obs] for _ in range(_STARTS)]
+    best: tuple[list[int], np.ndarray, float] | None = None
+    for start in starts:
+        found = _fixed_point(obs, cols, y, start)
+        if found is not None and (best is None or found[2] < best[2] - 1e-9 * max(1.0, best[2])):
+            best = found
+    if best is None:
+        raise CalibrationError(
+            "calibrate: the choice of each device's highest live point does not settle (it cycles) from any "
+            "starting point: the observations contradict the memory model"
+        )
+    return best[0], best[1]
+
+
+# --------------------------------------------------------------------------- results
+@dataclass(frozen=True, eq=False)
+class Calibration:
+    """The fitted memory model of a set of dry runs.
+
+    ``coefficients``: Series in MB indexed by unknown (``param``, ``activation_<mode>`` for
+    the modes the data contain, ``head``, ``tail``, and ``constant`` when fitted; ``head``
+    and ``tail`` are the extras beyond their devices' body layers and the constant).
+    ``residuals``: one row per observation: ``run``, ``device``, ``observed_mb``,
+    ``predicted_mb``, ``residual_mb`` (observed − predicted). ``design``: the final design
+    matrix, one row per observation, one column per unknown. ``rank``: its rank;
+    ``unknowns``: its columns; ``unidentified``: unknowns the data cannot determine (only
+    ``constant`` can be, and it is then left out). ``condition``: condition number of the
+    design with unit-length columns. ``times``: forward/backward times in ms per group
+    (``head``, ``body``, ``tail``) for the profile. ``verified``: the simulator's peaks at
+    the fitted values equal ``predicted_mb`` (False when negative figures prevent the check).
+    """
+
+    coefficients: pd.Series
+    residuals: pd.DataFrame
+    design: pd.DataFrame
+    rank: int
+    unknowns: tuple[str, ...]
+    unidentified: tuple[str, ...]
+    condition: float
+    times: Mapping[str, Mapping[str, float]]
+    dry_runs: DryRuns = field(repr=False)
+    verified: bool = False
+    notes: tuple[str, ...] = ()
+
+    @property
+    def constant_mb(self) -> float:
+        """The fitted constant per device (0 when the data could not identify it)."""
+        return float(self.coefficients.get("constant", 0.0))
+
+    @property
+    def sum_of_squares(self) -> float:
+        return float((self.residuals["residual_mb"] ** 2).sum())
+
+    @property
+    def rms_mb(self) -> float:
+        return float(np.sqrt((self.residuals["residual_mb"] ** 2).mean()))
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{k}={v:.6g}" for k, v in self.coefficients.items())
+        return f"Calibration({values}; rank {self.rank}/{len(self.unknowns)}, rms residual {self.rms_mb:.4g} MB)"
+
+    # ------------------------------------------------------------------ the profile
+    @property
+    def profile(self) -> Profile:
+        """The calibrated profile as the reference writes it (constant folded into head and tail)."""
+        return self.to_profile()
+
+    def to_profile(self, *, fold_constant: bool = True, integers: bool = False, name: str | None = None) -> Profile:
+        """The calibrated :class:`~sapptk.profile.Profile` (groups ``HEAD``, ``BODY``, ``TAIL``).
+
+        ``fold_constant`` (default, as the reference tool): the head's and the tail's
+        parameter MB include the fitted constant, so a profile without a constant predicts
+        the devices holding them exactly; otherwise use ``fold_constant=False`` with
+        ``PipelineConfig(constant_memory=calibration.constant_mb)``. ``integers``: every MB
+        figure truncated toward zero with ``int()``, as the reference writes its JSON.
+        Backward times: the measured backward (else 2 × forward) plus the SAPP recompute
+        coefficient × 2 × forward of each mode. Raises :class:`CalibrationError` when a figure
+        is negative (the dry runs contradict the model) or no forward times are known.
+        """
+        c = self.coefficients
+        fold = self.constant_mb if fold_constant else 0.0
+        values = {"head": float(c["head"]) + fold, "tail": float(c["tail"]) + fold, "param": float(c["param"])}
+        for mode in MODES:
+            if f"activation_{mode}" in c:
+                values[f"activation_{mode}"] = float(c[f"activation_{mode}"])
+        negative = {k: v for k, v in values.items() if v < 0}
+        if negative:
+            shown = ", ".join(f"{k} = {v:.6g} MB" for k, v in negative.items())
+            raise CalibrationError(
+                f"{self.dry_runs.source}: the fit gives {shown}: a profile needs figures >= 0 (the observed peaks "
+                "contradict the memory model: check each run's offsets, recompute lists, schedule and micro-batches)"
+            )
+        if integers:
+            values = {k: float(int(round(v, 6))) for k, v in values.items()}
+        missing = [g for g in ("head", "body", "tail") if "forward" not in self.times.get(g, {})]
+        if missing:
+            raise CalibrationError(
+                f"{self.dry_runs.source}: no forward time for {', '.join(missing)}: give a time_config, a trace, or "
+                "times={'head': ms, 'body': ms, 'tail': ms}"
+            )
+
+        def costs(group: str) -> tuple[float, float]:
+            t = self.times[group]
+            return float(t["forward"]), float(t.get("backward", 2.0 * t["forward"]))
+
+        fwd, bwd = costs("body")
+        modes = {}
+        for mode in MODES:
+            key = f"activation_{mode}"
+            if key in values:
+                backward = round(bwd + DEFAULT_COEFS[mode] * 2.0 * fwd, 9)
+                modes[mode] = ModeCost(backward=backward, activation=values[key])
+        layers = max(run.layers for run in self.dry_runs.runs)
+        head_f, head_b = costs("head")
+        tail_f, tail_b = costs("tail")
+        groups = (
+            LayerGroup("HEAD", "head", 1, head_f, values["head"], {"none": ModeCost(head_b, 0.0)}),
+            LayerGroup("BODY", "body", layers, fwd, values["param"], modes),
+            LayerGroup("TAIL", "tail", 1, tail_f, values["tail"], {"none": ModeCost(tail_b, 0.0)}),
+        )
+        return Profile(name or self.dry_runs.name, groups)
+
+    def to_sapp_json(self, path: str | os.PathLike[str] | None = None, **options: Any) -> str:
+        """The profile (:meth:`to_profile` with ``options``) as SAPP layer JSON; written to ``path`` when given."""
+        return self.to_profile(**options).to_sapp_json(path)
+
+    # ------------------------------------------------------------------ reports
+    def stages(self) -> pd.DataFrame:
+        """The residuals with the share of the observed peak: adds ``residual_pct``."""
+        frame = self.residuals.copy()
+        frame["residual_pct"] = 100.0 * frame["residual_mb"] / frame["observed_mb"].where(frame["observed_mb"] != 0)
+        return frame
+
+    def summary(self) -> str:
+        """A text report: fitted values, residual per observation, identifiability."""
+        lines = [f"calibration of {self.dry_runs.source}: {len(self.residuals)} observations, "
+                 f"{len(self.dry_runs.runs)} dry run(s)"]
+        lines.append("fitted values (MB):")
+        for key, value in self.coefficients.items():
+            lines.append(f"  {key:<20} {value:14.4f}")
+        lines.append(f"rank {self.rank} of {len(self.unknowns)} unknowns; condition number {self.condition:.4g}")
+        if self.unidentified:
+            lines.append(f"not identified: {', '.join(self.unidentified)}")
+        lines.append("residual per observation (observed - predicted):")
+        lines.append(f"  {'run':>6} {'device':>6} {'observed_mb':>12} {'predicted_mb':>13} {'residual_mb':>12}")
+        for row in self.residuals.itertuples(index=False):
+            lines.append(f"  {row.run!s:>6} {row.device:>6} {row.observed_mb:12.2f} {row.predicted_mb:13.2f} "
+                         f"{row.residual_mb:12.4g}")
+        lines.append(f"sum of squares {self.sum_of_squares:.6g} MB^2, rms {self.rms_mb:.4g} MB")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------- the function
+def _times(dry: DryRuns, times: Any, trace: LayerTimes | None) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {g: {"forward": t} for g, t in dry.times.items()}
+    if trace is not None:
+        for group, phases in trace.medians().items():
+            if group in ("head", "body", "tail"):
+                out[group] = {k: v for k, v in phases.items() if k in ("forward", "backward")}
+    if times is not None:
+        if not isinstance(times, Mapping):
+            raise CalibrationError(
+                f"times = {times!r}: expected a mapping such as {{'head': 90, 'body': 90, 'tail': 180}}"
+            )
+        for group, value in times.items():
+            if group not in ("head", "body", "tail"):
+                raise CalibrationError(f"times: unknown group {group!r}: expected head, body or tail")
+            entry = dict(value) if isinstance(value, Mapping) else {"forward": value}
+            for key, ms in entry.items():
+                if key not in ("forward", "backward") or isinstance(ms, bool) or not isinstance(ms, int | float) \
+                        or not math.isfinite(ms) or ms < 0:
+                    raise CalibrationError(f"times[{group!r}]: {key} = {ms!r}: expected forward/backward ms >= 0")
+            out[group] = {k: float(v) for k, v in entry.items()}
+    return out
+
+
+def calibrate(
+    source: str | os.PathLike[str] | pd.DataFrame | DryRuns,
+    *,
+    constant: bool | str = "auto",
+    times: Mapping[str, Any] | None = None,
+    trace: LayerTimes | None = None,
+    weight_holds: float = WEIGHT_HOLDS,
+) -> Calibration:
+    """Fit per-layer memory to observed dry-run peaks (see the module docstring).
+
+    Parameters
+    ----------
+    source: a calibration YAML (the reference format), a CSV or DataFrame of observations
+        (one row per run and device, :mod:`sapptk.calibration.observations`), or :class:`DryRuns`.
+    constant: fit a constant per device: ``"auto"`` when the data identify it, ``True``
+        always (an error if they cannot), ``False`` never (head and tail absorb it).
+    times: forward (and optionally backward) ms per group, ``{"body": 90}`` or
+        ``{"body": {"forward": 90, "backward": 185}}``; overrides the trace and ``time_config``.
+    trace: layer times read from a profiler trace (:func:`sapptk.calibration.layer_times`).
+    weight_holds: fraction of a split backward's activation its ``W`` still holds.
+
+    Raises :class:`~sapptk.errors.CalibrationError` for bad input and for data that cannot
+    identify the unknowns (naming them and an observation that would).
+    """
+    if constant not in ("auto", True, False):
+        raise CalibrationError(f"constant = {constant!r}: expected 'auto', True or False")
+    dry = source if isinstance(source, DryRuns) else read_observations(source)
+    obs = [
+        _Observation(int(r.run), int(r.device), float(r.peak_mb), _device_rows(dry.runs[int(r.run)], int(r.device),
+                                                                              weight_holds))
+        for r in dry.observations.itertuples(index=False)
+    ]
+    y = np.array([o.peak for o in obs])
+    everything = np.vstack([o.rows for o in obs])
+    cols = [
+        _COL[n] for n in UNKNOWNS
+        if n in ("param", "head", "tail") or (n == "constant" and constant is not False)
+        or (n.startswith("activation_") and np.any(everything[:, _COL[n]] != 0))
+    ]
+    names = [UNKNOWNS[c] for c in cols]
+    notes: list[str] = []
+    sel, x = _fit(obs, cols, y) if len(obs) >= 1 else ([], np.zeros(len(cols)))
+    matrix = np.array([o.rows[i, cols] for o, i in zip(obs, sel, strict=True)])
+    missing = _unidentified(matrix, names)
+    dropped: list[str] = []
+    if "constant" in missing and constant == "auto":
+        cols = [c for c in cols if UNKNOWNS[c] != "constant"]
+        names.remove("constant")
+        dropped.append("constant")
+        notes.append("the dry runs cannot separate the constant from the other unknowns: it is left out, so "
+                      "head and tail absorb it (as the reference tool does)")
+        sel, x = _fit(obs, cols, y)
+        matrix = np.array([o.rows[i, cols] for o, i in zip(obs, sel, strict=True)])
+        missing = _unidentified(matrix, names)
+    if missing:
+        rank = _rank_and_null(matrix)[0]
+        hint = _suggest(dry, obs, cols, matrix, weight_holds)
+        raise CalibrationError(
+            f"{dry.source}: the observations cannot identify {', '.join(missing)} (rank {rank} of {len(names)} "
+            f"unknowns from {len(obs)} observations): {hint}"
+        )
+    rank, _, cond = _rank_and_null(matrix)
+    predicted = matrix @ x
+    labels = [dry.runs[o.run].label for o in obs]
+    residuals = pd.DataFrame(
+        {
+            "run": pd.Categorical(labels, categories=list(dict.fromkeys(labels))),
+            "device": np.array([o.device for o in obs], dtype=np.int64),
+            "observed_mb": y,
+            "predicted_mb": predicted,
+            "residual_mb": y - predicted,
+        }
+    )
+    coefficients = pd.Series(
+        {n: float(v) for n, v in sorted(zip(names, x, strict=True), key=lambda t: UNKNOWNS.index(t[0]))},
+        name="mb", dtype=float,
+    )
+    coefficients.index.name = "unknown"
+    design = pd.DataFrame(matrix, columns=names)
+    design.insert(0, "device", residuals["device"].to_numpy())
+    design.insert(0, "run", residuals["run"])
+    full = {n: float(coefficients.get(n, 0.0)) for n in UNKNOWNS}
+    verified = _verify(dry, obs, full, predicted, weight_holds)
+    if not verified:
+        notes.append("negative fitted figures: the simulator check of the predicted peaks was skipped")
+    calibration = Calibration(
+        coefficients=coefficients,
+        residuals=residuals,
+        design=design,
+        rank=rank,
+        unknowns=tuple(names),
+        unidentified=tuple(dropped),
+        condition=cond,
+        times=_times(dry, times, trace),
+        dry_runs=dry,
+        verified=verified,
+        notes=tuple(notes),
+    )
+    return calibration
+
+
+def _run_costs(run: DryRun, values: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-virtual-stage params and activation (MB) of a run at the fitted values."""
+    program = run.program
+    nvs = program.num_virtual_stages
+    act = np.zeros(nvs)
+    par = np.zeros(nvs)
+    a = np.array([values[f"activation_{m}"] for m in MODES])
+    for d, stages in enumerate(program.device_stages):
+        for c, vs in enumerate(stages):
+            cell = run.cells[:, c, d]
+            act[vs] = float(cell @ a)
+            par[vs] = values["param"] * float(cell.sum())
+    par[0] += values["head"]
+    par[-1] += values["tail"]
+    return par, act
+
+
+def _verify(dry: DryRuns, obs: list[_Observation], values: Mapping[str, float], predicted: np.ndarray,
+            weight_holds: float) -> bool:
+    """The simulator's peaks at the fitted values equal the predictions (False: not checkable)."""
+    runs = sorted({o.run for o in obs})
+    costs = {r: _run_costs(dry.runs[r], values) for r in runs}
+    if any((par < 0).any() or (act < 0).any() for par, act in costs.values()):
+        return False
+    for r in runs:
+        par, act = costs[r]
+        sim = simulate(dry.runs[r].program, 1.0, 1.0, activation=act, params=par, constant=values["constant"],
+                       weight_holds=weight_holds)
+        for o, pred in zip(obs, predicted, strict=True):
+            if o.run == r:
+                peak = float(sim.peak_memory.iloc[o.device])
+                if abs(peak - pred) > 1e-6 * max(1.0, abs(pred)):
+                    raise AssertionError(f"calibrate: run {r} device {o.device}: simulator peak {peak} != model {pred}")
+    return True
+
+
+# ------------------------------------------------------------------- suggestions
+def _suggest(dry: DryRuns, obs: list[_Observation], cols: list[int], matrix: np.ndarray, weight_holds: float) -> str:
+    """Which extra observation would identify the unknowns: an unobserved device, else a new dry run."""
+    target = len(cols)
+    rank = _rank_and_null(matrix)[0]
+    seen = {(o.run, o.device) for o in obs}
+    picks: list[str] = []
+    current = matrix
+    for r, run in enumerate(dry.runs):
+        for d in range(run.stages):
+            if (r, d) in seen:
+                continue
+            trial = np.vstack([current, _top_row(_device_rows(run, d, weight_holds)[:, cols], cols)])
+            new_rank = _rank_and_null(trial)[0]
+            if new_rank > rank:
+                picks.append(f"device {d} of run {run.label!r}")
+                current, rank = trial, new_rank
+                if rank == target:
+                    return "observing the peak of " + " and ".join(picks) + " would identify them"
+    for run in dry.runs:
+        for variant, text in _variants(run):
+            rows = [_top_row(_device_rows(variant, d, weight_holds)[:, cols], cols) for d in range(variant.stages)]
+            if _rank_and_null(np.vstack([current, *rows]))[0] == target:
+                lead = ("observing " + " and ".join(picks) + ", and ") if picks else ""
+                return (f"{lead}a dry run like run {run.label!r} with {text}, every device observed, would identify "
+                        "them (or let sapptk.calibration.design propose the dry runs)")
+    return ("add dry runs that vary the layers per stage and each recompute mode independently "
+            "(sapptk.calibration.design proposes them)")
+
+
+def _top_row(rows: np.ndarray, cols: list[int]) -> np.ndarray:
+    """The row with the most activation (the highest live point when all activations are equal)."""
+    act = [i for i, c in enumerate(cols) if c in _ACT]
+    return rows[int(rows[:, act].sum(axis=1).argmax())] if act else rows[0]
+
+
+def _variants(run: DryRun):
+    """Runs one layer away from ``run``: one layer moved between neighbouring stages, or one layer's mode changed."""
+    v, p = run.chunks, run.stages
+    none = MODES.index("none")
+    for c in range(v):
+        for s in range(p):
+            for r in range(len(MODES)):
+                if r == none or not run.cells[none, c, s]:
+                    continue
+                cells = run.cells.copy()
+                cells[none, c, s] -= 1
+                cells[r, c, s] += 1
+                where = f"stage {s}" + (f", chunk {c}" if v > 1 else "")
+                yield _replace_cells(run, cells), f"one more {MODES[r]!r} layer on {where}"
+            if s + 1 < p and run.cells[:, c, s].sum() > 1:
+                cells = run.cells.copy()
+                cells[none if cells[none, c, s] else int(np.flatnonzero(cells[:, c, s])[0]), c, s] -= 1
+                cells[none, c, s + 1] += 1
+                yield _replace_cells(run, cells), f"one layer moved from stage {s} to stage {s + 1}"
+
+
+def _replace_cells(run: DryRun, cells: np.ndarray) -> DryRun:
+    return DryRun(run.label, run.schedule, run.stages, run.micro_batches, run.chunks, run.splits, run.layers, cells,
+                  run.lists)
