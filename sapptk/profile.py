@@ -455,6 +455,46 @@ class Profile:
             Path(path).write_text(text, encoding="utf-8")
         return text
 
+    def to_sapp_dict(self) -> dict[str, Any]:
+        """The profile as SAPP layer JSON data (``name``, ``layers_description``).
+
+        Backward times are written only where they differ from the SAPP default
+        ``(1 + coef) · 2 · time``, so a profile read from SAPP JSON writes back the keys it
+        had. Raises :class:`ProfileError` for a zero backward time the default would replace.
+        """
+        kinds = {"head": "HEAD", "body": "BODY", "tail": "TAIL"}
+        entries = []
+        for group in self.groups:
+            entry: dict[str, Any] = {
+                "name": group.name,
+                "type": kinds[group.kind],
+                "model_name": self.name,
+                "time": _plain(group.forward),
+                "nb_layer": group.count,
+                "memory_parameter": _plain(group.params),
+            }
+            implicit = group.kind != "body" and set(group.modes) == {"none"} and group.modes["none"].activation == 0
+            for mode, cost in group.modes.items():
+                default = round((1.0 + DEFAULT_COEFS[mode]) * 2.0 * group.forward, 9)
+                if not implicit:
+                    entry[_SAPP_MEMORY_KEYS[mode]] = _plain(cost.activation)
+                if cost.backward != default:
+                    if cost.backward == 0:
+                        raise ProfileError(
+                            f"layer group {group.name!r} mode {mode!r}: backward = 0 cannot be written as SAPP JSON "
+                            f"(0 means the default {default:g} ms there)"
+                        )
+                    entry[_SAPP_TIME_KEYS[mode]] = _plain(cost.backward)
+            entries.append(entry)
+        return {"name": self.name, "layers_description": entries}
+
+    def to_sapp_json(self, path: str | os.PathLike[str] | None = None) -> str:
+        """The profile as SAPP layer JSON text (:meth:`to_sapp_dict`); also written to ``path`` when given."""
+        text = json.dumps(self.to_sapp_dict(), indent=4) + "\n"
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "<dict>") -> Profile:
         """Build a profile from parsed data in either format; ``data`` is not modified."""
