@@ -22,8 +22,10 @@ recursion, linear in the number of ops.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -74,6 +76,15 @@ class Simulation:
     bubble: Bubble
     summary: pd.DataFrame
     costs: dict = field(repr=False, default_factory=dict)
+
+    def to_chrome_trace(self, path: str | os.PathLike[str]) -> Path:
+        """Write the run as a Chrome trace (Perfetto, ``chrome://tracing``): every op as an event
+        (device = process; kind, micro-batch, virtual stage in its args) and a memory counter
+        per device; gzipped when ``path`` ends in ``.gz``. See :mod:`sapptk.formats.chrome_trace`."""
+        from sapptk.formats.chrome_trace import simulation_events, write_trace
+
+        events = simulation_events(self.events, self.memory, name=self.program.name)
+        return write_trace(path, events, metadata={"step_time_ms": self.step_time, "schedule": self.program.name})
 
     def __repr__(self) -> str:
         pr = self.program
