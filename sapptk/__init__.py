@@ -39,12 +39,19 @@ _EXPORTS: dict[str, str] = {
     "from_mindformers": "sapptk.plan",
     "make_plan": "sapptk.plan",
     "balance": "sapptk.balancer",
+    "Calibration": "sapptk.calibration.fitting",
+    "calibrate": "sapptk.calibration.fitting",
+    "validate": "sapptk.calibration.validation",
+    "CalibrationError": "sapptk.errors",
+    "TraceError": "sapptk.errors",
     "sweep": "sapptk.sweeps",
 }
-_MODULES = ("schedules",)
+_MODULES = ("schedules", "calibration")
 
 __all__ = [
     "Bubble",
+    "Calibration",
+    "CalibrationError",
     "ConfigError",
     "DeadlockError",
     "LayerGroup",
@@ -57,8 +64,11 @@ __all__ = [
     "SapptkError",
     "ScheduleError",
     "Simulation",
+    "TraceError",
     "balance",
     "bundled_profile",
+    "calibrate",
+    "calibration",
     "bundled_profiles",
     "even_baseline",
     "even_split",
@@ -68,13 +78,24 @@ __all__ = [
     "schedules",
     "simulate",
     "sweep",
+    "validate",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
-    from sapptk import schedules
+    from sapptk import calibration, schedules
     from sapptk.balancer import balance
+    from sapptk.calibration.fitting import Calibration, calibrate
+    from sapptk.calibration.validation import validate
     from sapptk.config import PipelineConfig
-    from sapptk.errors import ConfigError, DeadlockError, ProfileError, SapptkError, ScheduleError
+    from sapptk.errors import (
+        CalibrationError,
+        ConfigError,
+        DeadlockError,
+        ProfileError,
+        SapptkError,
+        ScheduleError,
+        TraceError,
+    )
     from sapptk.plan import Plan, even_baseline, even_split, from_mindformers, make_plan
     from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile, bundled_profiles, load_profile
     from sapptk.simulation import Bubble, Simulation, simulate

@@ -264,6 +264,122 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- calibrate
+def _layer_mapping(items: Sequence[str]) -> dict[str, str]:
+    """``GROUP=REGEX`` options as ``{regex: group}``."""
+    out = {}
+    for item in items:
+        group, sep, pattern = item.partition("=")
+        if not sep or not group or not pattern:
+            raise ConfigError(f"--layer {item!r}: expected GROUP=REGEX, e.g. body='layers\\.\\d+'")
+        out[pattern] = group
+    return out
+
+
+def _trace_file(path: Path) -> Path:
+    if not path.is_dir():
+        return path
+    files = sorted(p for p in path.iterdir() if p.name.endswith((".json", ".json.gz")))
+    views = [p for p in files if p.name.startswith("trace_view")]
+    if views:
+        return views[0]
+    if len(files) != 1:
+        raise ConfigError(f"--trace {path}: holds {len(files)} trace files ({', '.join(p.name for p in files[:5])}): "
+                          "expected one .json or .json.gz (or a trace_view.json); name the file instead")
+    return files[0]
+
+
+def _add_calibrate(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "calibrate",
+        help="per-layer memory from dry-run peaks (and layer times from a trace): a profile",
+        description="Fit parameter and activation MB per layer to the peaks dry runs reported (the reference "
+        "calibration YAML, or a CSV with one row per run and device), by least squares with the live "
+        "activations of each run's schedule; print the fit, the residual per stage and what the data cannot "
+        "identify; optionally read layer times from a profiler trace and write the profile.",
+    )
+    parser.add_argument("source", metavar="CALIB", help="calibration YAML, or a CSV of observations")
+    parser.add_argument("--trace", type=Path, metavar="PATH",
+                        help="a profiler trace (torch.profiler JSON, MindSpore trace_view.json, any Chrome trace), "
+                        "or a directory holding one")
+    parser.add_argument("--layer", action="append", default=[], metavar="GROUP=REGEX",
+                        help="layer names in the trace: GROUP is head, body or tail (repeat the option)")
+    parser.add_argument("--micro-batches", type=int, default=None, help="micro-batches per step (MindSpore traces)")
+    parser.add_argument("--skip-steps", type=int, default=None, help="trace steps to skip (default: the reader's)")
+    parser.add_argument("--constant", choices=("auto", "yes", "no"), default="auto",
+                        help="fit a constant per device: when identifiable (auto), always, never")
+    parser.add_argument("--out", type=Path, metavar="FILE",
+                        help="write the profile: .json (SAPP layer JSON) or .yaml (sapptk YAML)")
+    parser.add_argument("--integers", action="store_true",
+                        help="truncate MB figures to integers, as the reference tool writes them")
+    parser.add_argument("--name", default=None, help="profile name (default: the file name)")
+    parser.set_defaults(func=_calibrate)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from sapptk.calibration import calibrate, layer_times
+
+    trace = None
+    if args.trace is not None:
+        if not args.layer:
+            raise ConfigError("--trace needs --layer GROUP=REGEX (e.g. --layer body='layers\\.\\d+')")
+        options = {}
+        if args.micro_batches is not None:
+            options["micro_batches"] = args.micro_batches
+        if args.skip_steps is not None:
+            options["skip_steps"] = args.skip_steps
+        try:
+            trace = layer_times(_trace_file(args.trace), _layer_mapping(args.layer), **options)
+        except TypeError as exc:  # an option the trace's reader does not take, or one it needs
+            raise ConfigError(f"--trace {args.trace}: {exc}") from None
+    if args.out is not None and args.out.suffix.lower() not in (".json", ".yaml", ".yml"):
+        raise ConfigError(f"--out {args.out}: expected a .json (SAPP layer JSON) or .yaml file")
+    constant = {"auto": "auto", "yes": True, "no": False}[args.constant]
+    cal = calibrate(args.source, constant=constant, trace=trace)
+    print(cal.summary())
+    if trace is not None:
+        print(f"layer times from {trace.source} ({trace.format}):")
+        print(trace.summary().round(4).to_string(index=False))
+    if args.out is not None:
+        profile = cal.to_profile(integers=args.integers, name=args.name)
+        if args.out.suffix.lower() == ".json":
+            profile.to_sapp_json(args.out)
+        else:
+            profile.to_yaml(args.out)
+        print(f"profile written to {args.out}")
+    return 0
+
+
+def _add_design(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "design",
+        help="the fewest dry runs whose stage peaks identify every memory unknown",
+        description="Propose dry-run configurations (MindFormers offset and recompute lists, one per run) whose "
+        "peak memories identify parameter, activation per recompute mode, head, tail and constant memory.",
+    )
+    parser.add_argument("--stages", "-p", type=int, required=True, help="pipeline stages, p (>= 2)")
+    parser.add_argument("--layers", type=int, required=True, help="body layers of the model, N")
+    parser.add_argument("--modes", nargs="*", default=[], choices=[m for m in MODES if m != "none"], metavar="MODE",
+                        help="recompute modes to calibrate besides none: select comm both full")
+    parser.add_argument("--rounds", type=int, default=None, help="exactly this many dry runs (default: the fewest)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the search (0)")
+    parser.set_defaults(func=_design)
+
+
+def _design(args: argparse.Namespace) -> int:
+    from sapptk.calibration import design
+
+    d = design(args.stages, args.layers, args.modes, rounds=args.rounds, seed=args.seed)
+    print(f"{len(d.rounds)} dry run(s) of p={d.stages}, N={d.layers} ({d.schedule}, m={d.micro_batches}) identify "
+          f"{len(d.unknowns)} unknowns: {', '.join(d.unknowns)}")
+    if d.folded:
+        print(f"not identifiable by any design with p={d.stages}: {', '.join(d.folded)} (head and tail absorb it)")
+    print(f"condition number {d.condition:.4g} (columns scaled to unit length; 1 is ideal)")
+    print("record every stage's peak memory of each run:")
+    print(d.to_yaml().rstrip())
+    return 0
+
+
 # --------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every command."""
@@ -276,6 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulate(commands)
     _add_schedules(commands)
     _add_sweep(commands)
+    _add_calibrate(commands)
+    _add_design(commands)
     return parser
 
 

@@ -22,6 +22,7 @@ from sapptk.calibration.traces import (
     mindspore_layer_times,
     pytorch_layer_times,
 )
+from sapptk.calibration.validation import validate
 
 __all__ = [
     "Calibration",
@@ -36,4 +37,5 @@ __all__ = [
     "pytorch_layer_times",
     "read_calibration_yaml",
     "read_observations",
+    "validate",
 ]

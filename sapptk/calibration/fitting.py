@@ -43,7 +43,9 @@ import numpy as np
 import pandas as pd
 
 from sapptk.calibration.observations import DryRun, DryRuns, read_observations
+from sapptk.config import PipelineConfig
 from sapptk.errors import CalibrationError
+from sapptk.plan import Plan, from_mindformers
 from sapptk.profile import DEFAULT_COEFS, MODES, LayerGroup, ModeCost, Profile
 from sapptk.simulation import WEIGHT_HOLDS, simulate
 
@@ -277,6 +279,31 @@ class Calibration:
     def to_sapp_json(self, path: str | os.PathLike[str] | None = None, **options: Any) -> str:
         """The profile (:meth:`to_profile` with ``options``) as SAPP layer JSON; written to ``path`` when given."""
         return self.to_profile(**options).to_sapp_json(path)
+
+    # ------------------------------------------------------------------ the dry runs
+    def _run_index(self, run: Any) -> int:
+        labels = [r.label for r in self.dry_runs.runs]
+        if run not in labels:
+            raise CalibrationError(f"run = {run!r}: expected one of the dry runs {labels}")
+        return labels.index(run)
+
+    def observed(self, run: Any) -> pd.DataFrame:
+        """The peaks observed in one dry run: ``device``, ``peak_mb`` (for :func:`~sapptk.calibration.validate`)."""
+        i = self._run_index(run)
+        obs = self.dry_runs.observations
+        mine = obs[obs["run"] == i].sort_values("device")
+        return pd.DataFrame({"device": mine["device"].to_numpy(), "peak_mb": mine["peak_mb"].to_numpy()})
+
+    def dry_run_plan(self, run: Any, *, fold_constant: bool = True) -> Plan:
+        """One dry run's own configuration as a :class:`~sapptk.plan.Plan` of the calibrated profile,
+        to simulate it and compare with what it reported. Without ``fold_constant`` the setup
+        carries the fitted constant as ``constant_memory`` (which must then be >= 0)."""
+        dry = self.dry_runs.runs[self._run_index(run)]
+        constant = 0.0 if fold_constant else self.constant_mb
+        config = PipelineConfig(dry.stages, dry.micro_batches, dry.chunks, dry.schedule, dry.splits,
+                                constant_memory=constant)
+        return from_mindformers(self.to_profile(fold_constant=fold_constant), config,
+                                {k: v for k, v in dry.lists.items() if v is not None})
 
     # ------------------------------------------------------------------ reports
     def stages(self) -> pd.DataFrame:
