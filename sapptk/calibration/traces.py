@@ -280,7 +280,10 @@ def mindspore_layer_times(path: str | os.PathLike[str] | Trace, layers: Any, *, 
     starts = np.sort(ev.loc[ev["name"] == matmul.iloc[0]["name"], "ts"].to_numpy())
     windows = _skip(list(zip(starts[:-1], starts[1:], strict=True)), skip_steps, trace.source)
     cells = ev[ev["pid"] == pid]
-    scopes = {"forward": cells[cells["name"] == "Default"], "backward": cells[cells["name"] == "Gradients"]}
+    scopes = {}
+    for phase, scope_name in (("forward", "Default"), ("backward", "Gradients")):
+        spans = cells[cells["name"] == scope_name]
+        scopes[phase] = (spans["ts"].to_numpy(), (spans["ts"] + spans["dur"]).to_numpy())
     totals: dict[tuple, float] = {}
     for row in cells.itertuples(index=False):
         if row.name in ("Default", "Gradients"):
@@ -292,8 +295,8 @@ def mindspore_layer_times(path: str | os.PathLike[str] | Trace, layers: Any, *, 
         if step is None:
             continue
         end = row.ts + row.dur
-        for phase, sc in scopes.items():
-            if ((sc["ts"] <= row.ts) & (sc["ts"] + sc["dur"] >= end)).any():
+        for phase, (starts, ends) in scopes.items():
+            if ((starts <= row.ts) & (ends >= end)).any():
                 key = (hit[0], hit[1], phase, step)
                 totals[key] = totals.get(key, 0.0) + row.dur
                 break
