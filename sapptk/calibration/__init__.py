@@ -12,9 +12,10 @@ dry runs designed to identify every unknown, and plans checked against measureme
   predicted peaks and step time with what was measured.
 """
 
+from sapptk.calibration.calibration_file import read_calibration_yaml, read_observations
 from sapptk.calibration.dry_runs import DryRunDesign, design
 from sapptk.calibration.fitting import Calibration, calibrate
-from sapptk.calibration.observations import DryRuns, read_calibration_yaml, read_observations
+from sapptk.calibration.observations import DryRuns
 from sapptk.calibration.traces import (
     LayerTimes,
     chrome_layer_times,

@@ -42,7 +42,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from sapptk.calibration.observations import DryRun, DryRuns, read_observations
+from sapptk.calibration.calibration_file import read_observations
+from sapptk.calibration.identifiability import suggest
+from sapptk.calibration.memory_model import (
+    ACTIVATION_COLUMNS,
+    COLUMN,
+    UNKNOWNS,
+    device_rows,
+    rank_and_null,
+    run_costs,
+    unidentified,
+)
+from sapptk.calibration.observations import DryRuns
 from sapptk.config import PipelineConfig
 from sapptk.errors import CalibrationError
 from sapptk.plan import Plan, from_mindformers
@@ -52,15 +63,8 @@ from sapptk.simulation import WEIGHT_HOLDS, simulate
 if TYPE_CHECKING:
     from sapptk.calibration.traces import LayerTimes
 
-__all__ = ["UNKNOWNS", "Calibration", "calibrate"]
+__all__ = ["Calibration", "calibrate"]
 
-UNKNOWNS: tuple[str, ...] = (
-    "param", *(f"activation_{m}" for m in MODES), "head", "tail", "constant",
-)
-"""Every unknown a calibration can have, in the order of :attr:`Calibration.coefficients`."""
-
-_COL = {name: i for i, name in enumerate(UNKNOWNS)}
-_ACT = [_COL[f"activation_{m}"] for m in MODES]
 _STARTS = 8  # random starting points of the fixed-point iteration (multi-point observations only)
 _MAX_ROUNDS = 100
 
@@ -71,48 +75,6 @@ class _Observation:
     device: int
     peak: float
     rows: np.ndarray  # (live points, len(UNKNOWNS)): the design row at each live point
-
-
-def _device_rows(run: DryRun, device: int, weight_holds: float) -> np.ndarray:
-    """Design rows of one device of one run, one per live point (see the module docstring)."""
-    program = run.program
-    cells = run.device_cells(device).astype(float)  # (modes, v)
-    points = program.live_points(weight_holds)[device]
-    if len(points) == 0:
-        points = np.zeros((1, cells.shape[1]))
-    base = np.zeros(len(UNKNOWNS))
-    base[_COL["constant"]] = 1.0
-    base[_COL["param"]] = cells.sum()
-    base[_COL["head"]] = float(program.placement[0] == device)
-    base[_COL["tail"]] = float(program.placement[-1] == device)
-    rows = np.repeat(base[None, :], len(points), axis=0)
-    rows[:, _ACT] = points @ cells.T
-    return rows
-
-
-def _scaled(matrix: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(matrix, axis=0)
-    norms[norms == 0] = 1.0
-    return matrix / norms
-
-
-def _rank_and_null(matrix: np.ndarray) -> tuple[int, np.ndarray, float]:
-    """Rank of the column-scaled matrix, a basis of its null space (columns), and its condition number."""
-    scaled = _scaled(matrix)
-    _, sv, vt = np.linalg.svd(scaled, full_matrices=True)
-    tol = max(scaled.shape) * np.finfo(float).eps * (sv[0] if len(sv) else 0.0) * 16
-    rank = int((sv > tol).sum())
-    null = vt[rank:].T
-    cond = float(sv[0] / sv[rank - 1]) if rank and rank == matrix.shape[1] else math.inf
-    return rank, null, cond
-
-
-def _unidentified(matrix: np.ndarray, names: list[str]) -> list[str]:
-    rank, null, _ = _rank_and_null(matrix)
-    if rank == len(names):
-        return []
-    weight = np.linalg.norm(null, axis=1)
-    return [n for n, w in zip(names, weight, strict=True) if w > 1e-8]
 
 
 def _solve(rows: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -150,7 +112,7 @@ def _fixed_point(
 
 def _fit(obs: list[_Observation], cols: list[int], y: np.ndarray) -> tuple[list[int], np.ndarray]:
     """The best self-consistent least-squares fit over several starting points."""
-    act = [c for c in cols if c in _ACT]
+    act = [c for c in cols if c in ACTIVATION_COLUMNS]
     starts = [[int(o.rows[:, act].sum(axis=1).argmax()) if act else 0 for o in obs]]
     if any(len(o.rows) > 1 for o in obs):
         rng = np.random.default_rng(0)
@@ -384,22 +346,22 @@ def calibrate(
         raise CalibrationError(f"constant = {constant!r}: expected 'auto', True or False")
     dry = source if isinstance(source, DryRuns) else read_observations(source)
     obs = [
-        _Observation(int(r.run), int(r.device), float(r.peak_mb), _device_rows(dry.runs[int(r.run)], int(r.device),
+        _Observation(int(r.run), int(r.device), float(r.peak_mb), device_rows(dry.runs[int(r.run)], int(r.device),
                                                                               weight_holds))
         for r in dry.observations.itertuples(index=False)
     ]
     y = np.array([o.peak for o in obs])
     everything = np.vstack([o.rows for o in obs])
     cols = [
-        _COL[n] for n in UNKNOWNS
+        COLUMN[n] for n in UNKNOWNS
         if n in ("param", "head", "tail") or (n == "constant" and constant is not False)
-        or (n.startswith("activation_") and np.any(everything[:, _COL[n]] != 0))
+        or (n.startswith("activation_") and np.any(everything[:, COLUMN[n]] != 0))
     ]
     names = [UNKNOWNS[c] for c in cols]
     notes: list[str] = []
     sel, x = _fit(obs, cols, y) if len(obs) >= 1 else ([], np.zeros(len(cols)))
     matrix = np.array([o.rows[i, cols] for o, i in zip(obs, sel, strict=True)])
-    missing = _unidentified(matrix, names)
+    missing = unidentified(matrix, names)
     dropped: list[str] = []
     if "constant" in missing and constant == "auto":
         cols = [c for c in cols if UNKNOWNS[c] != "constant"]
@@ -409,15 +371,15 @@ def calibrate(
                       "head and tail absorb it (as the reference tool does)")
         sel, x = _fit(obs, cols, y)
         matrix = np.array([o.rows[i, cols] for o, i in zip(obs, sel, strict=True)])
-        missing = _unidentified(matrix, names)
+        missing = unidentified(matrix, names)
     if missing:
-        rank = _rank_and_null(matrix)[0]
-        hint = _suggest(dry, obs, cols, matrix, weight_holds)
+        rank = rank_and_null(matrix)[0]
+        hint = suggest(dry, {(o.run, o.device) for o in obs}, cols, matrix, weight_holds)
         raise CalibrationError(
             f"{dry.source}: the observations cannot identify {', '.join(missing)} (rank {rank} of {len(names)} "
             f"unknowns from {len(obs)} observations): {hint}"
         )
-    rank, _, cond = _rank_and_null(matrix)
+    rank, _, cond = rank_and_null(matrix)
     predicted = matrix @ x
     labels = [dry.runs[o.run].label for o in obs]
     residuals = pd.DataFrame(
@@ -457,28 +419,12 @@ def calibrate(
     return calibration
 
 
-def _run_costs(run: DryRun, values: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-virtual-stage params and activation (MB) of a run at the fitted values."""
-    program = run.program
-    nvs = program.num_virtual_stages
-    act = np.zeros(nvs)
-    par = np.zeros(nvs)
-    a = np.array([values[f"activation_{m}"] for m in MODES])
-    for d, stages in enumerate(program.device_stages):
-        for c, vs in enumerate(stages):
-            cell = run.cells[:, c, d]
-            act[vs] = float(cell @ a)
-            par[vs] = values["param"] * float(cell.sum())
-    par[0] += values["head"]
-    par[-1] += values["tail"]
-    return par, act
-
 
 def _verify(dry: DryRuns, obs: list[_Observation], values: Mapping[str, float], predicted: np.ndarray,
             weight_holds: float) -> bool:
     """The simulator's peaks at the fitted values equal the predictions (False: not checkable)."""
     runs = sorted({o.run for o in obs})
-    costs = {r: _run_costs(dry.runs[r], values) for r in runs}
+    costs = {r: run_costs(dry.runs[r], values) for r in runs}
     if any((par < 0).any() or (act < 0).any() for par, act in costs.values()):
         return False
     for r in runs:
@@ -491,65 +437,3 @@ def _verify(dry: DryRuns, obs: list[_Observation], values: Mapping[str, float], 
                 if abs(peak - pred) > 1e-6 * max(1.0, abs(pred)):
                     raise AssertionError(f"calibrate: run {r} device {o.device}: simulator peak {peak} != model {pred}")
     return True
-
-
-# ------------------------------------------------------------------- suggestions
-def _suggest(dry: DryRuns, obs: list[_Observation], cols: list[int], matrix: np.ndarray, weight_holds: float) -> str:
-    """Which extra observation would identify the unknowns: an unobserved device, else a new dry run."""
-    target = len(cols)
-    rank = _rank_and_null(matrix)[0]
-    seen = {(o.run, o.device) for o in obs}
-    picks: list[str] = []
-    current = matrix
-    for r, run in enumerate(dry.runs):
-        for d in range(run.stages):
-            if (r, d) in seen:
-                continue
-            trial = np.vstack([current, _top_row(_device_rows(run, d, weight_holds)[:, cols], cols)])
-            new_rank = _rank_and_null(trial)[0]
-            if new_rank > rank:
-                picks.append(f"device {d} of run {run.label!r}")
-                current, rank = trial, new_rank
-                if rank == target:
-                    return "observing the peak of " + " and ".join(picks) + " would identify them"
-    for run in dry.runs:
-        for variant, text in _variants(run):
-            rows = [_top_row(_device_rows(variant, d, weight_holds)[:, cols], cols) for d in range(variant.stages)]
-            if _rank_and_null(np.vstack([current, *rows]))[0] == target:
-                lead = ("observing " + " and ".join(picks) + ", and ") if picks else ""
-                return (f"{lead}a dry run like run {run.label!r} with {text}, every device observed, would identify "
-                        "them (or let sapptk.calibration.design propose the dry runs)")
-    return ("add dry runs that vary the layers per stage and each recompute mode independently "
-            "(sapptk.calibration.design proposes them)")
-
-
-def _top_row(rows: np.ndarray, cols: list[int]) -> np.ndarray:
-    """The row with the most activation (the highest live point when all activations are equal)."""
-    act = [i for i, c in enumerate(cols) if c in _ACT]
-    return rows[int(rows[:, act].sum(axis=1).argmax())] if act else rows[0]
-
-
-def _variants(run: DryRun):
-    """Runs one layer away from ``run``: one layer moved between neighbouring stages, or one layer's mode changed."""
-    v, p = run.chunks, run.stages
-    none = MODES.index("none")
-    for c in range(v):
-        for s in range(p):
-            for r in range(len(MODES)):
-                if r == none or not run.cells[none, c, s]:
-                    continue
-                cells = run.cells.copy()
-                cells[none, c, s] -= 1
-                cells[r, c, s] += 1
-                where = f"stage {s}" + (f", chunk {c}" if v > 1 else "")
-                yield _replace_cells(run, cells), f"one more {MODES[r]!r} layer on {where}"
-            if s + 1 < p and run.cells[:, c, s].sum() > 1:
-                cells = run.cells.copy()
-                cells[none if cells[none, c, s] else int(np.flatnonzero(cells[:, c, s])[0]), c, s] -= 1
-                cells[none, c, s + 1] += 1
-                yield _replace_cells(run, cells), f"one layer moved from stage {s} to stage {s + 1}"
-
-
-def _replace_cells(run: DryRun, cells: np.ndarray) -> DryRun:
-    return DryRun(run.label, run.schedule, run.stages, run.micro_batches, run.chunks, run.splits, run.layers, cells,
-                  run.lists)

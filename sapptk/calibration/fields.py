@@ -1,0 +1,89 @@
+"""Checks of user values, with messages that name the file, the field and what was expected."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+import yaml
+
+from sapptk.errors import CalibrationError
+
+__all__ = ["fail", "integer", "is_int", "load_yaml", "mapping", "peak_mb", "show"]
+
+_MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
+def show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def fail(source: str, field_name: str, value: Any, expected: str) -> NoReturn:
+    raise CalibrationError(f"{source}: {field_name} = {show(value)}: expected {expected}")
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def integer(value: Any, source: str, field_name: str, *, minimum: int) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, np.integer):
+        value = int(value)
+    if not is_int(value) or value < minimum:
+        fail(source, field_name, value, f"an integer >= {minimum}")
+    return int(value)
+
+
+def peak_mb(value: Any, source: str, field_name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        fail(source, field_name, value, "a peak memory in MB (a finite number)")
+    return float(value)
+
+
+def load_yaml(path: Path, source: str) -> Any:
+    """A user's YAML file through ``yaml.safe_load``, refusing unreadable, huge or invalid files."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise CalibrationError(f"{source}: cannot read the file: no such file") from None
+    except OSError as exc:
+        raise CalibrationError(f"{source}: cannot read the file: {exc.strerror or exc}") from None
+    if path.is_dir():
+        raise CalibrationError(f"{source}: cannot read the file: it is a directory")
+    if size > _MAX_FILE_BYTES:
+        raise CalibrationError(
+            f"{source}: file is larger than {_MAX_FILE_BYTES // 2**20} MB: expected a calibration file"
+        )
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise CalibrationError(f"{source}: not UTF-8 text (bad byte at offset {exc.start})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise CalibrationError(f"{source}: invalid YAML{where}: {exc.problem or exc.context}") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise CalibrationError(f"{source}: invalid YAML: {exc}") from None
+
+
+def mapping(data: Any, source: str, field_name: str, keys: Sequence[str], required: Sequence[str]) -> Mapping:
+    if not isinstance(data, Mapping):
+        fail(source, field_name, data, f"a mapping with {', '.join(keys)}")
+    for key in data:
+        if key not in keys:
+            raise CalibrationError(
+                f"{source}: {field_name}: unknown field {show(key)}: expected one of {', '.join(keys)}"
+            )
+    for key in required:
+        if key not in data:
+            raise CalibrationError(f"{source}: {field_name}.{key} is missing: expected it (see the calibration format)")
+    return data
