@@ -342,3 +342,30 @@ def test_profiles_write_sapp_json_that_reads_back_equal(tmp_path, name):
     path = tmp_path / f"{name}.json"
     profile.to_sapp_json(path)
     assert load_profile(path) == profile
+
+
+def test_times_given_override_the_time_config():
+    cal = calibrate(DEMO, times={"body": {"forward": 2.0, "backward": 5.0}, "tail": 3.0})
+    body, tail, head = cal.profile.body[0], cal.profile.tail, cal.profile.head
+    assert body.forward == 2.0 and body.modes["none"].backward == 5.0
+    assert body.modes["comm"].backward == pytest.approx(5.0 + 0.125 * 2 * 2.0)
+    assert tail.forward == 3.0 and tail.modes["none"].backward == 6.0
+    assert head.forward == 90.0  # from time_config
+    with pytest.raises(CalibrationError, match="unknown group 'middle'"):
+        calibrate(DEMO, times={"middle": 1.0})
+    with pytest.raises(CalibrationError, match="forward = -1"):
+        calibrate(DEMO, times={"body": -1})
+    frame_cal = calibrate(_frame_1f1b([0, 1, 2, 3, 4, 5]), constant=False)
+    with pytest.raises(CalibrationError, match="no forward time for head, body, tail"):
+        _ = frame_cal.profile
+
+
+@pytest.mark.slow
+def test_importing_the_calibration_package_loads_no_heavy_library():
+    import subprocess
+    import sys
+
+    code = ("import sys, sapptk.calibration\n"
+            "print([m for m in ('ortools', 'bokeh', 'ipywidgets', 'torch') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "[]"

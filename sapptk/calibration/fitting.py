@@ -195,6 +195,12 @@ class Calibration:
         coefficient × 2 × forward of each mode. Raises :class:`CalibrationError` when a figure
         is negative (the dry runs contradict the model) or no forward times are known.
         """
+        missing = [g for g in ("head", "body", "tail") if "forward" not in self.times.get(g, {})]
+        if missing:
+            raise CalibrationError(
+                f"{self.dry_runs.source}: no forward time for {', '.join(missing)}: give a time_config, a trace, or "
+                "times={'head': ms, 'body': ms, 'tail': ms}"
+            )
         c = self.coefficients
         fold = self.constant_mb if fold_constant else 0.0
         values = {"head": float(c["head"]) + fold, "tail": float(c["tail"]) + fold, "param": float(c["param"])}
@@ -210,12 +216,6 @@ class Calibration:
             )
         if integers:
             values = {k: float(int(round(v, 6))) for k, v in values.items()}
-        missing = [g for g in ("head", "body", "tail") if "forward" not in self.times.get(g, {})]
-        if missing:
-            raise CalibrationError(
-                f"{self.dry_runs.source}: no forward time for {', '.join(missing)}: give a time_config, a trace, or "
-                "times={'head': ms, 'body': ms, 'tail': ms}"
-            )
 
         def costs(group: str) -> tuple[float, float]:
             t = self.times[group]
