@@ -148,8 +148,14 @@ class Plan:
             }
         )
 
-    @cached_property
+    @property
     def stages(self) -> pd.DataFrame:
+        """Renamed :attr:`devices` (``config.stages`` is the stage count); raises AttributeError."""
+        raise AttributeError("Plan.stages was renamed Plan.devices (one row per device); "
+                             "the number of stages is plan.config.stages")
+
+    @cached_property
+    def devices(self) -> pd.DataFrame:
         """One row per device, times per micro-batch summed over the device's chunks.
 
         Columns: ``device``, ``layers`` (body layers), ``params_mb`` (static memory incl.
@@ -249,7 +255,7 @@ class Plan:
         if self.step_time is None or not math.isclose(self.step_time, sim.step_time, rel_tol=1e-9, abs_tol=1e-6):
             step += f" (simulated {_ms(sim.step_time)})"
         lines.append(f"{step}, bubble {sim.bubble.of_compute:.1%} of compute")
-        frame = self.stages
+        frame = self.devices
         budget = c.memory_budget
         if budget is None:
             top = int(frame.peak_mb.idxmax())

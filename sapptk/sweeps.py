@@ -282,13 +282,13 @@ def plan_row(plan: Any) -> Result:
         return row
     sim = plan.simulate()
     peaks = [float(x) for x in np.asarray(sim.peak_memory, dtype=float)]
-    stages = plan.stages
+    devices = plan.devices
     row.update(
         bubble_of_compute=float(sim.bubble.of_compute),
         bubble_of_step=float(sim.bubble.of_step),
         peak_mb=peaks,
         peak_mb_max=max(peaks, default=math.nan),
-        recompute_ms=float(stages["recompute_ms"].sum()) * plan.config.micro_batches,
+        recompute_ms=float(devices["recompute_ms"].sum()) * plan.config.micro_batches,
     )
     return row
 

@@ -1,17 +1,28 @@
 """An ipywidgets explorer: pick a schedule and a pipeline setup, solve, look at the plan.
 
 ``Explorer(profile)`` shows the controls (schedule, stages, micro-batches, chunks, splits,
-memory budget, recompute modes, time limit, Solve), a status line, and after solving the
-plan's stage table, its MindFormers YAML and its timeline next to the even split (Bokeh
-inside the widgets through ``jupyter_bokeh``). Options the chosen schedule does not
-allow are disabled. Everything runs in the click handler, so tests drive it without a
-kernel by setting ``.value`` and calling ``.click()``.
+memory budget, recompute modes, time limit, Solve and Cancel), a status line, and after
+solving the plan in tabs: its timeline next to the even split, its per-device table, its
+MindFormers YAML, and its memory and time per device (Bokeh inside the widgets through
+``jupyter_bokeh``). Options the chosen schedule does not allow are disabled.
+
+Solve runs the search and draws the figures on a background thread, so the kernel stays
+free; Cancel asks the search to stop and show its best plan so far. The status line goes
+``solving…`` → ``drawing…`` → the result, and Solve is enabled again only once the
+figures in view are in the tabs (the memory & time tab is drawn when it is first opened).
+When the controls no longer describe the plan shown (another setup, or an invalid one), a
+note above the tabs says the tabs are stale. Tests drive it
+without a kernel: set ``.value``, call ``.click()``, then :meth:`Explorer.wait`.
 """
 
 from __future__ import annotations
 
 import html
+import inspect
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
@@ -33,6 +44,10 @@ _MAX_CHUNKS = 8
 _MAX_SPLITS = 8
 _DESC = {"description_width": "130px"}
 _WIDE = w.Layout(width="420px")
+_COLORS = {"ready": "#555", "solving…": "#3a6ea5", "cancelling…": "#3a6ea5", "drawing…": "#3a6ea5",
+           "optimal": "#2e7d32", "feasible": "#b26a00", "infeasible": "#c62828", "invalid": "#c62828",
+           "unknown": "#b26a00", "error": "#c62828", "cancelled": "#b26a00"}
+_POLL_S = 0.05  # wait() joins in slices so that a kernel interrupt is seen at once
 
 
 def _error_text(exc: BaseException) -> str:
@@ -46,17 +61,40 @@ def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:,.0f} ms" if value >= 1000 else f"{value:,.1f} ms"
 
 
+def _setup_text(config: PipelineConfig) -> str:
+    budget = "no budget" if config.memory_budget is None else f"{config.memory_budget:,.0f} MB"
+    k = f" k={config.splits}" if config.splits != 1 else ""
+    return f"{config.schedule} p={config.stages} v={config.chunks} m={config.micro_batches}{k}, {budget}"
+
+
+@dataclass
+class _Tab:
+    """A result tab: its title, its widget, how to show a plan in it and how to empty it.
+
+    A ``lazy`` tab is filled when it is first opened (or at once if it is open), so figures
+    out of view do not hold back the status line.
+    """
+
+    title: str
+    widget: w.Widget
+    show: Callable[[Plan, Plan | None], None]
+    clear: Callable[[], None]
+    lazy: bool = False
+
+
 class Explorer:
     """Interactive planner for one profile (display it, or its ``.widget``, in Jupyter).
 
     Attributes (all ipywidgets): ``schedule``, ``stages``, ``micro_batches``, ``chunks``,
     ``splits``, ``budget`` (MB, 0 = no limit), ``recompute`` (``{mode: Checkbox}``),
-    ``time_limit``, ``solve_button``, ``status``, ``table``, ``yaml``, ``timeline``
-    (a Box holding a ``jupyter_bokeh.BokehModel`` after solving), ``bars``. After a solve,
-    ``plan`` and ``baseline`` (the even split) hold the :class:`~sapptk.plan.Plan` objects
-    and ``figure`` the Bokeh layout shown in the timeline tab (it belongs to that widget's
-    document: to show it elsewhere, build a new one with :mod:`sapptk.viz`).
-    ``status_text`` is the status line as plain text.
+    ``time_limit``, ``solve_button``, ``cancel_button``, ``status``, ``stale_note``,
+    ``results`` (the Tab) and its pages ``timeline``, ``table``, ``yaml``, ``bars`` (Boxes
+    holding a ``jupyter_bokeh.BokehModel`` once drawn; ``bars`` when its tab is opened). After a solve, ``plan`` and
+    ``baseline`` (the even split) hold the :class:`~sapptk.plan.Plan` objects, ``figure``
+    the Bokeh layout of the timeline tab (it belongs to that widget's document: to show it
+    elsewhere, build a new one with :mod:`sapptk.viz`) and ``draw_seconds`` the time the
+    figures took. ``status_text`` is the status line as plain text; ``stale`` says whether
+    the tabs show a plan for other settings than the controls'.
     """
 
     def __init__(
@@ -72,6 +110,13 @@ class Explorer:
         self.plan: Plan | None = None
         self.baseline: Plan | None = None
         self.figure: Any = None
+        self.draw_seconds: float | None = None
+        self._shown: PipelineConfig | None = None  # the setup of the plan in the tabs
+        self._worker: threading.Thread | None = None
+        self._stop: threading.Event | None = None
+        self._run = 0  # number of the current solve; a thread whose number is older was abandoned
+        self._pending: dict[int, tuple[Plan, Plan | None]] = {}  # lazy tabs not yet filled with the plan shown
+        self._lock = threading.Lock()
         cfg = config or PipelineConfig(4, 8)
         body_modes = {m for g in profile.body for m in g.modes}
 
@@ -98,11 +143,10 @@ class Explorer:
         self.time_limit = w.IntSlider(value=int(time_limit), min=1, max=300, description="time limit (s)",
                                       style=_DESC, layout=_WIDE, continuous_update=False)
         self.solve_button = w.Button(description="Solve", button_style="primary", icon="play")
+        self.cancel_button = w.Button(description="Cancel", icon="stop", disabled=True,
+                                      tooltip="stop the search and show the best plan found so far")
         self.status = w.HTML()
-        self.table = w.HTML()
-        self.yaml = w.Textarea(layout=w.Layout(width="100%", height="320px"))  # editable, so it can be copied
-        self.timeline = w.Box(layout=w.Layout(width="100%"))
-        self.bars = w.Box(layout=w.Layout(width="100%"))
+        self.stale_note = w.HTML()
         self._status_text = ""
         self._constant = float(cfg.constant_memory)
         self._comm = float(cfg.comm)
@@ -111,19 +155,70 @@ class Explorer:
             self.schedule, self.schedule_info, self.stages, self.micro_batches, self.chunks, self.splits,
             w.HBox([self.budget, w.Label("MB per device (0: no limit)")]),
             w.HBox([w.Label("recompute modes", layout=w.Layout(width="134px")), *self.recompute.values()]),
-            self.time_limit, self.solve_button,
+            self.time_limit, w.HBox([self.solve_button, self.cancel_button]),
         ])
-        self.results = w.Tab(children=[self.timeline, self.table, self.yaml, self.bars])
-        for i, title in enumerate(("timeline", "stages", "MindFormers YAML", "memory & time")):
-            self.results.set_title(i, title)
-        self.widget = w.VBox([controls, self.status, self.results])
+        self._tabs = self._build_tabs()
+        self.results = w.Tab(children=[tab.widget for tab in self._tabs])
+        for i, tab in enumerate(self._tabs):
+            self.results.set_title(i, tab.title)
+        self.widget = w.VBox([controls, self.status, self.stale_note, self.results])
+        self.results.observe(self._on_tab, names="selected_index")
 
         self.schedule.observe(self._on_schedule, names="value")
         for ctl in (self.stages, self.chunks, self.micro_batches, self.splits, self.budget, self.time_limit,
                     *self.recompute.values()):
             ctl.observe(self._on_change, names="value")
-        self.solve_button.on_click(lambda _button: self.solve())
+        self.solve_button.on_click(lambda _button: self.start())
+        self.cancel_button.on_click(lambda _button: self.cancel())
         self._on_schedule()
+
+    # ------------------------------------------------------------- the tabs
+    def _build_tabs(self) -> list[_Tab]:
+        """The result tabs, in display order (add a tab here: title, widget, show, clear)."""
+        self.timeline = w.Box(layout=w.Layout(width="100%"))
+        self.table = w.HTML()
+        self.yaml = w.Textarea(layout=w.Layout(width="100%", height="320px"))  # editable, so it can be copied
+        self.bars = w.Box(layout=w.Layout(width="100%"))
+
+        def show_timeline(plan: Plan, baseline: Plan | None) -> None:
+            from sapptk import viz
+
+            subjects, labels = [plan], ["balanced plan"]
+            if baseline is not None:
+                subjects.append(baseline)
+                labels.append(baseline.source.replace("even_split(", "even split (").replace("((", "("))
+            self.figure = viz.compare(*subjects, labels=labels, memory=True, width=940)
+            self.timeline.children = (_bokeh(self.figure),)
+
+        def show_bars(plan: Plan, _baseline: Plan | None) -> None:
+            from sapptk import viz
+
+            self.bars.children = (_bokeh(viz.stage_bars(plan, width=860)),)
+
+        def show_yaml(plan: Plan, _baseline: Plan | None) -> None:
+            try:
+                self.yaml.value = plan.to_yaml()
+            except Exception as exc:  # e.g. several groups the MindFormers lists cannot express
+                self.yaml.value = f"# no MindFormers config: {_error_text(exc)}"
+
+        def clear_timeline() -> None:
+            self.figure = None
+            self.timeline.children = ()
+
+        return [
+            _Tab("timeline", self.timeline, show_timeline, clear_timeline),
+            _Tab("per device", self.table, lambda plan, _b: setattr(self.table, "value", _device_table(plan)),
+                 lambda: setattr(self.table, "value", "")),
+            _Tab("MindFormers YAML", self.yaml, show_yaml, lambda: setattr(self.yaml, "value", "")),
+            _Tab("memory & time", self.bars, show_bars, lambda: setattr(self.bars, "children", ()), lazy=True),
+        ]
+
+    def _on_tab(self, _change: Any = None) -> None:
+        """Fill a lazy tab with the plan shown when it is opened."""
+        with self._lock:
+            pending = self._pending.pop(self.results.selected_index, None)
+        if pending is not None:
+            self._tabs[self.results.selected_index].show(*pending)
 
     # ------------------------------------------------------------ display
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
@@ -179,6 +274,9 @@ class Explorer:
         spec = get(self.schedule.value)
         need = max(spec.min_micro_batches(int(self.stages.value), int(self.chunks.value)), int(self.stages.value))
         self.micro_batches.min = min(need, self.micro_batches.max)
+        self._mark_stale()
+        if self.busy:
+            return  # the status line belongs to the running solve
         problem = self.check()
         if problem:
             self._set_status("invalid", f": {problem}")
@@ -186,81 +284,215 @@ class Explorer:
             self._set_status("ready", ": press Solve")
 
     @property
+    def stale(self) -> bool:
+        """Whether the tabs show a plan for other settings than the controls' (or none fits them)."""
+        if self._shown is None:
+            return False
+        try:
+            return self.check() is not None or self.config() != self._shown
+        except Exception:  # settings that do not even make a config
+            return True
+
+    def _mark_stale(self) -> None:
+        if self.stale:
+            self.stale_note.value = (
+                '<div style="padding:2px 6px;background:#fff3cd;color:#664d03">The tabs show the plan for '
+                f"{html.escape(_setup_text(self._shown))}, not for these settings: press Solve.</div>"
+            )
+        else:
+            self.stale_note.value = ""
+
+    @property
     def status_text(self) -> str:
         """The status line as plain text, e.g. ``"optimal in 0.8 s: step time ..."``."""
         return self._status_text
 
     def _set_status(self, kind: str, text: str) -> None:
-        self._status_text = f"{kind}{'' if text.startswith(':') else ' '}{text}"
-        colors = {"ready": "#555", "solving…": "#3a6ea5", "optimal": "#2e7d32", "feasible": "#b26a00",
-                  "infeasible": "#c62828", "invalid": "#c62828", "unknown": "#b26a00", "error": "#c62828"}
+        sep = "" if text.startswith(":") else " "
+        self._status_text = f"{kind}{sep}{text}"
         self.status.value = (
-            f'<div style="padding:4px 0"><b style="color:{colors.get(kind, "#555")}">{html.escape(kind)}</b>'
-            f"{'' if text.startswith(':') else ' '}{html.escape(text)}</div>"
+            f'<div style="padding:4px 0"><b style="color:{_COLORS.get(kind, "#555")}">{html.escape(kind)}</b>'
+            f"{sep}{html.escape(text)}</div>"
         )
 
     # -------------------------------------------------------------- solve
+    @property
+    def busy(self) -> bool:
+        """Whether a solve (search or drawing) is under way."""
+        worker = self._worker
+        return worker is not None and worker.is_alive()
+
+    def start(self) -> bool:
+        """Start solving the current setup on a background thread (what the Solve button does).
+
+        Returns False, with the reason in the status line, when the setup is invalid or a
+        solve is already under way.
+        """
+        with self._lock:
+            if self.busy:
+                return False
+            problem = self.check()
+            if problem:
+                self._set_status("invalid", f": {problem}")
+                return False
+            config = self.config()
+            self._run += 1
+            self._stop = threading.Event()
+            self.solve_button.disabled = True
+            self.cancel_button.disabled = False
+            limit = float(self.time_limit.value)
+            self._set_status("solving…", f"(up to {self.time_limit.value} s)")
+            self._worker = threading.Thread(target=self._solve, args=(self._run, config, limit, self._stop),
+                                            name="sapptk-explorer-solve", daemon=True)
+            self._worker.start()
+            return True
+
+    def cancel(self) -> None:
+        """Ask the running search to stop; its best plan so far is then shown (what Cancel does)."""
+        stop = self._stop
+        if self.busy and stop is not None and not stop.is_set():
+            stop.set()
+            self.cancel_button.disabled = True
+            self._set_status("cancelling…", ": stopping the search")
+
+    def wait(self, timeout: float | None = None) -> Plan | None:
+        """Block until the running solve has drawn its figures (or ``timeout`` s passed);
+        return :attr:`plan`. A kernel interrupt while waiting cancels the solve, puts the
+        controls back as they were before it, and is raised again."""
+        worker = self._worker
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while worker is not None and worker.is_alive():
+                left = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
+                if left <= 0:
+                    break
+                worker.join(left)
+        except KeyboardInterrupt:
+            self._abandon(worker, "interrupted")
+            raise
+        return self.plan
+
     def solve(self) -> Plan | None:
-        """Solve the current setup and show the result (what the Solve button does)."""
-        problem = self.check()
-        if problem:
-            self._set_status("invalid", f": {problem}")
-            return None
-        config = self.config()
-        self.solve_button.disabled = True
-        self._set_status("solving…", f"(up to {self.time_limit.value} s)")
+        """Solve the current setup and wait until its figures are drawn; the plan, or None
+        when the setup is invalid or the solve failed (the status line says why)."""
+        try:
+            if not self.start():
+                return None
+            return self.wait()
+        except KeyboardInterrupt:  # also when it comes before wait() has begun
+            self._abandon(self._worker, "interrupted")
+            raise
+
+    def _abandon(self, worker: threading.Thread | None, why: str) -> None:
+        """Give up on a solve: stop its search, ignore whatever it still returns, and restore
+        the controls and the status line."""
+        with self._lock:
+            if worker is None or worker is not self._worker:
+                return
+            if self._stop is not None:
+                self._stop.set()
+            self._run += 1  # the thread's results, if any, are dropped
+            self._worker = None
+            self.solve_button.disabled = False
+            self.cancel_button.disabled = True
+            note = "; the tabs still show the previous plan" if self._shown is not None else ""
+            self._set_status("cancelled", f": {why}{note}")
+            self._mark_stale()
+
+    def _current(self, run: int) -> bool:
+        return run == self._run
+
+    def _status_of(self, run: int, kind: str, text: str) -> bool:
+        """Set the status for solve number ``run`` unless it was abandoned; whether it was set."""
+        with self._lock:
+            if not self._current(run):
+                return False
+            self._set_status(kind, text)
+            return True
+
+    def _solve(self, run: int, config: PipelineConfig, time_limit: float, stop: threading.Event) -> None:
+        """The background thread: search, then draw, then say so; always leaves the
+        controls usable."""
         t0 = time.perf_counter()
         try:
             from sapptk.balancer import balance
             from sapptk.plan import even_baseline
 
-            plan = balance(self.profile, config, time_limit=float(self.time_limit.value), workers=self.workers)
-            baseline = even_baseline(self.profile, config)
-        except Exception as exc:  # shown in the status line, never a traceback
-            self._set_status("error", f": {_error_text(exc)}")
-            return None
+            options: dict[str, Any] = {"time_limit": time_limit, "workers": self.workers}
+            if _accepts_stop(balance):
+                options["stop"] = stop
+            plan = balance(self.profile, config, **options)
+            baseline = even_baseline(self.profile, config) if plan.solved else None
+            seconds = plan.solve_seconds or (time.perf_counter() - t0)
+            self._show(run, plan, baseline, config, seconds, stopped=stop.is_set())
+        except BaseException as exc:  # the status line says it; the thread never dies silently
+            self._status_of(run, "error", f": {_error_text(exc)}")
         finally:
-            self.solve_button.disabled = False
-        self.plan, self.baseline = plan, baseline
-        seconds = plan.solve_seconds or (time.perf_counter() - t0)
-        self._show(plan, baseline, config, seconds)
-        return plan
+            with self._lock:
+                if self._current(run):
+                    self.solve_button.disabled = False
+                    self.cancel_button.disabled = True
 
-    def _show(self, plan: Plan, baseline: Plan, config: PipelineConfig, seconds: float) -> None:
-        from sapptk import viz
-
+    def _show(self, run: int, plan: Plan, baseline: Plan | None, config: PipelineConfig, seconds: float, *,
+              stopped: bool) -> None:
+        """Put a finished search's plan in the tabs (figures first), then in the status line."""
         if not plan.solved:
-            why = (plan.message or "no plan").removeprefix(f"{plan.status}: ")
-            self._set_status(plan.status, f"after {seconds:.1f} s: {why}")
-            self.table.value = ""
-            self.yaml.value = ""
-            self.timeline.children = ()
-            self.bars.children = ()
+            with self._lock:
+                if not self._current(run):
+                    return
+                self.plan, self.baseline = plan, baseline
+                for tab in self._tabs:
+                    tab.clear()
+                self._pending.clear()
+                self._shown = None
+                self._mark_stale()
+                why = (plan.message or "no plan").removeprefix(f"{plan.status}: ")
+                self._set_status(plan.status, f"after {seconds:.1f} s: {why}")
             return
-        vs_even = ""
-        if baseline is not None and baseline.step_time:
-            fit = "" if baseline.fits else ", over budget"
-            vs_even = (f". Even split ({baseline.source.removeprefix('even_split(').rstrip(')')}{fit}): "
-                       f"{_ms(baseline.step_time)}, {baseline.step_time / plan.step_time:.2f}x the plan")
-        text = f"in {seconds:.1f} s: step time {_ms(plan.step_time)}"  # "optimal in 0.8 s: ..."
-        if plan.status == "feasible":
-            text += f", bound {_ms(plan.bound)}, gap {100 * (plan.gap or 0.0):.1f}% (time limit reached)"
-        elif plan.gap:
-            text += f", gap {100 * plan.gap:.2f}%"
-        self._set_status(plan.status, text + vs_even)
-        self.table.value = _stage_table(plan)
-        try:
-            self.yaml.value = plan.to_yaml()
-        except Exception as exc:  # e.g. several groups the MindFormers lists cannot express
-            self.yaml.value = f"# no MindFormers config: {_error_text(exc)}"
-        sims = [plan.simulation]
-        labels = ["balanced plan"]
-        if baseline is not None:
-            sims.append(baseline.simulation)
-            labels.append(baseline.source.replace("even_split(", "even split (").replace("((", "("))
-        self.figure = viz.compare(*sims, labels=labels, budget=config.memory_budget, memory=True, width=940)
-        self.timeline.children = (_bokeh(self.figure),)
-        self.bars.children = (_bokeh(viz.stage_bars(plan, width=860)),)
+        if not self._status_of(run, "drawing…", f"{plan.status} in {seconds:.1f} s: drawing the figures"):
+            return
+        t0 = time.perf_counter()
+        for i, tab in enumerate(self._tabs):
+            if not self._current(run):
+                return
+            if tab.lazy and i != self.results.selected_index:
+                tab.clear()
+                with self._lock:
+                    self._pending[i] = (plan, baseline)
+                self._on_tab()  # opened meanwhile: fill it now
+            else:
+                tab.show(plan, baseline)
+        with self._lock:
+            if not self._current(run):
+                return
+            self.plan, self.baseline = plan, baseline
+            self.draw_seconds = time.perf_counter() - t0
+            self._shown = config
+            self._mark_stale()
+            self._set_status(plan.status, _result_text(plan, baseline, seconds, stopped=stopped))
+
+
+def _accepts_stop(balance: Callable[..., Any]) -> bool:
+    """Whether ``balance`` takes a ``stop`` event (searches that cannot be stopped run to their limit)."""
+    try:
+        return "stop" in inspect.signature(balance).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _result_text(plan: Plan, baseline: Plan | None, seconds: float, *, stopped: bool) -> str:
+    """``"in 0.8 s: step time ..."``: the status after the word for the plan's status."""
+    text = f"in {seconds:.1f} s: step time {_ms(plan.step_time)}"
+    if plan.status == "feasible":
+        why = "stopped by Cancel" if stopped else "time limit reached"
+        text += f", bound {_ms(plan.bound)}, gap {100 * (plan.gap or 0.0):.1f}% ({why})"
+    elif plan.gap:
+        text += f", gap {100 * plan.gap:.2f}%"
+    if baseline is not None and baseline.step_time and plan.step_time:
+        fit = "" if baseline.fits else ", over budget"
+        text += (f". Even split ({baseline.source.removeprefix('even_split(').rstrip(')')}{fit}): "
+                 f"{_ms(baseline.step_time)}, {baseline.step_time / plan.step_time:.2f}x the plan")
+    return text
 
 
 def _bokeh(fig: Any) -> w.Widget:
@@ -269,11 +501,11 @@ def _bokeh(fig: Any) -> w.Widget:
     return BokehModel(fig)
 
 
-def _stage_table(plan: Plan) -> str:
-    frame = plan.stages.copy()
+def _device_table(plan: Plan) -> str:
+    frame = plan.devices.copy()
     for col in frame.columns:
         if col.endswith("_mb"):
             frame[col] = frame[col].map(lambda x: "" if x != x else f"{x:,.0f}")
         elif col.endswith("_ms"):
             frame[col] = frame[col].map(lambda x: f"{x:,.1f}")
-    return frame.to_html(index=False, border=0, classes="sapptk-stages")
+    return frame.to_html(index=False, border=0, classes="sapptk-devices")

@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.balancer",),
     ("sapptk.calibration", "sapptk.analysis"),
     ("sapptk.sweeps",),
-    ("sapptk.viz", "sapptk.viz_sweep"),
+    ("sapptk.viz",),
     ("sapptk.widgets",),
     ("sapptk.cli",),
     ("sapptk.__main__",),

@@ -122,7 +122,7 @@ def test_plan_without_assignment():
     assert plan.counts.shape == (1, 5, 8) and plan.counts.sum() == 0
     text = plan.summary()
     assert "status infeasible" in text and "no assignment fits 500 MB" in text
-    for call in (plan.simulate, plan.to_mindformers, lambda: plan.stages):
+    for call in (plan.simulate, plan.to_mindformers, lambda: plan.devices):
         with pytest.raises(ConfigError, match="status 'infeasible' and no layer assignment"):
             call()
     assert plan.layout.empty
@@ -168,8 +168,8 @@ def test_layout_is_tidy(mixed):
     assert dict(zip(cell["mode"].astype(str), cell["layers"], strict=True)) == {"select": 1, "both": 1}
 
 
-def test_stages_frame(mixed):
-    frame = mixed.stages
+def test_devices_frame(mixed):
+    frame = mixed.devices
     assert list(frame.columns) == [
         "device", "layers", "params_mb", "peak_mb", "budget_mb", "fits", "forward_ms", "backward_ms", "recompute_ms",
     ]
@@ -184,6 +184,10 @@ def test_stages_frame(mixed):
     # static memory: body params 3 MB per layer, head (5 MB) on device 0 and tail (4 MB) on device 3
     assert frame["params_mb"].tolist() == pytest.approx([4 * 3 + 5, 12, 12, 12 + 4])
     assert (frame["budget_mb"] == 500).all()
+    # the old name (a per-device table under the name of a count) is gone, and says where it went
+    with pytest.raises(AttributeError, match=r"renamed Plan.devices.*plan.config.stages"):
+        mixed.stages  # noqa: B018
+    assert not hasattr(mixed, "stages")
 
 
 def test_fits_follows_the_budget():
@@ -192,9 +196,9 @@ def test_fits_follows_the_budget():
     peak = roomy.simulation.peak_memory.max()
     tight = even_split(prof, P4V2.replace(memory_budget=peak - 1), "none")
     unlimited = even_split(prof, P4V2.replace(memory_budget=None), "none")
-    assert roomy.fits and roomy.stages["fits"].all()
-    assert not tight.fits and not tight.stages["fits"].all()
-    assert unlimited.fits and unlimited.stages["budget_mb"].isna().all()
+    assert roomy.fits and roomy.devices["fits"].all()
+    assert not tight.fits and not tight.devices["fits"].all()
+    assert unlimited.fits and unlimited.devices["budget_mb"].isna().all()
 
 
 def test_summary_mentions_what_matters():

@@ -396,7 +396,7 @@ def test_cli_sweep_writes_rows_and_prints_the_best_per_budget(
 def test_plots_draw_the_solved_points_with_hover() -> None:
     from bokeh.models import HoverTool
 
-    from sapptk.viz_sweep import heatmap, pareto, pareto_front, step_time_by_budget
+    from sapptk.viz import heatmap, pareto, pareto_front, step_time_by_budget
 
     df = sweep(DEMO, GRID, solve=fake_solve, progress=False)
     solved = df[df["status"] == "optimal"]
@@ -479,7 +479,7 @@ def test_real_sweep_rows(serial_frame: pd.DataFrame) -> None:
     assert row["step_time_ms"] == pytest.approx(plan.step_time) == pytest.approx(sim.step_time)
     assert row["peak_mb"] == pytest.approx(sim.peak_memory.tolist())
     assert row["bubble_of_compute"] == pytest.approx(sim.bubble.of_compute)
-    assert row["recompute_ms"] == pytest.approx(plan.stages["recompute_ms"].sum() * 8)
+    assert row["recompute_ms"] == pytest.approx(plan.devices["recompute_ms"].sum() * 8)
 
 
 def test_invalid_combinations_are_rows_not_exceptions() -> None:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import re
-import time
 
 import numpy as np
 import pandas as pd
 import pytest
-from bokeh.models import GlyphRenderer, GridPlot, HoverTool, Range1d, Span
+from bokeh.models import BoxAnnotation, ColumnDataSource, GlyphRenderer, GridPlot, HoverTool, Label, Range1d, Span
 from bokeh.plotting import figure
 
 from sapptk import viz
+from sapptk.config import PipelineConfig
+from sapptk.errors import SapptkError
+from sapptk.plan import even_baseline, even_split
 from sapptk.schedules import Op, build, get, make_program, names
 from sapptk.simulation import simulate
+from sapptk.viz import style
 
 
 def _sim(name="interleaved", p=4, m=8, v=2, k=1, **kw):
@@ -23,6 +26,13 @@ def _sim(name="interleaved", p=4, m=8, v=2, k=1, **kw):
                  params=100.0)
     costs.update(kw)
     return simulate(program, **costs)
+
+
+@pytest.fixture(scope="module")
+def plans(llama):
+    """A plan (even split, select recompute) and the even baseline for 4 × 8 × 2 at 60000 MB."""
+    config = PipelineConfig(4, 8, chunks=2, schedule="interleaved", memory_budget=60000.0, constant_memory=2000.0)
+    return even_split(llama, config, recompute="select"), even_baseline(llama, config)
 
 
 def _overlapped_program(p=4, m=8):
@@ -56,10 +66,13 @@ def _zero_bubble_program(p=4, m=8):
 
 
 def _renderer(layout, name):
-    found = layout.select({"type": GlyphRenderer, "name": name})
-    found = list(found)
+    found = list(layout.select({"type": GlyphRenderer, "name": name}))
     assert len(found) == 1, f"expected one renderer named {name}, got {len(found)}"
     return found[0]
+
+
+def _renderers(layout, name):
+    return list(layout.select({"type": GlyphRenderer, "name": name}))
 
 
 def _figures(layout):
@@ -69,6 +82,16 @@ def _figures(layout):
     if isinstance(layout, GridPlot):
         return [c[0] for c in sorted(layout.children, key=lambda c: (c[1], c[2]))]
     return [f for child in layout.children for f in _figures(child)]
+
+
+def _fills(renderer):
+    """The fill colour of every row of a renderer whose colour is mapped from ``style``."""
+    mapper = renderer.glyph.fill_color["transform"]
+    return np.asarray(mapper.palette, dtype=object)[np.asarray(renderer.data_source.data["style"])]
+
+
+def _budget_spans(layout):
+    return sorted(s.location for s in layout.select({"type": Span, "name": "budget"}))
 
 
 # ------------------------------------------------------------------ timeline
@@ -105,7 +128,7 @@ def test_every_registered_schedule_draws_all_its_ops(name):
     k = 2 if spec.splits else 1
     m = max(8, spec.min_micro_batches(4, v))
     program = build(name, stages=4, micro_batches=m, chunks=v, splits=k)
-    sim = simulate(program, 1.0, 1.5, 0.5, activation=3.0, params=10.0)
+    sim = simulate(program, forward=1.0, backward=1.5, weight=0.5, activation=3.0, params=10.0)
     data = _renderer(viz.timeline(sim, budget=100.0), "ops").data_source.data
     np.testing.assert_array_equal(np.asarray(data["start_ms"]), sim.events["start_ms"].to_numpy())
     np.testing.assert_array_equal(np.asarray(data["end_ms"]), sim.events["end_ms"].to_numpy())
@@ -113,28 +136,99 @@ def test_every_registered_schedule_draws_all_its_ops(name):
     assert ((np.asarray(data["category"]) == "overlapped") == (sizes > 1)).all()
 
 
-def test_memory_steps_equal_simulation_memory():
+def test_memory_is_one_renderer_of_levels_and_risers():
+    # 1F1B, p = 2, m = 2, forward 1 ms, backward 2 ms: device 0 runs F0 [0, 1], F1 [1, 2],
+    # B0 [4, 6], B1 [7, 9]; 100 MB of parameters and 10 MB per micro-batch in flight
+    sim = simulate(build("1f1b", stages=2, micro_batches=2), forward=1.0, backward=2.0, activation=10.0,
+                   params=100.0)
+    memory = _renderer(viz.timeline(sim), "memory")
+    assert type(memory.glyph).__name__ == "Segment"
+    data = {k: np.asarray(v) for k, v in memory.data_source.data.items()}
+    levels = pd.DataFrame({k: data[k][: len(sim.memory)] for k in ("device", "start_ms", "end_ms", "memory_mb")})
+    zero = levels[levels["device"] == 0]
+    assert zero[["start_ms", "end_ms", "memory_mb"]].values.tolist() == [
+        [0, 0, 100], [0, 1, 110], [1, 6, 120], [6, 9, 110], [9, 9, 100]]
+    # in general: the levels are the simulation's steps, each until the next change (the last to the end)
+    np.testing.assert_array_equal(levels["device"], sim.memory["device"])
+    np.testing.assert_array_equal(levels["start_ms"], sim.memory["time_ms"])
+    np.testing.assert_array_equal(levels["memory_mb"], sim.memory["memory_mb"])
+    risers = {k: v[len(sim.memory):] for k, v in data.items()}
+    assert (risers["start_ms"] == risers["end_ms"]).all() and (risers["from_mb"] != risers["memory_mb"]).all()
+    changes = sum(int((np.diff(g.to_numpy()) != 0).sum()) for _, g in sim.memory.groupby("device")["memory_mb"])
+    assert len(risers["device"]) == changes == 8  # one per change within a device, none across devices
+
+
+def test_memory_of_a_large_program_matches_the_simulation():
     sim = _sim("interleaved", 4, 8, 2)
-    fig = viz.timeline(sim, budget=250.0)
-    steps = []
-    for d in range(sim.program.stages):
-        r = _renderer(fig, f"memory-{d}")
-        assert type(r.glyph).__name__ == "Step" and r.glyph.mode == "after"
-        steps.append(pd.DataFrame({k: np.asarray(r.data_source.data[k]) for k in ("device", "time_ms", "memory_mb")}))
-    got = pd.concat(steps, ignore_index=True)
-    want = sim.memory[["device", "time_ms", "memory_mb"]].reset_index(drop=True)
-    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    memory = _renderer(viz.timeline(sim, budget=250.0), "memory")
+    data = memory.data_source.data
+    n = len(sim.memory)
+    np.testing.assert_array_equal(np.asarray(data["start_ms"])[:n], sim.memory["time_ms"])
+    np.testing.assert_array_equal(np.asarray(data["memory_mb"])[:n], sim.memory["memory_mb"])
+    ends = np.asarray(data["end_ms"])[:n]
+    assert ends.max() == pytest.approx(sim.step_time)
 
 
-def test_budget_line_only_when_known():
+def test_memory_legend_dims_a_device_on_click():
+    sim = _sim("1f1b", 4, 8, 1)
+    fig = viz.timeline(sim)
+    (legend,) = fig.select({"name": "memory-legend"})
+    memory = _renderer(fig, "memory")
+    devices = np.asarray(memory.data_source.data["device"])
+    assert [item.label["value"] for item in legend.items] == ["0", "1", "2", "3"]
+    assert [int(devices[item.index]) for item in legend.items] == [0, 1, 2, 3]
+    assert legend.js_event_callbacks["legend_item_click"]  # the browser test clicks it
+    # several panes: one legend, whose clicks dim the device in every pane
+    both = viz.compare(sim, _sim("gpipe", 4, 8, 1), memory=True)
+    (legend,) = both.select({"name": "memory-legend"})
+    (callback,) = legend.js_event_callbacks["legend_item_click"]
+    assert {id(s) for s in callback.args["sources"]} == {id(r.data_source) for r in _renderers(both, "memory")}
+
+
+def test_budget_line_comes_from_the_subject_unless_given(plans):
+    from sapptk.viz.subjects import budget_of
+
+    plan, _ = plans
     sim = _sim()
+    assert budget_of(sim, "auto", "t") is None  # a bare simulation has no budget
+    assert budget_of(plan, "auto", "t") == 60000.0  # a plan has its config's
+    assert budget_of(plan, 50000, "t") == 50000.0 and budget_of(plan, None, "t") is None
+    for bad in (-1, 0, float("nan"), "56000", True):
+        with pytest.raises(SapptkError, match=r"t: budget = .*expected MB > 0, None .* or 'auto'"):
+            budget_of(sim, bad, "t")
+    # what the figures draw
+    assert _budget_spans(viz.timeline(plan)) == [60000.0]
+    assert _budget_spans(viz.timeline(plan, budget=None)) == []
     with_budget = viz.timeline(sim, budget=321.0)
-    spans = [s for s in with_budget.select({"type": Span, "name": "budget"})]
-    assert [s.location for s in spans] == [321.0]
-    assert not list(viz.timeline(sim).select({"type": Span, "name": "budget"}))
-    # the budget is inside the memory pane's y range
+    assert _budget_spans(with_budget) == [321.0]
     mem = next(f for f in _figures(with_budget) if f.yaxis[0].axis_label.startswith("memory"))
-    assert mem.y_range.end >= 321.0
+    assert mem.y_range.end >= 321.0  # the budget is inside the memory pane's y range
+    with pytest.raises(SapptkError, match="timeline: budget = -1"):
+        viz.timeline(sim, budget=-1)
+
+
+def test_a_plan_means_its_simulation(plans):
+    plan, _ = plans
+    by_plan = _renderer(viz.timeline(plan), "ops").data_source.data
+    by_sim = _renderer(viz.timeline(plan.simulation), "ops").data_source.data
+    for col in ("device", "start_ms", "end_ms", "style"):
+        np.testing.assert_array_equal(np.asarray(by_plan[col]), np.asarray(by_sim[col]))
+    assert _budget_spans(viz.compare(plan, plan.simulation, memory=True)) == [60000.0]  # only the plan has one
+    with pytest.raises(SapptkError, match="Plan or Simulation"):
+        viz.timeline(pd.DataFrame())
+    with pytest.raises(SapptkError, match=r"subjects\[1\].*Plan or Simulation"):
+        viz.compare(plan, "plan")
+
+
+def test_a_plan_without_an_assignment_says_so(llama):
+    from sapptk.errors import ConfigError
+    from sapptk.plan import make_plan
+
+    config = PipelineConfig(4, 8, memory_budget=100.0)
+    empty = make_plan(llama, config, None, status="infeasible", message="nothing fits")
+    for draw in (viz.timeline, viz.stage_bars, viz.compare):
+        with pytest.raises(ConfigError, match="status 'infeasible'"):
+            draw(empty)
 
 
 def test_gantt_and_memory_share_the_time_axis_and_use_webgl():
@@ -147,15 +241,32 @@ def test_gantt_and_memory_share_the_time_axis_and_use_webgl():
     assert isinstance(figs[0].x_range, Range1d)
     assert figs[0].x_range.start == 0 and figs[0].x_range.end >= sim.step_time
     assert all(f.output_backend == "webgl" for f in figs)
-    # device 0 on top
-    assert figs[0].y_range.start > figs[0].y_range.end
+    assert figs[0].y_range.start > figs[0].y_range.end  # device 0 on top
+
+
+def test_each_figure_reads_one_source_and_draws_few_renderers(plans):
+    plan, baseline = plans
+    small = viz.compare(plan, baseline, memory=True)
+    big = viz.compare(_sim("interleaved", 16, 32, 2), _sim("1f1b", 16, 32, 1), memory=True)
+    for layout in (small, big):
+        figs = _figures(layout)
+        assert len(figs) == 3  # both Gantts in one figure, one memory pane each
+        for f in figs:
+            sources = {id(r.data_source) for r in f.renderers}
+            assert len(sources) == 1, f.title
+        assert len(figs[0].renderers) == 2  # boxes and their labels
+        assert [len(f.renderers) for f in figs[1:]] == [1, 1]  # every device's memory in one renderer
+    # numeric columns stay numpy arrays, so they travel as binary
+    data = _renderer(big, "ops").data_source.data
+    assert all(isinstance(data[c], np.ndarray) and data[c].dtype != object
+               for c in ("device", "start_ms", "end_ms", "lower", "upper", "style", "micro_batch"))
 
 
 def test_backend_can_be_canvas():
     sim = _sim()
     assert {f.output_backend for f in _figures(viz.timeline(sim, backend="canvas"))} == {"canvas"}
     assert {f.output_backend for f in _figures(viz.compare(sim, sim, backend="canvas", memory=True))} == {"canvas"}
-    with pytest.raises(ValueError, match="backend"):
+    with pytest.raises(SapptkError, match="backend"):
         viz.timeline(sim, backend="gpu")
 
 
@@ -175,35 +286,41 @@ def test_hover_names_every_field():
     assert len(hovers) == 1
     text = " ".join(f"{a} {b}" for a, b in hovers[0].tooltips)
     for field in ("device", "kind", "micro-batch", "virtual stage", "slice", "start", "end", "duration",
-                  "@start_ms", "@end_ms", "@duration_ms", "@micro_batch", "@virtual_stage", "@slice"):
+                  "@category", "@kind", "@start_ms", "@end_ms", "@duration_ms", "@micro_batch", "@virtual_stage",
+                  "@slice"):
         assert field in text
+    memory = _renderer(fig, "memory")
+    assert any(memory in (h.renderers or []) for h in fig.select({"type": HoverTool}))
 
 
 def test_colour_by_kind_and_shade_by_chunk():
     sim = _sim("interleaved", 4, 8, 2)
-    data = _renderer(viz.timeline(sim), "ops").data_source.data
-    frame = pd.DataFrame({k: np.asarray(data[k]) for k in ("category", "chunk", "color")})
-    colors = frame.groupby(["category", "chunk"])["color"].nunique()
-    assert (colors == 1).all()  # one colour per (kind, chunk)
+    boxes = _renderer(viz.timeline(sim), "ops")
+    data = boxes.data_source.data
+    frame = pd.DataFrame({"category": data["category"], "chunk": data["chunk"], "color": _fills(boxes)})
+    assert (frame.groupby(["category", "chunk"])["color"].nunique() == 1).all()  # one colour per (kind, chunk)
     by = frame.drop_duplicates(["category", "chunk"]).set_index(["category", "chunk"])["color"]
     assert by[("forward", 0)] == viz.CATEGORY_COLORS["forward"]
     assert by[("backward", 0)] == viz.CATEGORY_COLORS["backward"]
-    assert by[("forward", 1)] != by[("forward", 0)]
-    assert by[("forward", 0)] != by[("backward", 0)]
+    assert by[("forward", 1)] == style.shades(viz.CATEGORY_COLORS["forward"], 2)[1] != by[("forward", 0)]
+    # micro-batch numbers in a colour that reads on the box
+    labels = _renderer(viz.timeline(sim), "labels")
+    texts = np.asarray(labels.glyph.text_color["transform"].palette)[np.asarray(data["style"])]
+    assert set(texts) <= {"#ffffff", "#1a1a1a"}
 
 
 def test_input_and_weight_gradient_kinds():
-    sim = simulate(_zero_bubble_program(), 1.0, 1.0, 1.0)
-    data = _renderer(viz.timeline(sim), "ops").data_source.data
-    cats = set(data["category"])
-    assert cats == {"forward", "input-gradient", "weight-gradient"}
-    colors = {c: col for c, col in zip(data["category"], data["color"], strict=True)}
+    sim = simulate(_zero_bubble_program(), forward=1.0, backward=1.0, weight=1.0)
+    boxes = _renderer(viz.timeline(sim), "ops")
+    data = boxes.data_source.data
+    assert set(data["category"]) == {"forward", "input-gradient", "weight-gradient"}
+    colors = dict(zip(data["category"], _fills(boxes), strict=True))
     assert colors["input-gradient"] == viz.CATEGORY_COLORS["input-gradient"]
     assert colors["weight-gradient"] == viz.CATEGORY_COLORS["weight-gradient"]
 
 
 def test_overlapped_pairs_share_the_row_in_strips():
-    sim = simulate(_overlapped_program(), 1.0, 2.0)
+    sim = simulate(_overlapped_program(), forward=1.0, backward=2.0)
     data = _renderer(viz.timeline(sim), "ops").data_source.data
     frame = pd.DataFrame({k: np.asarray(data[k]) for k in ("unit", "category", "kind", "lower", "upper",
                                                            "start_ms", "end_ms")})
@@ -222,67 +339,82 @@ def test_overlapped_pairs_share_the_row_in_strips():
 def test_micro_batch_written_on_wide_boxes_only():
     sim = _sim("1f1b", 4, 8, 1)
     fig = viz.timeline(sim)
-    labels = _renderer(fig, "labels").data_source.data
-    ops = _renderer(fig, "ops").data_source.data
-    assert len(labels["text"]) == len(ops["micro_batch"])  # all boxes are wide at p=4, m=8
-    centre = (np.asarray(ops["start_ms"]) + np.asarray(ops["end_ms"])) / 2
-    np.testing.assert_allclose(np.sort(labels["x"]), np.sort(centre))
-    assert sorted(labels["text"]) == sorted(str(x) for x in ops["micro_batch"])
+    labels = _renderer(fig, "labels")
+    ops = _renderer(fig, "ops")
+    assert labels.data_source is ops.data_source  # the labels read the boxes' source
+    assert labels.glyph.text == "micro_batch"
+    shown = labels.view.filter.indices
+    assert sorted(shown) == list(range(len(sim.events)))  # all boxes are wide at p=4, m=8
+    data = ops.data_source.data
+    np.testing.assert_allclose(data["label_x"], (np.asarray(data["start_ms"]) + np.asarray(data["end_ms"])) / 2)
     # a long program: boxes too narrow at full view, no labels (they appear when zooming in)
     big = _sim("1f1b", 8, 512, 1)
-    assert len(_renderer(viz.timeline(big), "labels").data_source.data["text"]) == 0
+    assert len(_renderer(viz.timeline(big), "labels").view.filter.indices) == 0
     # a zoom callback recomputes them
     x_range = _figures(fig)[0].x_range
     assert x_range.js_property_callbacks.get("change:start")
 
 
-def test_rejects_what_is_not_a_simulation():
-    with pytest.raises(TypeError, match="Simulation"):
-        viz.timeline(pd.DataFrame())
-
-
 @pytest.mark.slow
-def test_builds_large_programs_fast():
+def test_large_programs_stay_one_numeric_source():
     sim = _sim("interleaved", 16, 1600, 2)  # 102 400 ops
     assert len(sim.events) > 100_000
-    t0 = time.perf_counter()
     fig = viz.timeline(sim)
-    elapsed = time.perf_counter() - t0
-    assert len(_renderer(fig, "ops").data_source.data["start_ms"]) == len(sim.events)
-    assert elapsed < 5.0, elapsed  # target under 2 s; generous for slow CI
+    boxes = _renderer(fig, "ops")
+    assert len(boxes.data_source.data["start_ms"]) == len(sim.events)
+    assert len(_figures(fig)[0].renderers) == 2 and len(_renderer(fig, "labels").view.filter.indices) == 0
+    strings = [c for c, values in boxes.data_source.data.items() if np.asarray(values).dtype == object]
+    assert sorted(strings) == ["category", "kind"]  # colours are mapped from a number, not a string per op
 
 
 # ------------------------------------------------------------------- compare
-def test_compare_shares_one_time_scale():
+def test_compare_puts_every_subject_on_one_time_scale():
     fast = _sim("interleaved", 4, 8, 2)
     slow = _sim("gpipe", 4, 8, 1, forward=1.0, backward=2.0)
     fig = viz.compare(fast, slow, labels=["auto", "manual"], budget=400.0, memory=True)
     figs = _figures(fig)
-    assert len(figs) == 4
+    assert len(figs) == 3
     assert all(f.x_range is figs[0].x_range for f in figs)
     assert figs[0].x_range.end >= max(fast.step_time, slow.step_time)
-    titles = [f.title.text for f in figs if f.title is not None and f.title.text]
-    assert titles[0].startswith("auto:") and titles[1].startswith("manual:")
-    ends = sorted(s.location for s in fig.select({"type": Span, "name": "step-end"}))
-    assert ends == sorted([fast.step_time, slow.step_time])
-    # memory panes share the y scale
-    mems = [f for f in figs if f.yaxis[0].axis_label and f.yaxis[0].axis_label.startswith("memory")]
-    assert len(mems) == 2 and mems[0].y_range.end == mems[1].y_range.end >= 400.0
-    ops = [r for r in fig.select({"type": GlyphRenderer, "name": "ops"})]
-    assert sorted(len(r.data_source.data["start_ms"]) for r in ops) == sorted([len(fast.events), len(slow.events)])
+    headers = [x.text for x in sorted(fig.select({"type": Label, "name": "header"}), key=lambda x: x.y)]
+    assert headers[0].startswith("auto:") and headers[1].startswith("manual:")
+    best = min(fast.step_time, slow.step_time)
+    for header, sim in zip(headers, (fast, slow), strict=True):
+        assert f"({sim.step_time / best:.2f}x the fastest)" in header
+    # one group of rows per subject, each under its header, shaded after its step's end
+    boxes = _renderer(fig, "ops")
+    lower = np.asarray(boxes.data_source.data["lower"])
+    assert len(lower) == len(fast.events) + len(slow.events)
+    first, second = lower[: len(fast.events)], lower[len(fast.events):]
+    assert first.min() > 0.5 and second.min() > first.max() + 1.5  # a header row before each group
+    ends = sorted((b.left, b.top, b.bottom) for b in fig.select({"type": BoxAnnotation, "name": "step-end"}))
+    assert [e[0] for e in ends] == sorted([fast.step_time, slow.step_time])
+    # memory panes share the y scale and carry the budget
+    mems = figs[1:]
+    assert [f.title.text for f in mems] == ["auto: memory in use", "manual: memory in use"]
+    assert mems[0].y_range.end == mems[1].y_range.end >= 400.0
+    assert _budget_spans(fig) == [400.0, 400.0]
 
 
 def test_compare_checks_its_arguments():
     sim = _sim()
-    with pytest.raises(ValueError, match="labels"):
+    with pytest.raises(SapptkError, match="labels"):
         viz.compare(sim, sim, labels=["one"])
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(SapptkError, match="at least one"):
         viz.compare()
     assert len(_figures(viz.compare(sim))) == 1
 
 
+def test_compare_of_plans_draws_each_budget(plans, llama):
+    plan, baseline = plans
+    tighter = even_split(llama, plan.config.replace(memory_budget=70000.0), recompute="select")
+    fig = viz.compare(plan, tighter, memory=True)
+    assert _budget_spans(fig) == [60000.0, 70000.0]
+    assert _budget_spans(viz.compare(plan, tighter, memory=True, budget=None)) == []
+
+
 # ---------------------------------------------------------------- stage_bars
-def _stages_frame():
+def _devices_frame():
     return pd.DataFrame(
         {
             "device": [0, 1, 2, 3],
@@ -298,41 +430,67 @@ def _stages_frame():
     )
 
 
+def _parts(layout, name):
+    """{part: (device, bottom, top) arrays} of the one stacked-bar renderer ``name``."""
+    data = _renderer(layout, name).data_source.data
+    frame = pd.DataFrame({k: np.asarray(data[k]) for k in ("part", "device", "bottom", "top")})
+    return {part: rows.drop(columns="part").reset_index(drop=True) for part, rows in frame.groupby("part", sort=False)}
+
+
 def test_stage_bars_stack_memory_against_budget_and_time():
-    class FakePlan:
-        stages = _stages_frame()
-
-    want = _stages_frame()
-    for arg in (FakePlan(), want):
-        fig = viz.stage_bars(arg)
-        assert len(_figures(fig)) == 2
-        mem = [r for r in fig.select({"type": GlyphRenderer}) if r.name and r.name.startswith("memory")]
-        tim = [r for r in fig.select({"type": GlyphRenderer}) if r.name and r.name.startswith("time")]
-        assert len(mem) == 2 and len(tim) == 3  # parameters + activations; forward + backward + recompute
-        src = mem[0].data_source.data
-        np.testing.assert_allclose(src["params_mb"], want["params_mb"])
-        np.testing.assert_allclose(np.asarray(src["params_mb"]) + np.asarray(src["activation_mb"]), want["peak_mb"])
-        # backward is drawn without its recompute part, recompute on top: the stack is the total
-        total = np.asarray(src["forward_ms"]) + np.asarray(src["plain_backward_ms"]) + np.asarray(src["recompute_ms"])
-        np.testing.assert_allclose(total, want["forward_ms"] + want["backward_ms"])
-        assert [s.location for s in fig.select({"type": Span, "name": "budget"})] == [56000.0]
-    with pytest.raises(ValueError, match="columns"):
+    want = _devices_frame()
+    fig = viz.stage_bars(want)
+    assert len(_figures(fig)) == 2
+    mem = _parts(fig, "memory")
+    assert list(mem) == ["parameters", "activations"]
+    np.testing.assert_allclose(mem["parameters"]["top"], want["params_mb"])
+    np.testing.assert_allclose(mem["activations"]["bottom"], want["params_mb"])
+    np.testing.assert_allclose(mem["activations"]["top"], want["peak_mb"])
+    # backward is drawn without its recompute part, recompute on top: the stack is the total
+    time = _parts(fig, "time")
+    assert list(time) == ["forward", "backward", "recompute"]
+    np.testing.assert_allclose(time["backward"]["top"] - time["backward"]["bottom"],
+                               want["backward_ms"] - want["recompute_ms"])
+    np.testing.assert_allclose(time["recompute"]["top"], want["forward_ms"] + want["backward_ms"])
+    assert _budget_spans(fig) == [56000.0]
+    for f in _figures(fig):
+        assert len({id(r.data_source) for r in f.renderers}) == 1
+    with pytest.raises(SapptkError, match="columns"):
         viz.stage_bars(pd.DataFrame({"device": [0]}))
+    with pytest.raises(SapptkError, match="Plan, Simulation or per-device DataFrame"):
+        viz.stage_bars([1, 2])
 
 
-def test_stage_bars_of_a_real_plan_with_constant_memory():
-    from sapptk.config import PipelineConfig
-    from sapptk.plan import even_split
-    from sapptk.profile import bundled_profile
+def test_stage_bars_budgets_by_device_are_marks():
+    frame = _devices_frame().assign(budget_mb=[56000.0, 56000.0, 60000.0, 60000.0])
+    fig = viz.stage_bars(frame)
+    assert _budget_spans(fig) == []
+    marks = _renderer(fig, "budget-marks")
+    rows = marks.view.filter.indices
+    np.testing.assert_allclose(np.asarray(marks.data_source.data["budget_mb"])[rows], frame["budget_mb"])
+    assert _budget_spans(viz.stage_bars(frame, budget=50000)) == [50000.0]
+    assert not list(viz.stage_bars(frame, budget=None).select({"name": "budget-marks"}))
 
-    config = PipelineConfig(4, 8, chunks=2, schedule="interleaved", memory_budget=60000.0, constant_memory=2000.0)
-    plan = even_split(bundled_profile("llama2_70b"), config, recompute="select")
+
+def test_stage_bars_of_a_plan_and_of_its_simulation(plans):
+    plan, _ = plans
     fig = viz.stage_bars(plan)
-    mem = [r for r in fig.select({"type": GlyphRenderer}) if r.name and r.name.startswith("memory")]
-    assert len(mem) == 3  # parameters, constant, activations
-    d = mem[0].data_source.data
-    np.testing.assert_allclose(np.asarray(d["params_mb"]) + np.asarray(d["constant_mb"])
-                               + np.asarray(d["activation_mb"]), plan.stages["peak_mb"])
+    mem = _parts(fig, "memory")
+    assert list(mem) == ["parameters", "constant", "activations"]
+    np.testing.assert_allclose(mem["constant"]["top"] - mem["constant"]["bottom"], 2000.0)
+    np.testing.assert_allclose(mem["activations"]["top"], plan.devices["peak_mb"])
+    assert _budget_spans(fig) == [60000.0]
+    # the simulation gives the same bars, without the recompute share it cannot know
+    by_sim = viz.stage_bars(plan.simulation, budget=60000.0)
+    sim_mem = _parts(by_sim, "memory")
+    for part in mem:
+        pd.testing.assert_frame_equal(sim_mem[part], mem[part])
+    frame, constant = viz.device_frame(plan.simulation)
+    assert constant == 2000.0 and "recompute_ms" not in frame
+    for col in ("params_mb", "peak_mb", "forward_ms", "backward_ms"):
+        np.testing.assert_allclose(frame[col], plan.devices[col], err_msg=col)
+    time = _parts(by_sim, "time")
+    np.testing.assert_allclose(time["recompute"]["top"], plan.devices["forward_ms"] + plan.devices["backward_ms"])
 
 
 # -------------------------------------------------------------------- output
@@ -342,10 +500,21 @@ def test_save_html_is_standalone(tmp_path):
     assert "<script" in text and "Bokeh" in text
     assert not re.search(r"<script[^>]*\bsrc=", text)  # everything inline: works offline
     assert not re.search(r"<link[^>]*\bhref=\"http", text)
+    with pytest.raises(SapptkError, match="is a folder"):
+        viz.save_html(viz.timeline(_sim()), tmp_path)
 
 
 def test_export_without_chromium_names_the_extra(monkeypatch, tmp_path):
-    monkeypatch.setattr(viz, "find_chromium", lambda: None)
-    for export in (viz.export_png, viz.export_svg):
+    import sapptk.viz.export as export
+
+    monkeypatch.setattr(export, "find_chromium", lambda: None)
+    for write in (viz.export_png, viz.export_svg):
         with pytest.raises(viz.ExportUnavailableError, match=r"sapptk\[export\].*chromium chromium-driver"):
-            export(viz.timeline(_sim()), tmp_path / "x.png")
+            write(viz.timeline(_sim()), tmp_path / "x.png")
+
+
+def test_sources_are_plain_column_data_sources():
+    src = viz.op_source(_sim().events)
+    assert isinstance(src, ColumnDataSource) and len(src.data["style"]) == len(_sim().events)
+    with pytest.raises(SapptkError, match="kind 'X'"):
+        viz.op_source(_sim().events.assign(kind="X"))

@@ -1,26 +1,31 @@
-"""The explorer driven without a kernel: set ``.value``, call ``.click()``, read the widgets."""
+"""The Explorer, driven without a kernel: set ``.value``, ``.click()``, then ``wait()``.
+
+The search is replaced by a stand-in (``fake_balance``) wherever the test is about the
+Explorer rather than the solver: it returns a given plan at once, or blocks until it is
+told to go on (or stopped), so every step happens in an order the test decides.
+"""
 
 from __future__ import annotations
+
+import _thread
+import threading
 
 import pytest
 from bokeh.models import GlyphRenderer
 from jupyter_bokeh.widgets import BokehModel
 
+import sapptk.balancer as balancer
 from sapptk.config import PipelineConfig
-from sapptk.plan import even_baseline
-from sapptk.profile import bundled_profile
+from sapptk.plan import even_baseline, even_split, make_plan
 from sapptk.schedules import get, names
 from sapptk.widgets import Explorer
 
-
-@pytest.fixture(scope="module")
-def profile():
-    return bundled_profile("llama2_70b")
+SETUP = PipelineConfig(4, 8, memory_budget=56000.0)
 
 
 @pytest.fixture
-def explorer(profile):
-    return Explorer(profile, PipelineConfig(4, 8, memory_budget=56000.0), time_limit=20)
+def explorer(llama):
+    return Explorer(llama, SETUP, time_limit=20)
 
 
 def _status(ex):
@@ -28,18 +33,61 @@ def _status(ex):
     return ex.status_text
 
 
+class FakeBalance:
+    """Stands in for ``balance``: returns ``even_split(..., "full")`` as an optimal plan, after
+    ``go`` is set when ``hold`` (or as soon as ``stop`` is set: then as a stopped search would)."""
+
+    def __init__(self, *, hold: bool = False) -> None:
+        self.started = threading.Event()
+        self.go = threading.Event()
+        self.hold = hold
+        self.calls: list[dict] = []
+
+    def __call__(self, profile, config, *, time_limit, workers, stop=None):
+        self.calls.append({"config": config, "time_limit": time_limit, "stop": stop})
+        self.started.set()
+        if self.hold:
+            while not self.go.wait(0.01):
+                if stop is not None and stop.is_set():
+                    plan = even_split(profile, config, "full")
+                    return make_plan(profile, config, plan.counts, status="feasible", step_time=plan.step_time,
+                                     bound=0.9 * plan.step_time, gap=0.1, message="stopped by the caller")
+        plan = even_split(profile, config, "full")
+        return make_plan(profile, config, plan.counts, status="optimal", step_time=plan.step_time,
+                         bound=plan.step_time, gap=0.0, solve_seconds=0.01)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    stand_in = FakeBalance()
+    monkeypatch.setattr(balancer, "balance", stand_in)
+    return stand_in
+
+
+@pytest.fixture
+def held(monkeypatch):
+    stand_in = FakeBalance(hold=True)
+    monkeypatch.setattr(balancer, "balance", stand_in)
+    yield stand_in
+    stand_in.go.set()  # never leave a thread waiting
+
+
+# ------------------------------------------------------------------ controls
 def test_controls_start_from_the_config(explorer):
     assert list(explorer.schedule.options) == list(names())
     assert (explorer.stages.value, explorer.micro_batches.value, explorer.chunks.value) == (4, 8, 1)
     assert explorer.budget.value == 56000.0
     assert "ready" in _status(explorer)
-    assert explorer.plan is None and explorer.timeline.children == ()
+    assert explorer.plan is None and explorer.timeline.children == () and not explorer.stale
+    assert explorer.cancel_button.disabled and not explorer.solve_button.disabled
     bundle = explorer._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert [explorer.results.get_title(i) for i in range(4)] == ["timeline", "per device", "MindFormers YAML",
+                                                                  "memory & time"]
 
 
-def test_modes_the_profile_lacks_are_disabled(explorer, profile):
-    offered = {m for g in profile.body for m in g.modes}
+def test_modes_the_profile_lacks_are_disabled(explorer, llama):
+    offered = {m for g in llama.body for m in g.modes}
     for mode, box in explorer.recompute.items():
         assert box.disabled == (mode not in offered)
         if box.disabled:
@@ -68,40 +116,12 @@ def test_options_the_schedule_does_not_allow_are_disabled(explorer, name):
     assert "ready" in _status(explorer) or "invalid" in _status(explorer)
 
 
-@pytest.mark.slow
-def test_solve_shows_status_table_yaml_and_timelines(explorer):
-    explorer.solve_button.click()
-    status = _status(explorer)
-    assert "optimal in" in status or "feasible in" in status, status
-    assert " s: step time" in status and "Even split" in status
-    plan = explorer.plan
-    assert plan is not None and plan.solved
-    assert explorer.baseline is not None and explorer.baseline.source.startswith("even_split")
-    assert explorer.table.value.count("<tr") == 1 + 4  # header + one row per device
-    assert "offset" in explorer.yaml.value and "select_recompute" in explorer.yaml.value
-    (model,) = explorer.timeline.children
-    assert isinstance(model, BokehModel)
-    ops = [r for r in explorer.figure.select({"type": GlyphRenderer, "name": "ops"})]
-    n_events = sorted([len(plan.simulation.events), len(explorer.baseline.simulation.events)])
-    assert sorted(len(r.data_source.data["start_ms"]) for r in ops) == n_events
-    assert isinstance(explorer.bars.children[0], BokehModel)
-    assert not explorer.solve_button.disabled
-
-
-def test_infeasible_says_why(explorer):
-    explorer.budget.value = 10000.0
-    explorer.solve_button.click()
-    status = _status(explorer)
-    assert "infeasible" in status and "MB" in status and "Traceback" not in status
-    assert explorer.timeline.children == () and explorer.yaml.value == ""
-
-
-def test_invalid_setups_are_explained_not_solved(explorer):
+def test_invalid_setups_are_explained_not_solved(explorer, fake):
     for box in explorer.recompute.values():
         box.value = False
     assert "invalid" in _status(explorer) and "recompute" in _status(explorer)
     explorer.solve_button.click()
-    assert "invalid" in _status(explorer) and explorer.plan is None
+    assert explorer.wait() is None and "invalid" in _status(explorer) and not fake.calls
     explorer.recompute["full"].value = True
     assert "ready" in _status(explorer)
     # more virtual stages than layers
@@ -109,25 +129,156 @@ def test_invalid_setups_are_explained_not_solved(explorer):
     explorer.stages.value = 32
     explorer.chunks.value = 8
     assert "invalid" in _status(explorer)
-    explorer.solve_button.click()
-    assert explorer.plan is None and "Traceback" not in _status(explorer)
+    assert explorer.solve() is None and explorer.plan is None and "Traceback" not in _status(explorer)
 
 
-def test_solver_failure_is_a_status_line_not_a_traceback(explorer, monkeypatch):
-    import sapptk.balancer as balance_module
+# --------------------------------------------------------------------- solve
+def test_solve_runs_in_the_background_and_draws_before_it_says_so(explorer, held):
+    seen = []  # (status, figures in the timeline tab, Solve disabled) at every status change
+    explorer.status.observe(lambda _c: seen.append((explorer.status_text, len(explorer.timeline.children),
+                                                    explorer.solve_button.disabled)), names="value")
+    explorer.solve_button.click()  # returns at once: the search runs on a thread
+    assert held.started.wait(10)
+    assert explorer.busy and explorer.status_text.startswith("solving…")
+    assert explorer.solve_button.disabled and not explorer.cancel_button.disabled
+    assert held.calls[0]["stop"] is not None  # the search can be stopped
+    explorer.solve_button.click()  # a second click while solving does nothing
+    assert len(held.calls) == 1
+    held.go.set()
+    plan = explorer.wait()
+    assert plan is explorer.plan and plan.status == "optimal" and not explorer.busy
+    kinds = [s.split()[0].rstrip(":") for s, _, _ in seen]
+    assert kinds == ["solving…", "drawing…", "optimal"]
+    for status, figures, disabled in seen[:-1]:
+        assert figures == 0 and disabled, status  # nothing says "optimal" before the figures are in
+    status, figures, disabled = seen[-1]
+    assert figures == 1 and " s: step time" in status and "Even split" in status
+    assert not explorer.solve_button.disabled and explorer.cancel_button.disabled
+    assert explorer.draw_seconds is not None and explorer.draw_seconds > 0
 
-    def boom(*args, **kwargs):
-        raise RuntimeError("boom")
 
-    monkeypatch.setattr(balance_module, "balance", boom)
-    explorer.solve_button.click()
-    assert "error" in _status(explorer) and "RuntimeError: boom" in _status(explorer)
+@pytest.mark.slow
+def test_solve_shows_the_plan_in_every_tab(explorer, fake, llama):
+    plan = explorer.solve()
+    assert plan is not None and plan.solved and explorer.baseline.source.startswith("even_split")
+    assert explorer.table.value.count("<tr") == 1 + 4  # header + one row per device
+    assert "offset" in explorer.yaml.value and "select_recompute" in explorer.yaml.value
+    (model,) = explorer.timeline.children
+    assert isinstance(model, BokehModel)
+    ops = list(explorer.figure.select({"type": GlyphRenderer, "name": "ops"}))
+    assert len(ops) == 1  # the plan and the even split in one Gantt
+    assert len(ops[0].data_source.data["start_ms"]) == len(plan.simulation.events) + len(
+        explorer.baseline.simulation.events)
+    assert explorer.bars.children == ()  # drawn when its tab is opened
+    explorer.results.selected_index = 3
+    assert isinstance(explorer.bars.children[0], BokehModel)
+    explorer.results.selected_index = 0
+    assert isinstance(explorer.bars.children[0], BokehModel)  # drawn once
+    assert fake.calls[0]["config"] == SETUP.replace(recompute=tuple(explorer.config().recompute))
+
+
+def test_the_open_tab_is_drawn_before_the_status_says_so(explorer, fake):
+    explorer.results.selected_index = 3
+    drawn = []
+    explorer.status.observe(lambda _c: drawn.append((explorer.status_text, len(explorer.bars.children))),
+                            names="value")
+    explorer.solve()
+    assert drawn[-1][0].startswith("optimal") and drawn[-1][1] == 1
+    assert explorer.timeline.children  # the timeline is never put off
+
+
+def test_cancel_stops_the_search_and_shows_its_best_plan(explorer, held):
+    assert explorer.start()
+    assert held.started.wait(10)
+    explorer.cancel_button.click()
+    assert explorer.cancel_button.disabled
+    plan = explorer.wait(timeout=30)
+    assert not explorer.busy and plan is not None and plan.status == "feasible"
+    assert "stopped by Cancel" in _status(explorer) and explorer.timeline.children
     assert not explorer.solve_button.disabled
 
 
-def test_even_baseline_picks_the_weakest_mode_that_fits(profile):
-    loose = even_baseline(profile, PipelineConfig(4, 8))
+@pytest.mark.slow
+def test_an_interrupt_while_waiting_restores_the_controls(explorer, held):
+    def interrupt_when_started():
+        held.started.wait(10)
+        _thread.interrupt_main()  # what a kernel interrupt does to the cell waiting in solve()
+
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        explorer.solve()
+    assert not explorer.busy and not explorer.solve_button.disabled and explorer.cancel_button.disabled
+    assert _status(explorer).startswith("cancelled") and "solving" not in explorer.status.value
+    assert held.calls[0]["stop"].is_set()  # the search was told to stop
+    # whatever the abandoned search still returns is dropped; a new solve works
+    held.hold = False
+    held.go.set()
+    assert explorer.solve() is not None and _status(explorer).startswith("optimal")
+
+
+@pytest.mark.slow
+def test_changed_or_invalid_settings_mark_the_tabs_stale(explorer, fake):
+    explorer.solve()
+    assert not explorer.stale and explorer.stale_note.value == ""
+    explorer.micro_batches.value = 16
+    assert explorer.stale and "m=8" in explorer.stale_note.value and "press Solve" in explorer.stale_note.value
+    explorer.micro_batches.value = 8  # back to the plan's settings
+    assert not explorer.stale and explorer.stale_note.value == ""
+    for box in explorer.recompute.values():  # an invalid state
+        box.value = False
+    assert "invalid" in _status(explorer) and explorer.stale and explorer.stale_note.value
+    explorer.recompute["full"].value = True
+    explorer.budget.value = 10000.0
+    assert explorer.stale
+    explorer.solve()  # a new plan for these settings: fresh again
+    assert not explorer.stale and explorer.plan.config.memory_budget == 10000.0
+
+
+@pytest.mark.slow
+def test_no_plan_clears_the_tabs(explorer, fake, monkeypatch, llama):
+    explorer.solve()
+    assert explorer.timeline.children
+
+    def nothing_fits(profile, config, **kwargs):
+        return make_plan(profile, config, None, status="infeasible", message="infeasible: nothing fits 10000 MB")
+
+    monkeypatch.setattr(balancer, "balance", nothing_fits)
+    explorer.budget.value = 10000.0
+    explorer.solve()
+    status = _status(explorer)
+    assert status.startswith("infeasible") and "nothing fits 10000 MB" in status
+    assert explorer.timeline.children == () and explorer.yaml.value == "" and explorer.bars.children == ()
+    assert not explorer.stale and explorer.figure is None
+
+
+def test_solver_failure_is_a_status_line_not_a_traceback(explorer, monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(balancer, "balance", boom)
+    explorer.solve_button.click()
+    explorer.wait()
+    assert "error" in _status(explorer) and "RuntimeError: boom" in _status(explorer)
+    assert not explorer.solve_button.disabled and explorer.cancel_button.disabled
+
+
+@pytest.mark.slow
+def test_a_real_solve_infeasible_then_optimal(explorer):
+    explorer.budget.value = 10000.0
+    explorer.solve_button.click()
+    explorer.wait()
+    status = _status(explorer)
+    assert "infeasible" in status and "MB" in status and "Traceback" not in status
+    assert explorer.timeline.children == () and explorer.yaml.value == ""
+    explorer.budget.value = 56000.0
+    plan = explorer.solve()
+    assert plan is not None and plan.solved and plan.fits
+    assert ("optimal in" in _status(explorer) or "feasible in" in _status(explorer)) and explorer.timeline.children
+
+
+def test_even_baseline_picks_the_weakest_mode_that_fits(llama):
+    loose = even_baseline(llama, PipelineConfig(4, 8))
     assert loose.source == "even_split(none)"
-    tight = even_baseline(profile, PipelineConfig(4, 8, memory_budget=56000.0))
+    tight = even_baseline(llama, PipelineConfig(4, 8, memory_budget=56000.0))
     assert tight.fits or tight.source == "even_split(full)"
     assert tight.source != "even_split(none)"

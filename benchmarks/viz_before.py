@@ -1,29 +1,17 @@
-"""Bokeh figures of simulations and plans, built from their DataFrames only.
+"""The figure builders of ``sapptk.viz`` as they were before the ``sapptk/viz/`` package
+(commit fc5427b), frozen here as the baseline of ``benchmarks/viz.py``.
 
-* :func:`timeline`: one row per device, one box per op, memory in use below on the same
-  time axis.
-* :func:`compare`: several simulations on one shared time scale.
-* :func:`stage_bars`: per device, memory against the budget and compute time.
-* :func:`save_html` writes a standalone page (resources inline, no network needed);
-  :func:`export_png` / :func:`export_svg` need the ``export`` extra and Chromium.
-
-Sources are built with vectorised numpy/pandas (no per-op Python loop), and glyphs use
-the WebGL backend, so programs with a hundred thousand ops still render and pan.
-Nothing in the core imports this module.
+Only what the Explorer drew is kept: :func:`compare` (Gantt rows, one step renderer and
+one source per device for memory, a separate label source) and :func:`stage_bars`. It is
+not part of the package and nothing imports it but the benchmark.
 """
-
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from bokeh.embed import file_html
 from bokeh.layouts import gridplot, row
 from bokeh.models import (
     ColumnDataSource,
@@ -34,28 +22,16 @@ from bokeh.models import (
     Legend,
     LegendItem,
     NumeralTickFormatter,
-    Plot,
     Range1d,
     Span,
 )
 from bokeh.palettes import Category10_10, Turbo256
 from bokeh.plotting import figure
-from bokeh.resources import INLINE
 
 if TYPE_CHECKING:
     from bokeh.models import UIElement
 
-__all__ = [
-    "CATEGORY_COLORS",
-    "ExportUnavailableError",
-    "compare",
-    "export_png",
-    "export_svg",
-    "op_source",
-    "save_html",
-    "stage_bars",
-    "timeline",
-]
+__all__ = ["compare", "stage_bars", "timeline"]
 
 #: Box colour of each op category; later chunks are drawn lighter.
 CATEGORY_COLORS: dict[str, str] = {
@@ -502,7 +478,7 @@ def stage_bars(plan: Any, *, width: int = 1100, constant_mb: float | None = None
         stages = plan
         constant = float(constant_mb or 0.0)
     else:
-        stages = plan.stages
+        stages = plan.devices
         if constant_mb is None:
             constant_mb = getattr(getattr(plan, "config", None), "constant_memory", 0.0)
         constant = float(constant_mb or 0.0)
@@ -581,142 +557,3 @@ def stage_bars(plan: Any, *, width: int = 1100, constant_mb: float | None = None
         f.xgrid.grid_line_color = None
         f.toolbar.logo = None
     return row(mem, time, name="stage_bars")
-
-
-# ------------------------------------------------------------------ output
-def save_html(fig: UIElement, path: str | Path, *, title: str = "sapptk") -> Path:
-    """Write ``fig`` as a standalone HTML page with Bokeh's JS inline (works offline)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(file_html(fig, INLINE, title), encoding="utf-8")
-    return path
-
-
-class ExportUnavailableError(RuntimeError):
-    """PNG/SVG export needs Selenium and a Chromium with its driver."""
-
-
-_EXPORT_HINT = (
-    "PNG/SVG export needs the 'export' extra and a Chromium browser with its driver: "
-    "pip install 'sapptk[export]' and, on Debian/Ubuntu, apt-get install chromium chromium-driver"
-)
-
-
-def find_chromium() -> tuple[str, str] | None:
-    """Paths of a Chromium (or Chrome) binary and its chromedriver, or None."""
-    browser = next(
-        (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome", "chrome")) if p), None
-    )
-    driver = shutil.which("chromedriver") or next(
-        (p for p in ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver") if Path(p).exists()), None
-    )
-    if browser is None or driver is None:
-        return None
-    return browser, driver
-
-
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--hide-scrollbars",
-    "--enable-unsafe-swiftshader",
-)
-
-
-def chromium_driver(*, console_log: bool = False, window: tuple[int, int] = (1400, 1000)) -> Any:
-    """A headless Chromium Selenium driver with a fresh profile (caller quits it).
-
-    Raises :class:`ExportUnavailableError` with the install hint when Selenium or
-    Chromium/chromedriver is missing.
-    """
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError as exc:
-        raise ExportUnavailableError(f"{_EXPORT_HINT} (selenium is not installed)") from exc
-    found = find_chromium()
-    if found is None:
-        raise ExportUnavailableError(f"{_EXPORT_HINT} (no chromium/chromedriver on PATH)")
-    browser, driver_path = found
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = browser
-    for flag in CHROMIUM_FLAGS:
-        opts.add_argument(flag)
-    opts.add_argument(f"--window-size={window[0]},{window[1]}")
-    profile = tempfile.mkdtemp(prefix="sapptk-chromium-")
-    opts.add_argument(f"--user-data-dir={profile}")
-    if console_log:
-        opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    try:
-        drv = webdriver.Chrome(service=Service(executable_path=driver_path), options=opts)
-    except Exception as exc:  # selenium raises several kinds here
-        shutil.rmtree(profile, ignore_errors=True)
-        raise ExportUnavailableError(f"{_EXPORT_HINT} (could not start {browser}: {exc})") from exc
-    drv._sapptk_profile = profile  # removed by _quit
-    return drv
-
-
-def _quit(drv: Any) -> None:
-    profile = getattr(drv, "_sapptk_profile", None)
-    try:
-        drv.quit()
-    finally:
-        if profile:
-            shutil.rmtree(profile, ignore_errors=True)
-
-
-@contextmanager
-def _canvas_backend(fig: UIElement) -> Iterator[None]:
-    """Render plots on the 2D canvas while exporting, then put their backends back.
-
-    A static image gains nothing from WebGL, and headless Chromium has no GPU: its
-    software WebGL is several times slower than the canvas on large timelines.
-    """
-    plots = [p for p in fig.select({"type": Plot}) if p.output_backend == "webgl"]
-    for p in plots:
-        p.output_backend = "canvas"
-    try:
-        yield
-    finally:
-        for p in plots:
-            p.output_backend = "webgl"
-
-
-def export_png(fig: UIElement, path: str | Path, *, timeout: int = 60) -> Path:
-    """Write ``fig`` as a PNG through headless Chromium (needs the ``export`` extra)."""
-    from bokeh.io import export_png as _bokeh_export_png
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    drv = chromium_driver()
-    try:
-        with _canvas_backend(fig):
-            _bokeh_export_png(fig, filename=str(path), webdriver=drv, timeout=timeout)
-    finally:
-        _quit(drv)
-    return path
-
-
-def export_svg(fig: UIElement, path: str | Path, *, timeout: int = 60) -> list[Path]:
-    """Write ``fig`` as SVG through headless Chromium (needs the ``export`` extra).
-
-    A layout of several plots gives one file per plot (``path``, ``path_1``, ...).
-    """
-    from bokeh.io import export_svg as _bokeh_export_svg
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    drv = chromium_driver()
-    try:
-        with _canvas_backend(fig):
-            names = _bokeh_export_svg(fig, filename=str(path), webdriver=drv, timeout=timeout)
-    finally:
-        _quit(drv)
-    return [Path(n) for n in names]

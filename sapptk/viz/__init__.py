@@ -1,0 +1,88 @@
+"""Bokeh figures of plans, simulations and sweeps, built from their DataFrames.
+
+* :func:`timeline` — a Gantt chart of one plan or simulation, memory in use below;
+  :func:`compare` — several on one time scale (:mod:`sapptk.viz.timelines`).
+* :func:`stage_bars` — per device, memory against the budget and compute time
+  (:mod:`sapptk.viz.plan_bars`).
+* :func:`step_time_by_budget`, :func:`heatmap`, :func:`pareto`, :func:`pareto_front` —
+  a sweep's frame (:mod:`sapptk.viz.sweep_plots`).
+* :func:`save_html`, :func:`export_png`, :func:`export_svg` — files (:mod:`sapptk.viz.export`).
+* Colours and sizes: :mod:`sapptk.viz.style`; what a figure accepts: :mod:`sapptk.viz.subjects`.
+
+Figures take a :class:`~sapptk.plan.Plan` or a :class:`~sapptk.simulation.Simulation`
+alike, and draw the memory budget the subject carries unless told otherwise
+(``budget=``). The names load on first use, so drawing a timeline does not load the
+sweep machinery. Nothing in the core imports this package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "CATEGORY_COLORS": "sapptk.viz.style",
+    "timeline": "sapptk.viz.timelines",
+    "compare": "sapptk.viz.timelines",
+    "op_source": "sapptk.viz.timelines",
+    "stage_bars": "sapptk.viz.plan_bars",
+    "device_frame": "sapptk.viz.plan_bars",
+    "step_time_by_budget": "sapptk.viz.sweep_plots",
+    "heatmap": "sapptk.viz.sweep_plots",
+    "pareto": "sapptk.viz.sweep_plots",
+    "pareto_front": "sapptk.viz.sweep_plots",
+    "save_html": "sapptk.viz.export",
+    "export_png": "sapptk.viz.export",
+    "export_svg": "sapptk.viz.export",
+    "ExportUnavailableError": "sapptk.viz.export",
+    "find_chromium": "sapptk.viz.export",
+    "chromium_driver": "sapptk.viz.export",
+    "close_driver": "sapptk.viz.export",
+}
+
+__all__ = [
+    "CATEGORY_COLORS",
+    "ExportUnavailableError",
+    "chromium_driver",
+    "close_driver",
+    "compare",
+    "device_frame",
+    "export_png",
+    "export_svg",
+    "find_chromium",
+    "heatmap",
+    "op_source",
+    "pareto",
+    "pareto_front",
+    "save_html",
+    "stage_bars",
+    "step_time_by_budget",
+    "timeline",
+]
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from sapptk.viz.export import (
+        ExportUnavailableError,
+        chromium_driver,
+        close_driver,
+        export_png,
+        export_svg,
+        find_chromium,
+        save_html,
+    )
+    from sapptk.viz.plan_bars import device_frame, stage_bars
+    from sapptk.viz.style import CATEGORY_COLORS
+    from sapptk.viz.sweep_plots import heatmap, pareto, pareto_front, step_time_by_budget
+    from sapptk.viz.timelines import compare, op_source, timeline
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'sapptk.viz' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
