@@ -111,7 +111,7 @@ def number_axes(fig: Any, *, x: bool = True) -> None:
 
 def time_tools(fig: Any) -> None:
     """Pan and wheel-zoom along time, box zoom, reset, save; the wheel zooms at once.
-    (Given as objects: Bokeh's parsing of a tool string took a third of a figure's build.)"""
+    (Given as objects: Bokeh's parsing of a tool string is a large part of a figure's build.)"""
     wheel = WheelZoomTool(dimensions="width")
     fig.add_tools(PanTool(dimensions="width"), wheel, BoxZoomTool(), ResetTool(), SaveTool())
     fig.toolbar.active_scroll = wheel

@@ -382,7 +382,7 @@ def _memory_panes(
 def _stack(figs: list[figure], name: str) -> GridPlot:
     """Figures one above the other with one toolbar for all: a tool of each kind drives
     that tool in every figure. (Bokeh's ``gridplot`` does the same, but walks every model
-    of every figure to find them, which took a third of the build.)"""
+    of every figure to find the tools, a large part of the build.)"""
     by_kind: dict[type, list[Any]] = {}
     for fig in figs:
         for tool in fig.toolbar.tools:
