@@ -29,6 +29,7 @@ from bokeh.plotting import figure
 
 from sapptk import viz
 from sapptk.schedules import build
+from sapptk.simulation import simulate
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -93,7 +94,7 @@ def main() -> None:
           f"{'html s':>7} {'html MB':>8} {'browser s webgl/canvas':>23}")
     with tempfile.TemporaryDirectory() as tmp:
         for name, p, m, v in cases:
-            sim = build(name, stages=p, micro_batches=m, chunks=v).simulate(1.0, 2.0, activation=10.0)
+            sim = simulate(build(name, stages=p, micro_batches=m, chunks=v), forward=1.0, backward=2.0, activation=10.0)
             n = len(sim.events)
             t_fig = best_of(lambda sim=sim: viz.timeline(sim, budget=100.0))
             t_cds = best_of(lambda sim=sim: cds_only(sim.events))

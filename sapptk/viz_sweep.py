@@ -22,6 +22,7 @@ from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LinearColorMappe
 from bokeh.palettes import Category10_10, Viridis256
 from bokeh.plotting import figure
 
+from sapptk.pareto import pareto_front as _front_indices
 from sapptk.sweeps import SOLVED
 
 __all__ = ["heatmap", "pareto", "pareto_front", "step_time_by_budget"]
@@ -207,13 +208,9 @@ def heatmap(
 def pareto_front(frame: pd.DataFrame, x: str = "peak_mb_max", y: str = "step_time_ms") -> pd.DataFrame:
     """The solved rows that no other solved row beats in both ``x`` and ``y`` (least is best),
     sorted by ``x``."""
-    rows = _solved(frame).dropna(subset=[x, y]).sort_values([x, y], kind="stable")
-    keep, best_y = [], np.inf
-    for idx, yv in zip(rows.index, rows[y], strict=True):
-        if yv < best_y:
-            keep.append(idx)
-            best_y = yv
-    return rows.loc[keep]
+    rows = _solved(frame).dropna(subset=[x, y])
+    keep = _front_indices(rows[[x, y]].to_numpy(dtype=float))
+    return rows.iloc[keep].sort_values([x, y], kind="stable")
 
 
 def pareto(

@@ -11,7 +11,8 @@ import numpy as np
 from sapptk.config import PipelineConfig
 from sapptk.costs import MEMORY_UNIT_MB, layer_coefficients, stage_costs
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
-from sapptk.schedules import get, names
+from sapptk.schedules import Op, Program, get, make_program, names
+from sapptk.schedules.interleaved import micro_batch_groups
 from sapptk.simulation import op_durations, unit_durations, unit_times
 from sapptk.solver.paths import memory_model
 
@@ -143,3 +144,49 @@ EXHAUSTIVE = [
     ("zb-v", 2, 3, 2, 1),
     ("dualpipe-v", 2, 4, 2, 1),
 ]
+
+
+# ------------------------------------------------------------------ oracles
+# The line-placed schedules written op by op (as they were before the array builders): the
+# array-built programs must equal these op by op.
+def _reference_one_f_one_b(forwards: list, backwards: list, warmup: int) -> list:
+    warmup = min(warmup, len(forwards))
+    order = forwards[:warmup]
+    steady = len(forwards) - warmup
+    for i in range(steady):
+        order.append(forwards[warmup + i])
+        order.append(backwards[i])
+    order.extend(backwards[steady:])
+    return order
+
+
+def reference_program(name: str, stages: int, micro_batches: int, chunks: int = 1, splits: int = 1) -> Program:
+    """gpipe, 1f1b, seq1f1b, interleaved or interleaved-lm built from :class:`Op` lists."""
+    p, m, k = stages, micro_batches, splits
+    devices = []
+    if name == "gpipe":
+        for s in range(p):
+            devices.append([Op("F", i, s) for i in range(m)] + [Op("B", i, s) for i in range(m)])
+        return make_program(name, stages=p, micro_batches=m, chunks=1, splits=1, placement=range(p),
+                            device_units=devices)
+    if name in ("1f1b", "seq1f1b"):
+        for s in range(p):
+            fwd = [Op("F", i, s, j) for i in range(m) for j in range(k)]
+            bwd = [Op("B", i, s, j) for i in range(m) for j in reversed(range(k))]
+            devices.append(_reference_one_f_one_b(fwd, bwd, p - s - 1 + k - 1))
+        return make_program(name, stages=p, micro_batches=m, chunks=1, splits=k, placement=range(p),
+                            device_units=devices)
+    assert name in ("interleaved", "interleaved-lm"), name
+    v = chunks
+    groups = micro_batch_groups(p, m)
+    first_group = len(groups[0])
+    for s in range(p):
+        fwd, bwd = [], []
+        for group in groups:
+            for c in range(v):
+                fwd.extend(Op("F", i, c * p + s) for i in group)
+                bwd.extend(Op("B", i, (v - 1 - c) * p + s) for i in group)
+        tail = p - s - 1 if name == "interleaved-lm" or v == 1 else 2 * (p - s - 1)
+        devices.append(_reference_one_f_one_b(fwd, bwd, (v - 1) * first_group + tail))
+    return make_program(name, stages=p, micro_batches=m, chunks=v, splits=1,
+                        placement=[vs % p for vs in range(p * v)], device_units=devices)

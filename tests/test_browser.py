@@ -53,7 +53,8 @@ def _severe(driver):
 
 # --------------------------------------------------------------------- tests
 def test_timeline_page_renders_without_console_errors(driver, tmp_path):
-    sim = simulate(build("interleaved", stages=4, micro_batches=8, chunks=2), 0.5, 1.0, activation=5.0, params=25.0)
+    sim = simulate(build("interleaved", stages=4, micro_batches=8, chunks=2), forward=0.5, backward=1.0,
+                   activation=5.0, params=25.0)
     page = viz.save_html(viz.timeline(sim, budget=110.0), tmp_path / "timeline.html")
     _open(driver, page)
     errors = _severe(driver)
@@ -70,7 +71,7 @@ def test_timeline_page_renders_without_console_errors(driver, tmp_path):
 
 
 def test_zoom_writes_micro_batches_on_boxes(driver, tmp_path):
-    sim = simulate(build("1f1b", stages=4, micro_batches=200), 1.0, 2.0)
+    sim = simulate(build("1f1b", stages=4, micro_batches=200), forward=1.0, backward=2.0)
     page = viz.save_html(viz.timeline(sim), tmp_path / "long.html")
     _open(driver, page)
     count = """
@@ -92,7 +93,7 @@ def test_zoom_writes_micro_batches_on_boxes(driver, tmp_path):
 
 
 def test_large_program_page_renders(driver, tmp_path):
-    sim = simulate(build("interleaved", stages=16, micro_batches=320, chunks=2), 0.5, 1.0)
+    sim = simulate(build("interleaved", stages=16, micro_batches=320, chunks=2), forward=0.5, backward=1.0)
     assert len(sim.events) > 20_000
     page = viz.save_html(viz.timeline(sim), tmp_path / "large.html")
     _open(driver, page)
@@ -106,7 +107,7 @@ def test_large_program_page_renders(driver, tmp_path):
 
 
 def test_export_png_and_svg(tmp_path):
-    sim = simulate(build("1f1b", stages=4, micro_batches=8), 1.0, 2.0)
+    sim = simulate(build("1f1b", stages=4, micro_batches=8), forward=1.0, backward=2.0)
     fig = viz.timeline(sim)
     png = viz.export_png(fig, tmp_path / "t.png")
     img = decode_png(png.read_bytes())

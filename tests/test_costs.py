@@ -134,8 +134,8 @@ def test_stage_costs_simulation_and_peaks(config):
         sim = simulate_counts(prof, config, counts)
         assert sim.costs["comm"] == pytest.approx(sc.comm)
         assert np.allclose(peak_memory(prof, config, counts), sim.peak_memory.to_numpy(), atol=1e-6)
-        direct = simulate(config.program(), sc.forward, sc.backward, sc.weight, sc.activation, sc.params,
-                                           sc.comm, constant=sc.constant)
+        direct = simulate(config.program(), forward=sc.forward, backward=sc.backward, weight=sc.weight,
+                          activation=sc.activation, params=sc.params, comm=sc.comm, constant=sc.constant)
         assert direct.step_time == pytest.approx(sim.step_time)
 
 

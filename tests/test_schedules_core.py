@@ -58,7 +58,7 @@ def test_line_schedules_closed_forms(name, p, m):
     program = build(name, stages=p, micro_batches=m)
     assert_each_op_once(program)
     f, b = 1.25, 2.5
-    sim = simulate(program, f, b)
+    sim = simulate(program, forward=f, backward=b)
     assert_dependencies_hold(sim)
     assert sim.step_time == pytest.approx((m + p - 1) * (f + b))
     assert sim.bubble.of_compute == pytest.approx((p - 1) / m)
@@ -71,7 +71,7 @@ def test_line_schedules_closed_forms(name, p, m):
 
 
 def test_worked_value_1f1b():
-    sim = simulate(build("1f1b", stages=4, micro_batches=8), 1, 2)
+    sim = simulate(build("1f1b", stages=4, micro_batches=8), forward=1, backward=2)
     assert sim.step_time == 33
     assert sim.bubble.of_compute == pytest.approx(3 / 8)
 
@@ -79,7 +79,7 @@ def test_worked_value_1f1b():
 def test_1f1b_fewer_micro_batches_than_stages():
     program = build("1f1b", stages=4, micro_batches=2)
     assert program.peak_live().tolist() == [2, 2, 2, 1]
-    assert simulate(program, 1, 2).step_time == (2 + 4 - 1) * 3
+    assert simulate(program, forward=1, backward=2).step_time == (2 + 4 - 1) * 3
 
 
 # ------------------------------------------------------------------ interleaved
@@ -91,7 +91,7 @@ def test_interleaved_grid(p, m, v):
     assert_each_op_once(program)
     assert program.placement == tuple(vs % p for vs in range(p * v))
     f, b = 0.5, 1.0  # per chunk
-    sim = simulate(program, f, b)
+    sim = simulate(program, forward=f, backward=b)
     assert_dependencies_hold(sim)
     peak = program.peak_live()
     g = p + m % p  # the first group takes the remainder
@@ -106,7 +106,7 @@ def test_interleaved_grid(p, m, v):
 
 
 def test_worked_value_interleaved():
-    sim = simulate(build("interleaved", stages=4, micro_batches=8, chunks=2), 0.5, 1)
+    sim = simulate(build("interleaved", stages=4, micro_batches=8, chunks=2), forward=0.5, backward=1)
     assert sim.step_time == pytest.approx(28.5)
     assert sim.bubble.of_compute == pytest.approx(3 / 16)
 
@@ -126,7 +126,7 @@ def test_interleaved_hand_order_p2_m4_v2():
         "device 1: F0@1 F1@1 F0@3 B0@3 F1@3 B1@3 F2@1 B0@1 F3@1 B1@1 F2@3 B2@3 F3@3 B3@3 B2@1 B3@1"
     )
     # by hand with F = 1, B = 2 per chunk: (v·m + p − 1)(F + B) = 27
-    assert simulate(program, 1, 2).step_time == 27
+    assert simulate(program, forward=1, backward=2).step_time == 27
 
 
 def test_interleaved_remainder_step_time_hand_case():
@@ -138,7 +138,7 @@ def test_interleaved_remainder_step_time_hand_case():
     # F1@2 4-5, F2@2 5-6. Device 1: F0@1 1-2, F1@1 2-3, F2@1 3-4, F0@3 4-5, B0@3 5-7, F1@3 7-8,
     # B1@3 8-10, F2@3 10-11, B2@3 11-13. Device 0: B0@2 7-9, B1@2 10-12, B2@2 13-15.
     # Device 1: B0@1 13-15, B1@1 15-17, B2@1 17-19. Device 0: B0@0 15-17, B1@0 17-19, B2@0 19-21.
-    sim = simulate(program, 1, 2)
+    sim = simulate(program, forward=1, backward=2)
     ev = sim.events.set_index(["kind", "micro_batch", "virtual_stage"])
     assert ev.loc[("B", 2, 3), "start_ms"] == 11
     assert ev.loc[("B", 0, 1), "start_ms"] == 13
@@ -151,7 +151,7 @@ def test_interleaved_remainder_step_time_hand_case():
 def test_interleaved_less_memory_grid(p, m, v):
     program = build("interleaved-lm", stages=p, micro_batches=m, chunks=v)
     assert_each_op_once(program)
-    sim = simulate(program, 0.5, 1.0)
+    sim = simulate(program, forward=0.5, backward=1.0)
     assert_dependencies_hold(sim)
     g = p + m % p
     assert program.peak_live().tolist() == [min(v * m, (v - 1) * g + p - s) for s in range(p)]
@@ -175,7 +175,7 @@ def test_interleaved_with_one_chunk_is_1f1b():
 def test_seq1f1b_grid(p, m, k):
     program = build("seq1f1b", stages=p, micro_batches=m, splits=k)
     assert_each_op_once(program)
-    sim = simulate(program, 1.0, 2.0)
+    sim = simulate(program, forward=1.0, backward=2.0)
     assert_dependencies_hold(sim)
     # in slices: stage s keeps p − s + k − 1 in flight (capped by the m·k it has)
     slices = np.round(program.peak_live() * k).astype(int).tolist()
@@ -195,7 +195,7 @@ def test_seq1f1b_hand_order():
 # ------------------------------------------------------------------ comm, costs
 def test_comm_latency_hand_case():
     # p = 2, m = 2, F = 1, B = 2, comm 0.5: worked out by hand in the test docstring below
-    sim = simulate(build("1f1b", stages=2, micro_batches=2), 1, 2, comm=0.5)
+    sim = simulate(build("1f1b", stages=2, micro_batches=2), forward=1, backward=2, comm=0.5)
     ev = sim.events.set_index(["device", "kind", "micro_batch"])
     assert ev.loc[(1, "F", 0), "start_ms"] == 1.5
     assert ev.loc[(1, "F", 1), "start_ms"] == 4.5
@@ -208,7 +208,7 @@ def test_per_stage_costs_1f1b_bottleneck():
     # the slowest stage sets the steady-state pace: step = sum of others' F+B fill + m·slowest
     f = [1.0, 1.0, 3.0, 1.0]
     b = [2.0, 2.0, 6.0, 2.0]
-    sim = simulate(build("1f1b", stages=4, micro_batches=8), f, b)
+    sim = simulate(build("1f1b", stages=4, micro_batches=8), forward=f, backward=b)
     assert_dependencies_hold(sim)
     assert sim.step_time >= 8 * 9.0
     busy = sim.summary["busy_ms"].tolist()
@@ -218,13 +218,13 @@ def test_per_stage_costs_1f1b_bottleneck():
 def test_cost_validation():
     program = build("1f1b", stages=4, micro_batches=8)
     with pytest.raises(ValueError, match="forward: expected a number or 4 values"):
-        simulate(program, [1, 2], 2)
+        simulate(program, forward=[1, 2], backward=2)
     with pytest.raises(ValueError, match="backward: expected finite values >= 0"):
-        simulate(program, 1, -2)
+        simulate(program, forward=1, backward=-2)
     with pytest.raises(ValueError, match="comm"):
-        simulate(program, 1, 2, comm=-1)
+        simulate(program, forward=1, backward=2, comm=-1)
     with pytest.raises(ValueError, match="overlap"):
-        simulate(program, 1, 2, overlap="min")
+        simulate(program, forward=1, backward=2, overlap="min")
 
 
 # ------------------------------------------------------------------ memory
@@ -233,7 +233,8 @@ def test_memory_peak_equals_order_based_bound():
     rng = np.random.default_rng(0)
     act = rng.uniform(10, 100, program.num_virtual_stages)
     params = rng.uniform(100, 200, program.num_virtual_stages)
-    sim = simulate(program, rng.uniform(1, 2, 8), rng.uniform(2, 4, 8), activation=act, params=params, constant=7)
+    sim = simulate(program, forward=rng.uniform(1, 2, 8), backward=rng.uniform(2, 4, 8), activation=act,
+                   params=params, constant=7)
     for d, pts in enumerate(program.live_points()):
         stages_d = program.device_stages[d]
         static = params[list(stages_d)].sum() + 7
@@ -249,7 +250,7 @@ def test_memory_peak_equals_order_based_bound():
 
 
 def test_memory_steps_hand_case():
-    sim = simulate(build("1f1b", stages=2, micro_batches=2), 1, 2, activation=10, params=100)
+    sim = simulate(build("1f1b", stages=2, micro_batches=2), forward=1, backward=2, activation=10, params=100)
     d0 = sim.memory[sim.memory.device == 0]
     # device 0: F0 0-1, F1 1-2, B0 4-6 (after B0 on device 1, 2-4), B1 7-9 (after B1 5-7)
     assert d0["time_ms"].tolist() == [0, 0, 1, 6, 9]
@@ -258,7 +259,7 @@ def test_memory_steps_hand_case():
 
 
 def test_summary_columns_and_bubble_consistency():
-    sim = simulate(build("1f1b", stages=4, micro_batches=8), 1, 2)
+    sim = simulate(build("1f1b", stages=4, micro_batches=8), forward=1, backward=2)
     assert list(sim.summary.columns) == [
         "device", "busy_ms", "idle_ms", "bubble_of_step", "static_mb", "peak_mb", "peak_live"
     ]

@@ -38,7 +38,8 @@ def test_events_respect_dependencies_and_devices(program, data):
     activation = np.array(data.draw(costs))
     comm = data.draw(st.floats(0.0, 3.0))
     overlap = data.draw(st.sampled_from(["sum", "max"]))
-    sim = simulate(program, forward, backward, weight, activation=activation, comm=comm, overlap=overlap)
+    sim = simulate(program, forward=forward, backward=backward, weight=weight, activation=activation, comm=comm,
+                   overlap=overlap)
     g = program.graph
     ev = sim.events
     start = ev["start_ms"].to_numpy()
@@ -68,7 +69,7 @@ def test_events_respect_dependencies_and_devices(program, data):
 @settings(max_examples=60, deadline=None)
 @given(programs())
 def test_busy_time_is_the_sum_of_op_costs(program):
-    sim = simulate(program, 1.0, 2.0, 0.5)
+    sim = simulate(program, forward=1.0, backward=2.0, weight=0.5)
     # with overlap="sum" every device is busy for exactly its ops' durations
     n_f = program.ops.groupby("device")["kind"].apply(lambda k: (k == "F").sum()).to_numpy()
     expected = n_f * (1.0 + 2.0 + 0.5) / program.splits  # one backward (B, or I + W) per forward

@@ -105,7 +105,7 @@ def test_every_registered_schedule_draws_all_its_ops(name):
     k = 2 if spec.splits else 1
     m = max(8, spec.min_micro_batches(4, v))
     program = build(name, stages=4, micro_batches=m, chunks=v, splits=k)
-    sim = simulate(program, 1.0, 1.5, 0.5, activation=3.0, params=10.0)
+    sim = simulate(program, forward=1.0, backward=1.5, weight=0.5, activation=3.0, params=10.0)
     data = _renderer(viz.timeline(sim, budget=100.0), "ops").data_source.data
     np.testing.assert_array_equal(np.asarray(data["start_ms"]), sim.events["start_ms"].to_numpy())
     np.testing.assert_array_equal(np.asarray(data["end_ms"]), sim.events["end_ms"].to_numpy())
@@ -193,7 +193,7 @@ def test_colour_by_kind_and_shade_by_chunk():
 
 
 def test_input_and_weight_gradient_kinds():
-    sim = simulate(_zero_bubble_program(), 1.0, 1.0, 1.0)
+    sim = simulate(_zero_bubble_program(), forward=1.0, backward=1.0, weight=1.0)
     data = _renderer(viz.timeline(sim), "ops").data_source.data
     cats = set(data["category"])
     assert cats == {"forward", "input-gradient", "weight-gradient"}
@@ -203,7 +203,7 @@ def test_input_and_weight_gradient_kinds():
 
 
 def test_overlapped_pairs_share_the_row_in_strips():
-    sim = simulate(_overlapped_program(), 1.0, 2.0)
+    sim = simulate(_overlapped_program(), forward=1.0, backward=2.0)
     data = _renderer(viz.timeline(sim), "ops").data_source.data
     frame = pd.DataFrame({k: np.asarray(data[k]) for k in ("unit", "category", "kind", "lower", "upper",
                                                            "start_ms", "end_ms")})

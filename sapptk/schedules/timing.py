@@ -1,0 +1,170 @@
+"""The longest path through a program's unit graph: the one kernel behind every step time.
+
+A unit ends at ``duration[u] + max(0, max over its predecessors q of end[q] + lag(q, u))``
+where ``lag`` is ``comm`` when ``q`` ran on another device and 0 otherwise. The simulator
+(:func:`sapptk.simulation.unit_times`) and the solver's time model
+(:class:`sapptk.solver.paths.PathModel`) both call :func:`longest_path`; they differ only
+in the numbers they feed it:
+
+* float (ms) or integer (ticks) durations; the result has the durations' type;
+* one cost vector (``duration`` of shape ``(units,)``) or a batch (``(units, batch)``);
+* ``argmax=True`` also returns, for each unit, the column of the predecessor that set its
+  start (the first of equals), from which :func:`critical_path` walks a longest path back;
+* ``reverse=True`` runs over successors instead: ``end[u]`` is then the longest path that
+  *starts* with ``u`` (its duration included), and the columns index
+  :attr:`~sapptk.schedules.graph.ProgramGraph.unit_succs`.
+
+The loop runs once per level (units of a level depend only on earlier levels), each level a
+few numpy calls over its units; everything else is whole-array work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sapptk.schedules.graph import ProgramGraph, Sweep
+
+__all__ = ["critical_path", "longest_path", "path_sums", "unit_starts"]
+
+
+def _sweep(graph: ProgramGraph, reverse: bool) -> Sweep:
+    return graph.backward_sweep if reverse else graph.forward_sweep
+
+
+def longest_path(
+    graph: ProgramGraph,
+    duration: np.ndarray,
+    comm: float = 0,
+    *,
+    argmax: bool = False,
+    reverse: bool = False,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """End of every unit on the longest path to it (from it, with ``reverse``), and the arg-max columns.
+
+    Parameters
+    ----------
+    graph: the compiled program.
+    duration: unit durations, shape ``(units,)`` or ``(units, batch)``; integer or float.
+    comm: the lag of an edge between devices (same unit as ``duration``).
+    argmax: also return the column (into ``unit_preds``, or ``unit_succs`` with
+        ``reverse``) of the neighbour that set each unit's start, the first of equals; a
+        column holding the "none" entry means the unit starts at 0. Shape like ``duration``.
+    reverse: follow successors: the longest path starting with each unit.
+
+    Returns
+    -------
+    ``(end, columns)``: ``end`` has ``duration``'s shape; ``columns`` is None unless asked.
+    """
+    dur = np.asarray(duration)
+    if dur.shape[:1] != (graph.n_units,):
+        raise ValueError(f"longest_path: duration must have {graph.n_units} rows, got shape {dur.shape}")
+    integral = dur.dtype.kind in "iub" and float(comm).is_integer()
+    dtype = np.int64 if integral else np.float64
+    sweep = _sweep(graph, reverse)
+    n = graph.n_units
+    batch = dur.shape[1:]
+    dur_o = dur[sweep.order].astype(dtype, copy=False)
+    end = np.zeros((n + 1, *batch), dtype=dtype)  # position n: "no predecessor", ends at 0
+    # per row of the sweep, the lag of its edges (None: no edge of that row crosses devices)
+    lags: list[np.ndarray | None] = []
+    for flags in sweep.cross:
+        if comm and flags.any():
+            lag = (flags * (int(comm) if integral else float(comm))).astype(dtype)
+            lags.append(lag.reshape(lag.shape + (1,) * len(batch)))
+        else:
+            lags.append(None)
+    first_lag, *rest_lags = lags
+    take = end.take
+    top, add, greater = np.maximum, np.add, np.greater
+    if not argmax:
+        # numpy reduces along a short axis slowly: take each row and keep a running maximum
+        for (first, *rest), a, b in sweep.blocks:
+            acc = take(first, axis=0)
+            if first_lag is not None:
+                acc += first_lag[a:b]
+            for preds, lag in zip(rest, rest_lags, strict=True):
+                x = take(preds, axis=0)
+                if lag is not None:
+                    x += lag[a:b]
+                top(acc, x, out=acc)
+            add(acc, dur_o[a:b], out=end[a:b])
+        out = np.empty_like(end[:n])
+        out[sweep.order] = end[:n]
+        return out, None
+    arg = np.zeros((n, *batch), dtype=np.int64)  # row of the sweep that set the start
+    for (first, *rest), a, b in sweep.blocks:
+        acc = take(first, axis=0)
+        if first_lag is not None:
+            acc += first_lag[a:b]
+        best = arg[a:b]
+        for r, (preds, lag) in enumerate(zip(rest, rest_lags, strict=True), start=1):
+            x = take(preds, axis=0)
+            if lag is not None:
+                x += lag[a:b]
+            np.copyto(best, r, where=greater(x, acc))  # strictly greater: the first of equals stays
+            top(acc, x, out=acc)
+        add(acc, dur_o[a:b], out=end[a:b])
+    out = np.empty_like(end[:n])
+    out[sweep.order] = end[:n]
+    cols = np.empty_like(arg)
+    cols[sweep.order] = np.asarray(sweep.columns, dtype=np.int64)[arg]
+    return out, cols
+
+
+def unit_starts(graph: ProgramGraph, end: np.ndarray, comm: float = 0) -> np.ndarray:
+    """Start of every unit given every unit's end: the latest predecessor end, plus ``comm`` across devices.
+
+    The same sums the kernel forms, so ``start + duration == end`` exactly.
+    """
+    padded = np.concatenate([end, np.zeros((1, *end.shape[1:]), dtype=end.dtype)])
+    preds, cross = graph.columns
+    x = padded[preds]  # (columns, units, ...): reduce across rows, the fast way
+    if comm:
+        lag = cross * comm
+        x += lag.reshape(lag.shape + (1,) * (end.ndim - 1)).astype(x.dtype)
+    return np.maximum.reduce(x, axis=0)
+
+
+def critical_path(graph: ProgramGraph, columns: np.ndarray, last: int) -> tuple[np.ndarray, int]:
+    """The units of the longest path ending at unit ``last`` (first to last) and its device crossings.
+
+    ``columns`` are the arg-max columns of :func:`longest_path` (one cost vector).
+    """
+    n = graph.n_units
+    preds, cross = graph.unit_preds, graph.unit_cross
+    units = []
+    crossings = 0
+    u = int(last)
+    while True:
+        units.append(u)
+        col = int(columns[u])
+        if preds[u, col] >= n:
+            break
+        crossings += int(cross[u, col])
+        u = int(preds[u, col])
+    return np.asarray(units[::-1], dtype=np.int64), crossings
+
+
+def path_sums(graph: ProgramGraph, columns: np.ndarray, values: np.ndarray, *, reverse: bool = False) -> np.ndarray:
+    """Sum ``values`` (one row per unit) along the arg-max paths of :func:`longest_path`.
+
+    Row ``u`` of the result is ``values[u]`` plus the row of the neighbour that set ``u``'s
+    start (its successor with ``reverse``): the sum over the whole longest path ending
+    (starting) at ``u``. ``columns`` come from one cost vector.
+    """
+    sweep = _sweep(graph, reverse)
+    n = graph.n_units
+    vals = np.asarray(values)
+    acc = np.zeros((n + 1, *vals.shape[1:]), dtype=vals.dtype)
+    acc[:n] = vals[sweep.order]
+    table = graph.unit_succs[0] if reverse else graph.unit_preds
+    chosen = table[sweep.order, columns[sweep.order]]  # the neighbour, a unit (n: none)
+    pos = np.empty(n + 1, dtype=np.int64)
+    pos[sweep.order] = np.arange(n)
+    pos[n] = n
+    parent = pos[chosen]
+    for a, b in zip(sweep.bounds[:-1], sweep.bounds[1:], strict=True):
+        acc[a:b] += acc[parent[a:b]]
+    out = np.empty_like(acc[:n])
+    out[sweep.order] = acc[:n]
+    return out
