@@ -170,6 +170,8 @@ def _check_program(program: Any) -> Program:
     )
 
 
+_HUGE = 1e300  # ms or MB: far beyond any real step, far below float overflow
+
 _OVERLAPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "sum": lambda d, ptr: np.add.reduceat(d, ptr[:-1]),
     "max": lambda d, ptr: np.maximum.reduceat(d, ptr[:-1]),
@@ -258,11 +260,20 @@ def simulate(
     par = per_stage("params", params, nvs)
 
     g = program.graph
+    # no path is longer than every unit at its longest plus a latency before each: refuse
+    # costs whose step could overflow before running anything
+    worst = (float(max(f.max(), (b + w).max())) + comm) * g.n_units
+    if not worst < _HUGE:
+        raise SapptkError(
+            f"forward/backward/weight/comm: too large: the step time could overflow ({g.n_units} units of up to "
+            f"{max(f.max(), (b + w).max()):.3g} ms); give ms per micro-batch"
+        )
+    worst_mb = float(act.max()) * g.n_ops + float(par.sum()) + constant
+    if not worst_mb < _HUGE:
+        raise SapptkError("activation/params/constant: too large: the memory could overflow; give MB")
     dur = unit_durations(program, op_durations(program, f, b, w), overlap)
     start, end = unit_times(program, dur, comm)
     step_time = float(end.max(initial=0.0))
-    if not math.isfinite(step_time):
-        raise SapptkError(f"costs too large: the step time overflows ({step_time}); give ms per micro-batch")
 
     p = program.stages
     placement = np.asarray(program.placement, dtype=np.int64)
@@ -272,8 +283,6 @@ def simulate(
     act_by_chunk = np.zeros((p, events_m.width))
     act_by_chunk[placement, chunk] = act
     dev_col, time_col, mem_col = memory_steps(events_m, start, end, act_by_chunk, static, weight_holds)
-    if not np.isfinite(mem_col).all():
-        raise SapptkError("costs too large: memory overflows; give MB per micro-batch and virtual stage")
     memory = pd.DataFrame({"device": dev_col, "time_ms": time_col, "memory_mb": mem_col})
     first_rows = events_m.ptr[:-1] + np.arange(p)
     peak = pd.Series(np.maximum.reduceat(mem_col, first_rows), index=pd.RangeIndex(p, name="device"),

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support import reference_program
 
 from sapptk.errors import DeadlockError, ScheduleError
-from sapptk.schedules import Op, build, make_program, names
+from sapptk.schedules import Op, build, make_program, names, program_from_arrays
 from sapptk.simulation import simulate
 
 
@@ -312,3 +313,155 @@ def test_build_argument_errors():
 def test_registry_lists_core_schedules():
     for name in ["gpipe", "1f1b", "interleaved", "interleaved-lm", "seq1f1b"]:
         assert name in names()
+
+
+# ------------------------------------------------------------------ arrays and Op lists
+VECTORISED = ("gpipe", "1f1b", "seq1f1b", "interleaved", "interleaved-lm")
+
+
+def array_grid(fast: bool):
+    """(name, p, m, v, k) for the array-built schedules; m from p (or 1) up, multiples of p or not."""
+    ps = (1, 2, 3, 4) if fast else range(1, 9)
+    for name in VECTORISED:
+        chunks = (1, 2, 3) if name.startswith("interleaved") else (1,)
+        splits = (1, 2, 3) if name == "seq1f1b" else (1,)
+        for p in ps:
+            low = p if name.startswith("interleaved") else 1
+            for m in sorted({low, low + 1, 2 * p - 1 if 2 * p - 1 >= low else low, 2 * p + 1, 3 * p}):
+                for v in chunks if fast or p > 1 else (1,):
+                    for k in splits:
+                        yield name, p, m, v, k
+
+
+def assert_same_program(a, b) -> None:
+    """Op by op, unit by unit, and in every derived array."""
+    assert a.units == b.units
+    assert (a.name, a.stages, a.micro_batches, a.chunks, a.splits, a.placement) == (
+        b.name, b.stages, b.micro_batches, b.chunks, b.splits, b.placement)
+    for field in ("unit_ptr", "unit_op_ptr", "kind", "micro_batch", "virtual_stage", "slice"):
+        assert np.array_equal(getattr(a.arrays, field), getattr(b.arrays, field)), field
+    for field in ("op_deps", "unit_preds", "unit_cross", "level", "level_ptr", "level_units"):
+        assert np.array_equal(getattr(a.graph, field), getattr(b.graph, field)), field
+
+
+@pytest.mark.parametrize(("name", "p", "m", "v", "k"), list(array_grid(fast=True)))
+def test_array_built_programs_equal_op_lists(name, p, m, v, k):
+    assert_same_program(build(name, stages=p, micro_batches=m, chunks=v, splits=k), reference_program(name, p, m, v, k))
+
+
+@pytest.mark.slow
+def test_array_built_programs_equal_op_lists_wide_grid():
+    for name, p, m, v, k in array_grid(fast=False):
+        assert_same_program(build(name, stages=p, micro_batches=m, chunks=v, splits=k),
+                            reference_program(name, p, m, v, k))
+
+
+def test_units_are_a_view_built_on_first_use():
+    program = build("interleaved", stages=4, micro_batches=8, chunks=2)
+    assert "units" not in program.__dict__  # array-built: no Op objects until asked
+    assert program.device_ops(1) == [op for unit in program.units[1] for op in unit]
+    assert program.num_ops == sum(len(u) for dev in program.units for u in dev) == 4 * 8 * 2 * 2
+    assert not program.arrays.kind.flags.writeable  # a program's arrays cannot be changed
+
+
+def test_program_from_arrays_flat_overlapped_and_letters():
+    # 1F1B on 2 devices, device 0 running its steady F1/B0 as one overlapped unit
+    program = program_from_arrays(
+        "mixed", stages=2, micro_batches=2, chunks=1, splits=1, placement=[0, 1],
+        kind=list("FFBBFBFB"), micro_batch=[0, 1, 0, 1, 0, 0, 1, 1],
+        virtual_stage=[0, 0, 0, 0, 1, 1, 1, 1], unit=[0, 1, 1, 2, 0, 1, 2, 3], ops_per_device=[4, 4],
+    )
+    assert program.describe() == "device 0: F0@0 F1@0+B0@0 B1@0\ndevice 1: F0@1 B0@1 F1@1 B1@1"
+    same = make_program(
+        "mixed", stages=2, micro_batches=2, chunks=1, splits=1, placement=[0, 1],
+        device_units=[[Op("F", 0, 0), (Op("F", 1, 0), Op("B", 0, 0)), Op("B", 1, 0)],
+                      [Op("F", 0, 1), Op("B", 0, 1), Op("F", 1, 1), Op("B", 1, 1)]],
+    )
+    assert_same_program(program, same)
+
+
+def _arrays(name="x", stages=1, micro_batches=1, placement=(0,), **fields):
+    base = dict(kind=[["F", "B"]], micro_batch=[[0, 0]], virtual_stage=[[0, 0]])
+    base.update(fields)
+    return program_from_arrays(name, stages=stages, micro_batches=micro_batches, chunks=1, splits=1,
+                               placement=placement, **base)
+
+
+def test_program_from_arrays_refuses_bad_arrays():
+    with pytest.raises(ScheduleError, match="unknown op kind 'X'"):
+        _arrays(kind=[["F", "X"]])
+    with pytest.raises(ScheduleError, match="unknown op kind code 7"):
+        _arrays(kind=[[0, 7]])
+    with pytest.raises(ScheduleError, match="micro_batch has shape"):
+        _arrays(micro_batch=[[0, 0, 0]])
+    with pytest.raises(ScheduleError, match="must hold integers"):
+        _arrays(micro_batch=[[0.5, 0]])
+    with pytest.raises(ScheduleError, match=r"expected shape \(stages=2"):
+        _arrays(stages=2, placement=(0, 1))
+    with pytest.raises(ScheduleError, match="ops_per_device"):
+        program_from_arrays("x", stages=1, micro_batches=1, chunks=1, splits=1, placement=[0], kind=["F", "B"],
+                            micro_batch=[0, 0], virtual_stage=[0, 0], ops_per_device=[3, 1])
+
+
+# Every check of the compile, reached both ways: Op lists and arrays.
+BAD_PROGRAMS = [
+    ("micro-batch outside 0..0", [[Op("F", 1, 0), Op("B", 0, 0)]]),
+    ("virtual stage outside 0..0", [[Op("F", 0, 0), Op("B", 0, 3)]]),
+    ("slice outside 0..0", [[Op("F", 0, 0, 1), Op("B", 0, 0)]]),
+    ("appears more than once", [[Op("F", 0, 0), Op("F", 0, 0), Op("B", 0, 0)]]),
+    ("has both B and I", [[Op("F", 0, 0), Op("B", 0, 0), Op("I", 0, 0), Op("W", 0, 0)]]),
+    ("no F op for micro-batch 0, virtual stage 0", [[Op("B", 0, 0)]]),
+    ("no B or I op for micro-batch 0, virtual stage 0", [[Op("F", 0, 0)]]),
+    ("an I op needs exactly one W op", [[Op("F", 0, 0), Op("I", 0, 0)]]),
+    ("an I op needs exactly one W op", [[Op("F", 0, 0), Op("B", 0, 0), Op("W", 0, 0)]]),
+    ("overlapped with an op it depends on", [[(Op("F", 0, 0), Op("B", 0, 0))]]),
+    ("device 0 is at B0@0, which needs F0@0", [[Op("B", 0, 0), Op("F", 0, 0)]]),
+]
+
+
+def _as_arrays(device_units):
+    ops = [op for dev in device_units for u in dev for op in (u if isinstance(u, tuple) and not isinstance(u, Op)
+                                                                 else (u,))]
+    units = [i for dev in device_units for i, u in enumerate(dev)
+             for _ in (u if isinstance(u, tuple) and not isinstance(u, Op) else (u,))]
+    return dict(kind=[op.kind for op in ops], micro_batch=[op.micro_batch for op in ops],
+                virtual_stage=[op.virtual_stage for op in ops], slice=[op.slice for op in ops], unit=units,
+                ops_per_device=[sum(len(u) if isinstance(u, tuple) and not isinstance(u, Op) else 1 for u in dev)
+                                for dev in device_units])
+
+
+@pytest.mark.parametrize(("needle", "device_units"), BAD_PROGRAMS)
+def test_every_compile_error_both_ways(needle, device_units):
+    args = dict(stages=1, micro_batches=1, chunks=1, splits=1, placement=[0])
+    with pytest.raises(ScheduleError, match=needle):
+        make_program("bad", device_units=device_units, **args)
+    with pytest.raises(ScheduleError, match=needle):
+        program_from_arrays("bad", **args, **_as_arrays(device_units))
+
+
+def test_deadlock_across_devices_names_the_cycle():
+    # device 0 runs F0@0, then B0@0 needs B0@1; device 1 starts with F1@1, which needs F1@0,
+    # queued on device 0 behind B0@0: each waits for the other
+    device_units = [[Op("F", 0, 0), Op("B", 0, 0), Op("F", 1, 0), Op("B", 1, 0)],
+                    [Op("F", 1, 1), Op("F", 0, 1), Op("B", 0, 1), Op("B", 1, 1)]]
+    args = dict(stages=2, micro_batches=2, chunks=1, splits=1, placement=[0, 1])
+    expected = ("cross: the op order deadlocks (p=2, m=2, v=1, k=1): device 0 is at B0@0, which needs B0@1 "
+                "(device 1, not yet run); device 1 is at F1@1, which needs F1@0 (device 0, not yet run)")
+    for make in (lambda: make_program("cross", device_units=device_units, **args),
+                 lambda: program_from_arrays("cross", **args, **_as_arrays(device_units))):
+        with pytest.raises(DeadlockError) as info:
+            make()
+        assert str(info.value) == expected
+        assert info.value.cycle == (Op("B", 0, 0), Op("F", 1, 1))
+
+
+def test_device_count_and_placement_errors():
+    with pytest.raises(ScheduleError, match="1 device op lists for 2 stages"):
+        make_program("x", stages=2, micro_batches=1, chunks=1, splits=1, placement=[0, 1],
+                     device_units=[[Op("F", 0, 0)]])
+    with pytest.raises(ScheduleError, match="placement"):
+        make_program("x", stages=1, micro_batches=1, chunks=1, splits=1, placement=[1],
+                     device_units=[[Op("F", 0, 0), Op("B", 0, 0)]])
+    with pytest.raises(ScheduleError, match="an empty unit"):
+        make_program("x", stages=1, micro_batches=1, chunks=1, splits=1, placement=[0],
+                     device_units=[[Op("F", 0, 0), (), Op("B", 0, 0)]])

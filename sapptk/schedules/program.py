@@ -328,13 +328,13 @@ def _kind_codes(name: str, kind: np.ndarray) -> np.ndarray:
         bad = (kind < 0) | (kind >= len(KINDS))
         if bad.any():
             raise ScheduleError(
-                f"{name}: unknown op kind code {kind[bad][0]!r}; expected 0..{len(KINDS) - 1} for {KINDS}"
+                f"{name}: unknown op kind code {int(kind[bad][0])}; expected 0..{len(KINDS) - 1} for {KINDS}"
             )
         return kind.astype(np.int8)
     values, inverse = np.unique(kind.astype(str), return_inverse=True)
     lookup = np.array([KIND_CODES.get(v, -1) for v in values.tolist()], dtype=np.int8)
     if (lookup < 0).any():
-        raise ScheduleError(f"{name}: unknown op kind {values[lookup < 0][0]!r}; expected one of {KINDS}")
+        raise ScheduleError(f"{name}: unknown op kind {str(values[lookup < 0][0])!r}; expected one of {KINDS}")
     return lookup[inverse.reshape(-1)]
 
 
