@@ -36,7 +36,7 @@ import pandas as pd
 
 from sapptk.errors import SapptkError
 from sapptk.schedules.memory import memory_steps
-from sapptk.schedules.program import KINDS, Program
+from sapptk.schedules.program import Program, kind_dtype
 from sapptk.schedules.timing import longest_path, unit_starts
 
 __all__ = [
@@ -283,10 +283,11 @@ def simulate(
     act_by_chunk = np.zeros((p, events_m.width))
     act_by_chunk[placement, chunk] = act
     dev_col, time_col, mem_col = memory_steps(events_m, start, end, act_by_chunk, static, weight_holds)
-    memory = pd.DataFrame({"device": dev_col, "time_ms": time_col, "memory_mb": mem_col})
+    # the frames own fresh arrays (copied where they are the graph's), so copy=False is safe
+    memory = pd.DataFrame({"device": dev_col, "time_ms": time_col, "memory_mb": mem_col}, copy=False)
     first_rows = events_m.ptr[:-1] + np.arange(p)
-    peak = pd.Series(np.maximum.reduceat(mem_col, first_rows), index=pd.RangeIndex(p, name="device"),
-                     name="peak_mb")
+    peak_mb = np.maximum.reduceat(mem_col, first_rows)
+    peak = pd.Series(peak_mb.copy(), index=pd.RangeIndex(p, name="device"), name="peak_mb")
 
     busy = np.bincount(g.unit_device, weights=dur, minlength=p)
     idle = step_time - busy
@@ -304,23 +305,25 @@ def simulate(
             "idle_ms": idle,
             "bubble_of_step": idle / step_time if step_time > 0 else np.zeros(p),
             "static_mb": static,
-            "peak_mb": peak.to_numpy(),
+            "peak_mb": peak_mb,
             "peak_live": program.peak_live(weight_holds),
-        }
+        },
+        copy=False,
     )
     ou = g.op_unit
     events = pd.DataFrame(
         {
             "device": g.unit_device[ou],
-            "kind": pd.Categorical.from_codes(g.op_kind, categories=list(KINDS)),
-            "micro_batch": g.op_micro_batch,
-            "virtual_stage": g.op_virtual_stage,
+            "kind": pd.Categorical.from_codes(g.op_kind.copy(), dtype=kind_dtype()),
+            "micro_batch": g.op_micro_batch.copy(),
+            "virtual_stage": g.op_virtual_stage.copy(),
             "chunk": chunk[g.op_virtual_stage],
-            "slice": g.op_slice,
-            "unit": ou,
+            "slice": g.op_slice.copy(),
+            "unit": ou.copy(),
             "start_ms": start[ou],
             "end_ms": end[ou],
-        }
+        },
+        copy=False,
     )
     costs = {
         "forward": f,

@@ -93,7 +93,7 @@ class ProgramGraph:
     @cached_property
     def columns(self) -> tuple[np.ndarray, np.ndarray]:
         """:attr:`unit_preds` and :attr:`unit_cross` transposed, (D, n_units) C-contiguous (for column-wise maxima)."""
-        return np.ascontiguousarray(self.unit_preds.T), np.ascontiguousarray(self.unit_cross.T)
+        return np.ascontiguousarray(self.unit_preds.T), np.ascontiguousarray(self.unit_cross.T)  # no copy: stored so
 
     @cached_property
     def unit_succs(self) -> tuple[np.ndarray, np.ndarray]:
@@ -222,43 +222,50 @@ def compile_graph(program: Program) -> ProgramGraph:
             "an I op needs exactly one W op and a W op needs an I op"
         )
 
-    # op dependencies (derived from kinds)
-    deps = np.full((n_ops, 2), -1, dtype=np.int64)
+    # op dependencies (derived from kinds), one array per dependency column
+    none = np.int64(-1)
     is_f = kinds == F_CODE
     is_b = (kinds == B_CODE) | (kinds == I_CODE)
-    is_w = kinds == W_CODE
+    dep0 = np.full(n_ops, none, dtype=np.int64)
+    dep1 = np.full(n_ops, none, dtype=np.int64)
     sel = is_f & (vs > 0)
-    deps[sel, 0] = fwd[key[sel] - k]
-    sel = is_f & (sl > 0)
-    deps[sel, 1] = fwd[key[sel] - 1]
+    dep0[sel] = fwd[key[sel] - k]
     last = is_b & (vs == nvs - 1)
-    deps[last, 0] = fwd[key[last]]
+    dep0[last] = fwd[key[last]]
     mid = is_b & (vs < nvs - 1)
-    deps[mid, 0] = bwd[key[mid] + k]
-    sel = is_b & (sl < k - 1)
-    deps[sel, 1] = bwd[key[sel] + 1]
-    deps[is_w, 0] = index[I_CODE][key[is_w]]
+    dep0[mid] = bwd[key[mid] + k]
+    is_w = kinds == W_CODE
+    dep0[is_w] = index[I_CODE][key[is_w]]
+    if k > 1:
+        sel = is_f & (sl > 0)
+        dep1[sel] = fwd[key[sel] - 1]
+        sel = is_b & (sl < k - 1)
+        dep1[sel] = bwd[key[sel] + 1]
+    deps_by_column = np.stack([dep0, dep1])
 
-    # unit predecessors: device chain first, then data deps of the unit's ops
-    dep_units = np.where(deps >= 0, op_unit[np.maximum(deps, 0)], -1)
-    own = dep_units == op_unit[:, None]
-    if own.any():
-        i = int(np.flatnonzero(own.any(axis=1))[0])
-        raise DeadlockError(f"{name}: op {ops.op(i)} is overlapped with an op it depends on", cycle=(ops.op(i),))
-    device_prev = np.arange(n_units, dtype=np.int64) - 1
-    device_prev[unit_ptr[:-1][unit_counts > 0]] = -1
-    # scatter each op's two deps into its unit's row: column 1 + 2·(position in unit) + c
-    pos = np.arange(n_ops, dtype=np.int64) - unit_op_ptr[op_unit]
+    # unit predecessors, one row per column: the device chain first, then data deps of the unit's ops
     width = 1 + 2 * int(sizes.max())
-    preds = np.full((n_units, width), n_units, dtype=np.int64)
-    preds[:, 0] = np.where(device_prev >= 0, device_prev, n_units)
-    for c in range(2):
-        has = dep_units[:, c] >= 0
-        preds[op_unit[has], 1 + 2 * pos[has] + c] = dep_units[has, c]
+    preds = np.full((width, n_units), n_units, dtype=np.int64)
+    preds[0] = np.arange(-1, n_units - 1, dtype=np.int64)
+    preds[0, unit_ptr[:-1][unit_counts > 0]] = n_units
+    if n_units == n_ops:  # one op per unit (most schedules): ops are units
+        for c, dep in enumerate(deps_by_column):
+            preds[1 + c] = np.where(dep >= 0, dep, n_units)
+    else:
+        dep_units = np.where(deps_by_column >= 0, op_unit[np.maximum(deps_by_column, 0)], -1)
+        own = (dep_units == op_unit).any(axis=0)
+        if own.any():
+            i = int(np.flatnonzero(own)[0])
+            raise DeadlockError(f"{name}: op {ops.op(i)} is overlapped with an op it depends on", cycle=(ops.op(i),))
+        # each op's two deps go to its unit's row 1 + 2·(position in unit) + c
+        pos = np.arange(n_ops, dtype=np.int64) - unit_op_ptr[op_unit]
+        for c in range(2):
+            has = dep_units[c] >= 0
+            preds[1 + 2 * pos[has] + c, op_unit[has]] = dep_units[c, has]
     pad_device = np.append(unit_device, -1)
-    cross = (preds < n_units) & (pad_device[preds] != unit_device[:, None])
+    cross = (preds < n_units) & (pad_device[preds] != unit_device)
 
-    waves = _levels(program, unit_ptr, preds[:, 1:])
+    waves = _levels(program, unit_ptr, preds[1:])
     level_units = np.concatenate(waves) if waves else np.zeros(0, dtype=np.int64)
     sizes_l = np.fromiter((len(w) for w in waves), dtype=np.int64, count=len(waves))
     level_ptr = np.r_[0, np.cumsum(sizes_l)].astype(np.int64)
@@ -274,9 +281,9 @@ def compile_graph(program: Program) -> ProgramGraph:
         op_virtual_stage=vs,
         op_slice=sl,
         op_unit=op_unit,
-        op_deps=deps,
-        unit_preds=preds,
-        unit_cross=cross,
+        op_deps=deps_by_column.T,
+        unit_preds=preds.T,
+        unit_cross=cross.T,
         topo_order=level_units,
         level=level,
         level_ptr=level_ptr,
@@ -293,18 +300,20 @@ def _key_name(key: int, nvs: int, k: int) -> str:
 def _levels(program: Program, unit_ptr: np.ndarray, data_preds: np.ndarray) -> list[np.ndarray]:
     """The units of each level, level by level (each level's units in device order).
 
+    ``data_preds`` (columns, units): each unit's data predecessors, ``n_units`` for none.
+
     At level ``t`` every device whose next unit has all its data predecessors done (at
     levels before ``t``) runs it: that unit's level is ``t``, one more than the highest
     level among its predecessors (its device's previous unit included). One iteration per
     level, a handful of numpy calls over the devices. If no device can move before all
     units have run, the remaining heads wait on each other in a cycle: :class:`DeadlockError`.
     """
-    n = len(data_preds)
-    used = np.flatnonzero((data_preds < n).any(axis=0))  # columns that name a predecessor somewhere
+    n = data_preds.shape[1]
+    used = [c for c in range(len(data_preds)) if (data_preds[c] < n).any()]  # rows that name a predecessor
     # per column, entries n ("no predecessor": done) and n + 1 (the head of a finished
     # device: never ready)
     table = np.full((max(len(used), 1), n + 2), n, dtype=np.int64)
-    table[: len(used), :n] = data_preds[:, used].T
+    table[: len(used), :n] = data_preds[used]
     table[:, n + 1] = n + 1
     done = np.zeros(n + 2, dtype=bool)
     done[n] = True

@@ -55,38 +55,48 @@ class MemoryEvents:
     splits: int
 
     @cached_property
-    def counts(self) -> tuple[np.ndarray, np.ndarray]:
-        """Running ``full`` and ``held`` counts per chunk after each event, each (width, events) int64."""
+    def counts(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Running ``full`` and ``held`` counts per chunk after each event, each (width, events) int64.
+
+        ``held`` is None when no op holds a part (no split backward): it would be all zeros.
+        """
         n = len(self.op)
-        cols = np.arange(n)
-        out = []
+        out: list[np.ndarray | None] = []
         for step in (self.full, self.held):
+            if not step.any():
+                out.append(None)
+                continue
             mat = np.zeros((self.width, n), dtype=np.int64)
-            mat[self.chunk, cols] = step
+            mat[self.chunk, np.arange(n)] = step
             out.append(np.cumsum(mat, axis=1))  # each device ends at zero, so no restart is needed
-        return out[0], out[1]
+        full = out[0] if out[0] is not None else np.zeros((self.width, n), dtype=np.int64)
+        return full, out[1]
 
     def live(self, weight_holds: float) -> np.ndarray:
         """Live activations per chunk after each event (micro-batch units), shape (width, events)."""
         full, held = self.counts
-        return (full + weight_holds * held) / self.splits
+        live = full if held is None else full + weight_holds * held
+        return live / self.splits
 
     def live_points(self, weight_holds: float, chunks: Sequence[int]) -> list[np.ndarray]:
         """Per device, the live counts per chunk after the allocations of each allocating unit.
 
         ``chunks[d]`` is the number of chunks device ``d`` holds (columns of its array).
         """
-        live = self.live(weight_holds)
         cand = np.flatnonzero(self.candidate)
-        rows = live[:, cand].T
+        full, held = self.counts
+        rows = full[:, cand] if held is None else full[:, cand] + weight_holds * held[:, cand]
+        rows = (rows / self.splits).T
         bounds = np.searchsorted(cand, self.ptr)
         return [rows[bounds[d] : bounds[d + 1], : chunks[d]] for d in range(len(self.ptr) - 1)]
 
     def peak_live(self, weight_holds: float) -> np.ndarray:
         """Most activations alive at once on each device (chunks summed; 0 for an idle device)."""
         full, held = self.counts
-        total = (np.add.reduce(full, axis=0) + weight_holds * np.add.reduce(held, axis=0)) / self.splits
-        return _segment_max(total, self.ptr)
+        total = np.add.reduce(full, axis=0).astype(float)
+        if held is not None:
+            total += weight_holds * np.add.reduce(held, axis=0)
+        return _segment_max(total / self.splits, self.ptr)
 
 
 def memory_events(graph: ProgramGraph, chunk_of: Sequence[int], splits: int) -> MemoryEvents:
@@ -142,18 +152,19 @@ def memory_steps(
     """
     p = len(static)
     live = events.live(weight_holds)  # (width, events)
-    used = static[events.device] + np.add.reduce(live * activation.T[:, events.device], axis=0)
     time = np.where(events.alloc, start[events.unit], end[events.unit])
-    n = len(used)
-    rows = n + p
-    first = events.ptr[:-1] + np.arange(p)  # where each device's static row goes
-    is_event = np.ones(rows, dtype=bool)
-    is_event[first] = False
-    device = np.empty(rows, dtype=np.int64)
+    ptr = events.ptr
+    rows = len(time) + p
+    device = np.repeat(np.arange(p, dtype=np.int64), np.diff(ptr) + 1)
     times = np.empty(rows, dtype=np.float64)
     memory = np.empty(rows, dtype=np.float64)
-    device[first], times[first], memory[first] = np.arange(p), 0.0, static
-    device[is_event], times[is_event], memory[is_event] = events.device, time, used
+    for d in range(p):  # device d: its static row, then its events
+        a, b = ptr[d], ptr[d + 1]
+        first = a + d
+        times[first] = 0.0
+        memory[first] = static[d]
+        times[first + 1 : b + d + 1] = time[a:b]
+        np.add(activation[d] @ live[:, a:b], static[d], out=memory[first + 1 : b + d + 1])
     return device, times, memory
 
 

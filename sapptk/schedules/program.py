@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any
 
 import numpy as np
@@ -137,7 +137,7 @@ class Program:
                 "device": dev,
                 "order": order,
                 "unit": g.op_unit,
-                "kind": pd.Categorical.from_codes(g.op_kind, categories=list(KINDS)),
+                "kind": pd.Categorical.from_codes(g.op_kind, dtype=kind_dtype()),
                 "micro_batch": g.op_micro_batch,
                 "virtual_stage": g.op_virtual_stage,
                 "chunk": np.asarray(self.chunk_of, dtype=np.int64)[g.op_virtual_stage],
@@ -209,6 +209,12 @@ def _pareto_max(points: np.ndarray) -> np.ndarray:
     pts = np.round(points, 9)
     front = pts[pareto_front(-pts)]
     return front[np.lexsort(front.T[::-1])]
+
+
+@cache
+def kind_dtype() -> pd.CategoricalDtype:
+    """The categorical dtype of op kinds (F, B, I, W), made once (pandas checks categories slowly)."""
+    return pd.CategoricalDtype(list(KINDS))
 
 
 # ---------------------------------------------------------------- building

@@ -117,12 +117,17 @@ def unit_starts(graph: ProgramGraph, end: np.ndarray, comm: float = 0) -> np.nda
     The same sums the kernel forms, so ``start + duration == end`` exactly.
     """
     padded = np.concatenate([end, np.zeros((1, *end.shape[1:]), dtype=end.dtype)])
-    preds, cross = graph.columns
-    x = padded[preds]  # (columns, units, ...): reduce across rows, the fast way
-    if comm:
-        lag = cross * comm
-        x += lag.reshape(lag.shape + (1,) * (end.ndim - 1)).astype(x.dtype)
-    return np.maximum.reduce(x, axis=0)
+    n = graph.n_units
+    start = None
+    for preds, flags in zip(*graph.columns, strict=True):
+        if start is not None and not (preds < n).any():
+            continue
+        x = padded.take(preds, axis=0)
+        if comm and flags.any():
+            lag = flags * comm
+            x += lag.reshape(lag.shape + (1,) * (end.ndim - 1)).astype(x.dtype)
+        start = x if start is None else np.maximum(start, x, out=start)
+    return start
 
 
 def critical_path(graph: ProgramGraph, columns: np.ndarray, last: int) -> tuple[np.ndarray, int]:
