@@ -465,3 +465,42 @@ def test_device_count_and_placement_errors():
     with pytest.raises(ScheduleError, match="an empty unit"):
         make_program("x", stages=1, micro_batches=1, chunks=1, splits=1, placement=[0],
                      device_units=[[Op("F", 0, 0), (), Op("B", 0, 0)]])
+
+
+# ------------------------------------------------------------------ docs/conventions.md
+def test_conventions_page_worked_examples():
+    """Every number worked by hand in docs/conventions.md."""
+    def times(sim, device):
+        ev = sim.events[sim.events.device == device]
+        return [(f"{k}{mb}" + (f"/{s}" if sim.program.splits > 1 else ""), a, b) for k, mb, s, a, b in zip(
+            ev.kind.astype(str), ev.micro_batch, ev["slice"], ev.start_ms, ev.end_ms, strict=True)]
+
+    one = build("1f1b", stages=2, micro_batches=2)
+    sim = simulate(one, forward=1, backward=2)
+    assert times(sim, 0) == [("F0", 0, 1), ("F1", 1, 2), ("B0", 4, 6), ("B1", 7, 9)]
+    assert times(sim, 1) == [("F0", 1, 2), ("B0", 2, 4), ("F1", 4, 5), ("B1", 5, 7)]
+    assert (sim.step_time, sim.bubble.of_compute, sim.bubble.of_step) == (9, 0.5, 6 / 18)
+    sim = simulate(one, forward=1, backward=2, comm=0.5)
+    assert times(sim, 1) == [("F0", 1.5, 2.5), ("B0", 2.5, 4.5), ("F1", 4.5, 5.5), ("B1", 5.5, 7.5)]
+    assert times(sim, 0)[2:] == [("B0", 5, 7), ("B1", 8, 10)] and sim.step_time == 10
+    sim = simulate(one, forward=1, backward=2, activation=10, params=100)
+    d0 = sim.memory[sim.memory.device == 0]
+    assert list(zip(d0.time_ms, d0.memory_mb, strict=True)) == [(0, 100), (0, 110), (1, 120), (6, 110), (9, 100)]
+    assert sim.peak_memory.tolist() == [120, 110]
+
+    assert simulate(build("interleaved", stages=2, micro_batches=4, chunks=2), forward=1, backward=2).step_time == 27
+
+    sim = simulate(build("seq1f1b", stages=2, micro_batches=2, splits=2), forward=1, backward=2, activation=10)
+    assert times(sim, 0)[:3] == [("F0/0", 0, 0.5), ("F0/1", 0.5, 1), ("F1/0", 1, 1.5)]
+    assert times(sim, 1)[:3] == [("F0/0", 0.5, 1), ("F0/1", 1, 1.5), ("B0/1", 1.5, 2.5)]
+    assert times(sim, 0)[3] == ("B0/1", 2.5, 3.5)
+    assert sim.step_time == 7.5 and sim.summary.peak_live[0] == 1.5 and sim.peak_memory[0] == 15
+
+    sim = simulate(build("zb-h1", stages=2, micro_batches=2), forward=1, backward=1, weight=1, activation=10,
+                   params=100)
+    assert times(sim, 0) == [("F0", 0, 1), ("F1", 1, 2), ("I0", 3, 4), ("W0", 4, 5), ("I1", 5, 6), ("W1", 6, 7)]
+    assert times(sim, 1) == [("F0", 1, 2), ("I0", 2, 3), ("F1", 3, 4), ("I1", 4, 5), ("W0", 5, 6), ("W1", 6, 7)]
+    d1 = sim.memory[sim.memory.device == 1]
+    assert list(zip(d1.time_ms, d1.memory_mb, strict=True)) == [
+        (0, 100), (1, 110), (3, 105), (3, 115), (5, 110), (6, 105), (7, 100)]
+    assert sim.peak_memory.tolist() == [120, 115] and sim.summary.peak_live.tolist() == [2, 1.5]
