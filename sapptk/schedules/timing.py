@@ -76,6 +76,18 @@ def longest_path(
     first_lag, *rest_lags = lags
     take = end.take
     top, add, greater = np.maximum, np.add, np.greater
+    if not argmax and len(lags) == 2 and first_lag is None:
+        # the common shape: the device chain (never crossing) and one data column; a loop
+        # with as few numpy calls per level as it gets
+        second_lag = rest_lags[0]
+        for (chain, data), a, b in sweep.blocks:
+            x = take(data, axis=0)
+            if second_lag is not None:
+                x += second_lag[a:b]
+            add(top(take(chain, axis=0), x, out=x), dur_o[a:b], out=end[a:b])
+        out = np.empty_like(end[:n])
+        out[sweep.order] = end[:n]
+        return out, None
     if not argmax:
         # numpy reduces along a short axis slowly: take each row and keep a running maximum
         for (first, *rest), a, b in sweep.blocks:
