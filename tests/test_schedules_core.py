@@ -1,5 +1,5 @@
 """Conformance of the line-placed schedules (gpipe, 1f1b, interleaved, interleaved-lm,
-seq1f1b) with the closed forms of domain.md §5 and with hand-worked small cases."""
+seq1f1b) with their closed forms and with hand-worked small cases."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_interleaved_grid(p, m, v):
     if m % p == 0:
         assert sim.step_time == pytest.approx((v * m + p - 1) * (f + b))
         assert sim.bubble.of_compute == pytest.approx((p - 1) / (v * m))
-        if v > 1:  # domain.md §5: device 0 holds (v − 1)·p + 2(p − 1) + 1 chunk activations
+        if v > 1:  # device 0 holds (v − 1)·p + 2(p − 1) + 1 chunk activations
             assert peak[0] == min(v * m, (v - 1) * p + 2 * (p - 1) + 1)
 
 
@@ -113,7 +113,7 @@ def test_worked_value_interleaved():
 
 
 def test_interleaved_remainder_peak_hand_case():
-    # domain.md §6: p = 4, m = 6, v = 2 holds 12 chunk activations on stage 0
+    # m not a multiple of p: p = 4, m = 6, v = 2 holds 12 chunk activations on stage 0
     program = build("interleaved", stages=4, micro_batches=6, chunks=2)
     assert program.peak_live()[0] == 12
     first_backward = next(i for i, op in enumerate(program.device_ops(0)) if op.kind == "B")

@@ -9,7 +9,7 @@ p + m mod p micro-batches, every later group p). The warm-up counts forwards acr
 first group's chunks, so the remainder raises the warm-up and the peak: for p = 4,
 m = 6, v = 2 device 0 runs all 12 forwards before its first backward. (Megatron-LM's
 newer ``microbatch_group_size_per_vp_stage`` tables put the remainder in a last, smaller
-group instead; this module models the grouping described in domain.md §4.)
+group instead; this module puts it in the first.)
 """
 
 from __future__ import annotations
