@@ -92,8 +92,12 @@ class ProgramGraph:
 
     @cached_property
     def columns(self) -> tuple[np.ndarray, np.ndarray]:
-        """:attr:`unit_preds` and :attr:`unit_cross` transposed, (D, n_units) C-contiguous (for column-wise maxima)."""
-        return np.ascontiguousarray(self.unit_preds.T), np.ascontiguousarray(self.unit_cross.T)  # no copy: stored so
+        """:attr:`unit_preds` and :attr:`unit_cross` as (D, n_units) C-contiguous rows (column-wise maxima).
+
+        The compile stores them that way (the (n_units, D) attributes are transposed views),
+        so this costs nothing.
+        """
+        return np.ascontiguousarray(self.unit_preds.T), np.ascontiguousarray(self.unit_cross.T)
 
     @cached_property
     def unit_succs(self) -> tuple[np.ndarray, np.ndarray]:
@@ -138,7 +142,8 @@ class ProgramGraph:
         pos = np.empty(n + 1, dtype=np.int64)
         pos[order] = np.arange(n)
         pos[n] = n
-        used = [0] + [c for c in range(1, len(table)) if (table[c] < n).any()]  # column 0 always: the device chain
+        # column 0 always (forwards: the device chain), then the columns that name anyone
+        used = [0] + [c for c in range(1, len(table)) if (table[c] < n).any()]
         preds = np.stack([pos[table[c].take(order)] for c in used])
         preds.flags.writeable = False
         flags = np.stack([cross[c].take(order) for c in used])

@@ -85,9 +85,7 @@ def longest_path(
             if second_lag is not None:
                 x += second_lag[a:b]
             add(top(take(chain, axis=0), x, out=x), dur_o[a:b], out=end[a:b])
-        out = np.empty_like(end[:n])
-        out[sweep.order] = end[:n]
-        return out, None
+        return _unit_order(end[:n], sweep.order), None
     if not argmax:
         # numpy reduces along a short axis slowly: take each row and keep a running maximum
         for (first, *rest), a, b in sweep.blocks:
@@ -100,9 +98,7 @@ def longest_path(
                     x += lag[a:b]
                 top(acc, x, out=acc)
             add(acc, dur_o[a:b], out=end[a:b])
-        out = np.empty_like(end[:n])
-        out[sweep.order] = end[:n]
-        return out, None
+        return _unit_order(end[:n], sweep.order), None
     arg = np.zeros((n, *batch), dtype=np.int64)  # row of the sweep that set the start
     for (first, *rest), a, b in sweep.blocks:
         acc = take(first, axis=0)
@@ -116,11 +112,15 @@ def longest_path(
             np.copyto(best, r, where=greater(x, acc))  # strictly greater: the first of equals stays
             top(acc, x, out=acc)
         add(acc, dur_o[a:b], out=end[a:b])
-    out = np.empty_like(end[:n])
-    out[sweep.order] = end[:n]
-    cols = np.empty_like(arg)
-    cols[sweep.order] = np.asarray(sweep.columns, dtype=np.int64)[arg]
-    return out, cols
+    columns = np.asarray(sweep.columns, dtype=np.int64)[arg]  # sweep rows -> the table's columns
+    return _unit_order(end[:n], sweep.order), _unit_order(columns, sweep.order)
+
+
+def _unit_order(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Rows in sweep order back to unit order."""
+    out = np.empty_like(values)
+    out[order] = values
+    return out
 
 
 def unit_starts(graph: ProgramGraph, end: np.ndarray, comm: float = 0) -> np.ndarray:
@@ -182,6 +182,4 @@ def path_sums(graph: ProgramGraph, columns: np.ndarray, values: np.ndarray, *, r
     parent = pos[chosen]
     for a, b in zip(sweep.bounds[:-1], sweep.bounds[1:], strict=True):
         acc[a:b] += acc[parent[a:b]]
-    out = np.empty_like(acc[:n])
-    out[sweep.order] = acc[:n]
-    return out
+    return _unit_order(acc[:n], sweep.order)
