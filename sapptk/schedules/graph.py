@@ -29,7 +29,7 @@ from sapptk.schedules.ops import B_CODE, F_CODE, I_CODE, KINDS, W_CODE, Op, OpAr
 if TYPE_CHECKING:
     from sapptk.schedules.program import Program
 
-__all__ = ["ProgramGraph", "Sweep", "compile_graph"]
+__all__ = ["Grid", "ProgramGraph", "Sweep", "compile_graph"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,6 +56,37 @@ class Sweep:
         b = self.bounds
         rows = list(self.preds)
         return [([r[b[i] : b[i + 1]] for r in rows], b[i], b[i + 1]) for i in range(len(b) - 1)]
+
+
+@dataclass(frozen=True, eq=False)
+class Grid:
+    """The units laid out level by device: cell ``level · p + device`` (a device runs at most
+    one unit a level, since its units are chained).
+
+    ``cell[u]`` is unit u's cell. A level's cells are ``l·p : (l+1)·p``; a cell without a unit
+    stands for "the device is still busy with (or done after) its previous unit". ``data[r]``
+    holds, per cell, the cell of its unit's predecessor in column ``columns[r]`` of
+    :attr:`ProgramGraph.unit_preds` (``levels · p`` for none), ``cross[r]`` whether that
+    predecessor ran on another device. The device chain (column 0) needs no table: it is the
+    same column one level up.
+    """
+
+    cell: np.ndarray
+    levels: int
+    width: int
+    data: tuple[np.ndarray, ...]
+    cross: tuple[np.ndarray, ...]
+    columns: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return self.levels * self.width
+
+    @cached_property
+    def blocks(self) -> list[list[np.ndarray]]:
+        """Per level, the data-predecessor cells of each row, for the kernel's loop."""
+        p = self.width
+        return [[row[lv * p : (lv + 1) * p] for row in self.data] for lv in range(self.levels)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,6 +129,27 @@ class ProgramGraph:
         so this costs nothing.
         """
         return np.ascontiguousarray(self.unit_preds.T), np.ascontiguousarray(self.unit_cross.T)
+
+    @cached_property
+    def grid(self) -> Grid:
+        """The units laid out level by device (:class:`Grid`), for the forward kernel."""
+        n = self.n_units
+        p = len(self.unit_ptr) - 1
+        levels = len(self.level_ptr) - 1
+        size = levels * p
+        cell = self.level * p + self.unit_device
+        target = np.append(cell, size)  # a predecessor's cell; "none" (n) -> size
+        preds, cross = self.columns
+        used = [c for c in range(1, len(preds)) if (preds[c] < n).any()]
+        data, flags = [], []
+        for c in used:
+            row = np.full(size, size, dtype=np.int64)
+            row[cell] = target[preds[c]]
+            crossing = np.zeros(size, dtype=bool)
+            crossing[cell] = cross[c]
+            data.append(row)
+            flags.append(crossing)
+        return Grid(cell=cell, levels=levels, width=p, data=tuple(data), cross=tuple(flags), columns=tuple(used))
 
     @cached_property
     def unit_succs(self) -> tuple[np.ndarray, np.ndarray]:

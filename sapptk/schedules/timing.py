@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sapptk.schedules.graph import ProgramGraph, Sweep
+from sapptk.schedules.graph import Grid, ProgramGraph, Sweep
 
 __all__ = ["critical_path", "longest_path", "path_sums", "unit_starts"]
 
@@ -60,60 +60,91 @@ def longest_path(
         raise ValueError(f"longest_path: duration must have {graph.n_units} rows, got shape {dur.shape}")
     integral = dur.dtype.kind in "iub" and float(comm).is_integer()
     dtype = np.int64 if integral else np.float64
-    sweep = _sweep(graph, reverse)
     n = graph.n_units
-    batch = dur.shape[1:]
-    dur_o = dur[sweep.order].astype(dtype, copy=False)
-    end = np.zeros((n + 1, *batch), dtype=dtype)  # position n: "no predecessor", ends at 0
-    # per row of the sweep, the lag of its edges (None: no edge of that row crosses devices)
-    lags: list[np.ndarray | None] = []
-    for flags in sweep.cross:
-        if comm and flags.any():
-            lag = (flags * (int(comm) if integral else float(comm))).astype(dtype)
-            lags.append(lag.reshape(lag.shape + (1,) * len(batch)))
-        else:
-            lags.append(None)
-    first_lag, *rest_lags = lags
+    lag = int(comm) if integral else float(comm)
+    if not reverse and graph.grid.size <= _GRID_SLACK * n:
+        return _forward_on_grid(graph.grid, dur.astype(dtype, copy=False), lag, argmax)
+    return _on_sweep(_sweep(graph, reverse), n, dur.astype(dtype, copy=False), lag, argmax)
+
+
+_GRID_SLACK = 4  # the grid has a cell per (level, device); past 4 cells a unit, walk the levels instead
+
+
+def _lags(flags: np.ndarray, comm: float, dtype: np.dtype, batch: tuple[int, ...]) -> np.ndarray | None:
+    """``comm`` on the edges that cross devices, shaped to broadcast over a batch; None if none do."""
+    if not comm or not flags.any():
+        return None
+    lag = (flags * comm).astype(dtype)
+    return lag.reshape(lag.shape + (1,) * len(batch))
+
+
+def _forward_on_grid(grid: Grid, dur: np.ndarray, comm: float, argmax: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """The forward pass on the level × device grid: a device's previous unit is its cell one
+    level up (``cur``), so only the data predecessors are gathered."""
+    p, size, batch = grid.width, grid.size, dur.shape[1:]
+    cells = np.zeros((size, *batch), dtype=dur.dtype)
+    cells[grid.cell] = dur
+    end = np.zeros((size + 1, *batch), dtype=dur.dtype)  # cell `size`: "no predecessor", ends at 0
+    cur = np.zeros((p, *batch), dtype=dur.dtype)  # each device's latest end
+    lags = [_lags(flags, comm, dur.dtype, batch) for flags in grid.cross]
     take = end.take
     top, add, greater = np.maximum, np.add, np.greater
-    if not argmax and len(lags) == 2 and first_lag is None:
-        # the common shape: the device chain (never crossing) and one data column; a loop
-        # with as few numpy calls per level as it gets
-        second_lag = rest_lags[0]
-        for (chain, data), a, b in sweep.blocks:
+    if not argmax and len(lags) == 1:  # the common shape: one data column
+        (lag,) = lags
+        for lv, (data,) in enumerate(grid.blocks):
+            a = lv * p
             x = take(data, axis=0)
-            if second_lag is not None:
-                x += second_lag[a:b]
-            add(top(take(chain, axis=0), x, out=x), dur_o[a:b], out=end[a:b])
-        return _unit_order(end[:n], sweep.order), None
-    if not argmax:
-        # numpy reduces along a short axis slowly: take each row and keep a running maximum
-        for (first, *rest), a, b in sweep.blocks:
-            acc = take(first, axis=0)
-            if first_lag is not None:
-                acc += first_lag[a:b]
-            for preds, lag in zip(rest, rest_lags, strict=True):
-                x = take(preds, axis=0)
-                if lag is not None:
-                    x += lag[a:b]
-                top(acc, x, out=acc)
-            add(acc, dur_o[a:b], out=end[a:b])
-        return _unit_order(end[:n], sweep.order), None
-    arg = np.zeros((n, *batch), dtype=np.int64)  # row of the sweep that set the start
-    for (first, *rest), a, b in sweep.blocks:
-        acc = take(first, axis=0)
-        if first_lag is not None:
-            acc += first_lag[a:b]
-        best = arg[a:b]
-        for r, (preds, lag) in enumerate(zip(rest, rest_lags, strict=True), start=1):
+            if lag is not None:
+                x += lag[a : a + p]
+            top(x, cur, out=x)
+            cur = end[a : a + p]
+            add(x, cells[a : a + p], out=cur)
+        return end[grid.cell], None
+    best_cells = np.zeros((size, *batch), dtype=np.int64) if argmax else None
+    for lv, rows in enumerate(grid.blocks):
+        a = lv * p
+        acc = cur.copy()  # column 0, the device chain, comes first
+        best = best_cells[a : a + p] if best_cells is not None else None
+        for column, data, lag in zip(grid.columns, rows, lags, strict=True):
+            x = take(data, axis=0)
+            if lag is not None:
+                x += lag[a : a + p]
+            if best is not None:
+                np.copyto(best, column, where=greater(x, acc))  # strictly greater: the first of equals stays
+            top(acc, x, out=acc)
+        cur = end[a : a + p]
+        add(acc, cells[a : a + p], out=cur)
+    return end[grid.cell], (best_cells[grid.cell] if best_cells is not None else None)
+
+
+def _on_sweep(sweep: Sweep, n: int, dur: np.ndarray, comm: float, argmax: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """The pass level by level over a :class:`Sweep` (backwards over successors, or a grid too sparse)."""
+    batch = dur.shape[1:]
+    dur_o = dur[sweep.order]
+    end = np.zeros((n + 1, *batch), dtype=dur.dtype)  # position n: "no predecessor", ends at 0
+    lags = [_lags(flags, comm, dur.dtype, batch) for flags in sweep.cross]
+    arg = np.zeros((n, *batch), dtype=np.int64) if argmax else None  # row of the sweep that set the start
+    take = end.take
+    top, add, greater = np.maximum, np.add, np.greater
+    for rows, a, b in sweep.blocks:
+        acc = None
+        best = arg[a:b] if arg is not None else None
+        for r, (preds, lag) in enumerate(zip(rows, lags, strict=True)):
             x = take(preds, axis=0)
             if lag is not None:
                 x += lag[a:b]
-            np.copyto(best, r, where=greater(x, acc))  # strictly greater: the first of equals stays
+            if acc is None:
+                acc = x
+                continue
+            if best is not None:
+                np.copyto(best, r, where=greater(x, acc))  # strictly greater: the first of equals stays
             top(acc, x, out=acc)
         add(acc, dur_o[a:b], out=end[a:b])
+    ends = _unit_order(end[:n], sweep.order)
+    if arg is None:
+        return ends, None
     columns = np.asarray(sweep.columns, dtype=np.int64)[arg]  # sweep rows -> the table's columns
-    return _unit_order(end[:n], sweep.order), _unit_order(columns, sweep.order)
+    return ends, _unit_order(columns, sweep.order)
 
 
 def _unit_order(values: np.ndarray, order: np.ndarray) -> np.ndarray:
