@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from support import reference_run, reference_through
 
 from sapptk.errors import ScheduleError
-from sapptk.schedules import Op, build, get, names
+from sapptk.schedules import Op, build, get, names, timing
 from sapptk.schedules.timing import critical_path, longest_path
 from sapptk.simulation import simulate
 
@@ -149,3 +149,21 @@ def test_longest_path_kernel_batched_integer_and_reverse(rng):
         after, _ = longest_path(g, batch[:, b], 3, reverse=True)
         through = reference_through(ref_preds, batch[:, b].tolist(), 3)
         assert (single + after - batch[:, b]).tolist() == through
+
+
+@pytest.mark.parametrize("name", ["interleaved", "dualpipe-v", "zb-v", "seq1f1b"])
+def test_grid_and_level_sweep_agree(name, rng, monkeypatch):
+    """The forward pass has two walks (the level × device grid, and the level sweep used when
+    the grid is too sparse): forced onto the sweep, it gives the same ends and columns."""
+    spec = get(name)
+    v = 2 if spec.chunks is None else spec.chunks[0]
+    program = build(name, stages=3, micro_batches=spec.min_micro_batches(3, v) + 1, chunks=v,
+                    splits=2 if spec.splits else 1)
+    g = program.graph
+    batch = rng.integers(0, 30, (g.n_units, 3))
+    on_grid = longest_path(g, batch, 4, argmax=True)
+    floats = longest_path(g, batch[:, 0] * 0.5, 0.25)
+    monkeypatch.setattr(timing, "_GRID_SLACK", 0)
+    on_sweep = longest_path(g, batch, 4, argmax=True)
+    assert np.array_equal(on_grid[0], on_sweep[0]) and np.array_equal(on_grid[1], on_sweep[1])
+    assert np.array_equal(floats[0], longest_path(g, batch[:, 0] * 0.5, 0.25)[0])
