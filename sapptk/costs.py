@@ -38,6 +38,7 @@ import numpy as np
 
 from sapptk.errors import ConfigError
 from sapptk.profile import MODES
+from sapptk.schedules.memory import device_peaks
 from sapptk.simulation import WEIGHT_HOLDS, Simulation, simulate
 
 if TYPE_CHECKING:
@@ -231,18 +232,32 @@ class StageCosts:
     constant: float
 
     def simulate(self, config: PipelineConfig, **kw: Any) -> Simulation:
-        """Run the config's program with these costs."""
+        """Run the config's program with these costs, measured against the config's budget.
+
+        ``kw`` may set the simulator's other arguments (``comm``, ``constant``,
+        ``weight_holds``, ``overlap``, ``memory_budget``), overriding these costs' ``comm``
+        and ``constant`` and the config's budget; the per-stage costs are these.
+        """
+        own = sorted(set(kw) & _STAGE_COST_ARGS)
+        if own:
+            raise ConfigError(
+                f"simulate: {', '.join(own)}: these come from the plan's layout; to try other per-stage costs "
+                "call sapptk.simulate(config.program(), forward=..., backward=..., ...)"
+            )
+        args: dict[str, Any] = {"comm": self.comm, "constant": self.constant, "memory_budget": config.memory_budget}
+        args.update(kw)
         return simulate(
             config.program(),
-            self.forward,
-            self.backward,
-            self.weight,
-            self.activation,
-            self.params,
-            self.comm,
-            constant=self.constant,
-            **kw,
+            forward=self.forward,
+            backward=self.backward,
+            weight=self.weight,
+            activation=self.activation,
+            params=self.params,
+            **args,
         )
+
+
+_STAGE_COST_ARGS = frozenset({"forward", "backward", "weight", "activation", "params"})
 
 
 def check_counts(profile: Profile, config: PipelineConfig, counts: Any) -> np.ndarray:
@@ -313,10 +328,6 @@ def peak_memory(profile: Profile, config: PipelineConfig, counts: Any) -> np.nda
     coef = layer_coefficients(profile, config)
     program = config.program()
     tot = coef.per_stage(arr)
-    out = np.zeros(config.stages)
-    for d, pts in enumerate(program.live_points(WEIGHT_HOLDS)):
-        stages = list(program.device_stages[d])
-        static = tot["params"][stages].sum() + coef.constant
-        live = float((pts @ tot["activation"][stages]).max(initial=0.0)) if len(pts) else 0.0
-        out[d] = (static + live) * MEMORY_UNIT_MB
-    return out
+    static = np.array([tot["params"][list(st)].sum() for st in program.device_stages]) + coef.constant
+    peaks = device_peaks(program.live_points(WEIGHT_HOLDS), program.device_stages, tot["activation"], static)
+    return peaks.astype(float) * MEMORY_UNIT_MB

@@ -1,6 +1,7 @@
 """Time and memory of a :class:`~sapptk.schedules.Program`, op by op.
 
-Conventions (the balancer uses the same ones, through the same Program):
+Conventions (the balancer uses the same ones, through the same Program; ``docs/conventions.md``
+works small cases by hand):
 
 * **Costs** are given per virtual stage and per micro-batch, in ms: ``forward`` for an
   ``F``; ``backward`` for the input-gradient work and ``weight`` for the weight-gradient
@@ -16,22 +17,38 @@ Conventions (the balancer uses the same ones, through the same Program):
   an ``I`` frees ``1 - weight_holds`` of it and its ``W`` the remaining ``weight_holds``.
   Within a unit, allocations come before frees.
 
-The run is iterative over the program's dependency levels (vectorised with numpy), no
-recursion, linear in the number of ops.
+Times come from the longest-path kernel (:mod:`sapptk.schedules.timing`), memory from the
+program's events (:mod:`sapptk.schedules.memory`): no recursion, linear in the ops.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from numbers import Real
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from sapptk.errors import SapptkError
-from sapptk.schedules.program import B_CODE, F_CODE, I_CODE, KINDS, W_CODE, Program
+from sapptk.schedules.memory import memory_steps
+from sapptk.schedules.program import Program, kind_dtype
+from sapptk.schedules.timing import longest_path, unit_starts
+
+__all__ = [
+    "WEIGHT_HOLDS",
+    "Bubble",
+    "Simulation",
+    "op_durations",
+    "per_stage",
+    "simulate",
+    "unit_durations",
+    "unit_times",
+]
 
 WEIGHT_HOLDS = 0.5
 """Default fraction of a micro-batch's activation that a split backward's ``W`` still
@@ -66,6 +83,8 @@ class Simulation:
     ``peak_memory``: Series of peak MB per device. ``summary``: one row per device with
     ``busy_ms``, ``idle_ms``, ``bubble_of_step``, ``static_mb``, ``peak_mb``,
     ``peak_live`` (micro-batch activations at the peak, summed over chunks).
+    ``costs``: the validated inputs. ``memory_budget``: MB per device the run is measured
+    against (None: no budget), for figures to draw.
     """
 
     program: Program
@@ -76,6 +95,7 @@ class Simulation:
     bubble: Bubble
     summary: pd.DataFrame
     costs: dict = field(repr=False, default_factory=dict)
+    memory_budget: float | None = None
 
     def to_chrome_trace(self, path: str | os.PathLike[str]) -> Path:
         """Write the run as a Chrome trace (Perfetto, ``chrome://tracing``): every op as an event
@@ -88,24 +108,69 @@ class Simulation:
 
     def __repr__(self) -> str:
         pr = self.program
+        budget = "" if self.memory_budget is None else f", budget={self.memory_budget:.6g} MB"
         return (
             f"Simulation({pr.name!r}, p={pr.stages}, v={pr.chunks}, m={pr.micro_batches}, "
             f"step_time={self.step_time:.6g} ms, bubble_of_compute={self.bubble.of_compute:.4g}, "
-            f"peak={self.peak_memory.max():.6g} MB)"
+            f"peak={self.peak_memory.max():.6g} MB{budget})"
         )
 
 
+# ---------------------------------------------------------------- validation
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _number(name: str, value: Any, *, upper: float | None = None, what: str = "a number >= 0") -> float:
+    """A finite real number >= 0 (and <= ``upper``), else a :class:`SapptkError` naming it."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, Real | np.integer | np.floating):
+        raise SapptkError(f"{name}: expected {what}, got {type(value).__name__} {_describe(value)}")
+    x = float(value)
+    if not math.isfinite(x) or x < 0 or (upper is not None and x > upper):
+        raise SapptkError(f"{name}: expected {what}, got {_describe(value)}")
+    return x
+
+
 def per_stage(name: str, value: Costs, n: int) -> np.ndarray:
-    """A cost given as a scalar or one value per virtual stage, as a float array of n."""
-    arr = np.asarray(value, dtype=float)
+    """A cost given as a scalar or one value per virtual stage, as a float array of n.
+
+    Raises :class:`SapptkError` for anything but finite numbers >= 0 (bools and strings
+    included) and for a length other than ``n``.
+    """
+    if isinstance(value, bool | np.bool_ | str | bytes):
+        raise SapptkError(f"{name}: expected a number or {n} numbers >= 0 (one per virtual stage), "
+                          f"got {type(value).__name__} {_describe(value)}")
+    if isinstance(value, list | tuple) and any(isinstance(x, bool | np.bool_) for x in value):
+        raise SapptkError(f"{name}: expected numbers, got a bool in {_describe(value)}")
+    try:
+        raw = np.asarray(value)
+    except Exception as exc:  # noqa: BLE001 - ragged lists and odd objects: one clear message
+        raise SapptkError(f"{name}: expected a number or {n} numbers, got {_describe(value)} ({exc})") from None
+    if raw.dtype.kind not in "iuf":
+        raise SapptkError(f"{name}: expected a number or {n} numbers >= 0 (one per virtual stage), "
+                          f"got {_describe(value)} (dtype {raw.dtype})")
+    arr = raw.astype(float)
     if arr.ndim == 0:
         arr = np.full(n, float(arr))
     if arr.shape != (n,):
         raise SapptkError(f"{name}: expected a number or {n} values (one per virtual stage), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)) or (arr < 0).any():
-        raise SapptkError(f"{name}: expected finite values >= 0, got {arr.tolist()}")
+        raise SapptkError(f"{name}: expected finite values >= 0, got {_describe(arr.tolist())}")
     return arr
 
+
+def _check_program(program: Any) -> Program:
+    if isinstance(program, Program):
+        return program
+    hint = " (a Plan simulates itself: plan.simulate())" if type(program).__name__ == "Plan" else ""
+    raise SapptkError(
+        "simulate: program: expected a Program (sapptk.schedules.build(...) or PipelineConfig.program()), "
+        f"got {type(program).__name__} {_describe(program)}{hint}"
+    )
+
+
+_HUGE = 1e300  # ms or MB: far beyond any real step, far below float overflow
 
 _OVERLAPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "sum": lambda d, ptr: np.add.reduceat(d, ptr[:-1]),
@@ -113,9 +178,8 @@ _OVERLAPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 }
 
 
-def op_durations(
-    program: Program, forward: Costs, backward: Costs, weight: Costs = 0.0
-) -> np.ndarray:
+# ---------------------------------------------------------------- the pieces
+def op_durations(program: Program, forward: Costs, backward: Costs, weight: Costs = 0.0) -> np.ndarray:
     """Duration in ms of every op of the program, in op order."""
     g = program.graph
     nvs = program.num_virtual_stages
@@ -128,46 +192,44 @@ def op_durations(
 
 def unit_durations(program: Program, op_duration: np.ndarray, overlap: str = "sum") -> np.ndarray:
     """Duration of every unit: ``overlap`` ("sum" or "max") of its ops' durations."""
-    try:
-        fn = _OVERLAPS[overlap]
-    except KeyError:
-        raise SapptkError(f"overlap: expected one of {sorted(_OVERLAPS)}, got {overlap!r}") from None
-    return fn(op_duration, program.graph.unit_op_ptr)
+    fn = _OVERLAPS.get(overlap) if isinstance(overlap, str) else None
+    if fn is None:
+        raise SapptkError(f"overlap: expected one of {sorted(_OVERLAPS)}, got {_describe(overlap)}")
+    g = program.graph
+    if g.n_units == g.n_ops:  # one op per unit
+        return np.asarray(op_duration, dtype=float).copy()
+    return fn(op_duration, g.unit_op_ptr)
 
 
 def unit_times(program: Program, duration: np.ndarray, comm: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end (ms) of every unit, given unit durations; level by level."""
+    """Start and end (ms) of every unit, given unit durations (:func:`~sapptk.schedules.timing.longest_path`)."""
     g = program.graph
-    n = g.n_units
-    end = np.zeros(n + 1)  # index n: "no predecessor", ends at 0
-    start = np.zeros(n)
-    lag = g.unit_cross * float(comm)
-    preds, lp, lu = g.unit_preds, g.level_ptr, g.level_units
-    for lvl in range(len(lp) - 1):
-        idx = lu[lp[lvl] : lp[lvl + 1]]
-        s = (end[preds[idx]] + lag[idx]).max(axis=1)
-        start[idx] = s
-        end[idx] = s + duration[idx]
-    return start, end[:n]
+    end, _ = longest_path(g, np.asarray(duration, dtype=float), float(comm))
+    return unit_starts(g, end, float(comm)), end
 
 
+# ---------------------------------------------------------------- simulate
 def simulate(
     program: Program,
+    *,
     forward: Costs,
     backward: Costs,
     weight: Costs = 0.0,
     activation: Costs = 1.0,
     params: Costs = 0.0,
     comm: float = 0.0,
-    *,
     constant: float = 0.0,
     weight_holds: float = WEIGHT_HOLDS,
     overlap: str = "sum",
+    memory_budget: float | None = None,
 ) -> Simulation:
     """Run ``program`` with the given per-virtual-stage costs; see the module docstring.
 
+    Every argument after the program is keyword-only.
+
     Parameters
     ----------
+    program: the schedule instance (:func:`sapptk.schedules.build`, ``config.program()``).
     forward, backward, weight: ms per micro-batch for each virtual stage (or one number).
     activation: MB an in-flight micro-batch keeps on each virtual stage.
     params: static MB of each virtual stage (weights, gradients, optimizer share).
@@ -175,62 +237,93 @@ def simulate(
     constant: MB every device holds besides parameters and activations.
     weight_holds: fraction of the activation a ``W`` still needs after its ``I``.
     overlap: how long an overlapped unit lasts: "sum" or "max" of its ops.
+    memory_budget: MB per device, kept on the result for figures (None: no budget).
+
+    Raises :class:`~sapptk.errors.SapptkError` naming the argument for a bad value (not a
+    program, strings, bools, negative or non-finite numbers, arrays of the wrong length).
     """
-    if not (np.isfinite(comm) and comm >= 0):
-        raise SapptkError(f"comm: expected a latency >= 0 ms, got {comm!r}")
-    if not 0.0 <= weight_holds <= 1.0:
-        raise SapptkError(f"weight_holds: expected a fraction in [0, 1], got {weight_holds!r}")
-    g = program.graph
+    program = _check_program(program)
+    comm = _number("comm", comm, what="a latency >= 0 ms")
+    constant = _number("constant", constant, what="memory >= 0 MB")
+    weight_holds = _number("weight_holds", weight_holds, upper=1.0, what="a fraction in [0, 1]")
+    if memory_budget is not None:
+        memory_budget = _number("memory_budget", memory_budget, what="MB > 0 per device, or None")
+        if memory_budget <= 0:
+            raise SapptkError(f"memory_budget: expected MB > 0 per device, or None, got {memory_budget!r}")
+    if not isinstance(overlap, str) or overlap not in _OVERLAPS:
+        raise SapptkError(f"overlap: expected one of {sorted(_OVERLAPS)}, got {_describe(overlap)}")
     nvs = program.num_virtual_stages
     f = per_stage("forward", forward, nvs)
     b = per_stage("backward", backward, nvs)
     w = per_stage("weight", weight, nvs)
-    op_dur = op_durations(program, f, b, w)
-    dur = unit_durations(program, op_dur, overlap)
+    act = per_stage("activation", activation, nvs)
+    par = per_stage("params", params, nvs)
+
+    g = program.graph
+    # no path is longer than every unit at its longest plus a latency before each: refuse
+    # costs whose step could overflow before running anything
+    worst = (float(max(f.max(), (b + w).max())) + comm) * g.n_units
+    if not worst < _HUGE:
+        raise SapptkError(
+            f"forward/backward/weight/comm: too large: the step time could overflow ({g.n_units} units of up to "
+            f"{max(f.max(), (b + w).max()):.3g} ms); give ms per micro-batch"
+        )
+    worst_mb = float(act.max()) * g.n_ops + float(par.sum()) + constant
+    if not worst_mb < _HUGE:
+        raise SapptkError("activation/params/constant: too large: the memory could overflow; give MB")
+    dur = unit_durations(program, op_durations(program, f, b, w), overlap)
     start, end = unit_times(program, dur, comm)
     step_time = float(end.max(initial=0.0))
 
-    act = per_stage("activation", activation, nvs)
-    par = per_stage("params", params, nvs)
-    static = np.bincount(np.asarray(program.placement), weights=par, minlength=program.stages) + constant
-    memory = _memory_steps(program, start, end, act, static, weight_holds)
-    peak = memory.groupby("device", observed=True)["memory_mb"].max().reindex(range(program.stages))
-    peak.name = "peak_mb"
+    p = program.stages
+    placement = np.asarray(program.placement, dtype=np.int64)
+    chunk = np.asarray(program.chunk_of, dtype=np.int64)
+    static = np.bincount(placement, weights=par, minlength=p) + constant
+    events_m = program.memory_events
+    act_by_chunk = np.zeros((p, events_m.width))
+    act_by_chunk[placement, chunk] = act
+    dev_col, time_col, mem_col = memory_steps(events_m, start, end, act_by_chunk, static, weight_holds)
+    # the frames own fresh arrays (copied where they are the graph's), so copy=False is safe
+    memory = pd.DataFrame({"device": dev_col, "time_ms": time_col, "memory_mb": mem_col}, copy=False)
+    first_rows = events_m.ptr[:-1] + np.arange(p)
+    peak_mb = np.maximum.reduceat(mem_col, first_rows)
+    peak = pd.Series(peak_mb.copy(), index=pd.RangeIndex(p, name="device"), name="peak_mb")
 
-    busy = np.bincount(g.unit_device, weights=dur, minlength=program.stages)
+    busy = np.bincount(g.unit_device, weights=dur, minlength=p)
     idle = step_time - busy
     total_busy = float(busy.sum())
     total_idle = float(idle.sum())
     bubble = Bubble(
         of_compute=total_idle / total_busy if total_busy > 0 else 0.0,
-        of_step=total_idle / (step_time * program.stages) if step_time > 0 else 0.0,
+        of_step=total_idle / (step_time * p) if step_time > 0 else 0.0,
         idle=total_idle,
     )
-    peak_live = program.peak_live(weight_holds)
     summary = pd.DataFrame(
         {
-            "device": np.arange(program.stages),
+            "device": np.arange(p),
             "busy_ms": busy,
             "idle_ms": idle,
-            "bubble_of_step": idle / step_time if step_time > 0 else np.zeros(program.stages),
+            "bubble_of_step": idle / step_time if step_time > 0 else np.zeros(p),
             "static_mb": static,
-            "peak_mb": peak.to_numpy(),
-            "peak_live": peak_live,
-        }
+            "peak_mb": peak_mb,
+            "peak_live": program.peak_live(weight_holds),
+        },
+        copy=False,
     )
     ou = g.op_unit
     events = pd.DataFrame(
         {
             "device": g.unit_device[ou],
-            "kind": pd.Categorical.from_codes(g.op_kind, categories=list(KINDS)),
-            "micro_batch": g.op_micro_batch,
-            "virtual_stage": g.op_virtual_stage,
-            "chunk": np.asarray(program.chunk_of, dtype=np.int64)[g.op_virtual_stage],
-            "slice": g.op_slice,
-            "unit": ou,
+            "kind": pd.Categorical.from_codes(g.op_kind.copy(), dtype=kind_dtype()),
+            "micro_batch": g.op_micro_batch.copy(),
+            "virtual_stage": g.op_virtual_stage.copy(),
+            "chunk": chunk[g.op_virtual_stage],
+            "slice": g.op_slice.copy(),
+            "unit": ou.copy(),
             "start_ms": start[ou],
             "end_ms": end[ou],
-        }
+        },
+        copy=False,
     )
     costs = {
         "forward": f,
@@ -238,58 +331,9 @@ def simulate(
         "weight": w,
         "activation": act,
         "params": par,
-        "comm": float(comm),
-        "constant": float(constant),
-        "weight_holds": float(weight_holds),
+        "comm": comm,
+        "constant": constant,
+        "weight_holds": weight_holds,
         "overlap": overlap,
     }
-    return Simulation(program, step_time, events, memory, peak, bubble, summary, costs)
-
-
-def _memory_steps(
-    program: Program,
-    start: np.ndarray,
-    end: np.ndarray,
-    act: np.ndarray,
-    static: np.ndarray,
-    weight_holds: float,
-) -> pd.DataFrame:
-    """Memory in use per device as steps, from allocation/free events in op order."""
-    g = program.graph
-    k = program.splits
-    kind = g.op_kind
-    a = act[g.op_virtual_stage] / k
-    delta = np.zeros(len(kind))
-    delta[kind == F_CODE] = a[kind == F_CODE]
-    delta[kind == B_CODE] = -a[kind == B_CODE]
-    delta[kind == I_CODE] = -(1.0 - weight_holds) * a[kind == I_CODE]
-    delta[kind == W_CODE] = -weight_holds * a[kind == W_CODE]
-    alloc = kind == F_CODE
-    u = g.op_unit
-    # order key: units run in sequence on a device, so 2*unit (+1 for frees) is chronological
-    ev_key = 2 * u + (~alloc)
-    ev_time = np.where(alloc, start[u], end[u])
-    order = np.argsort(ev_key, kind="stable")
-    ev_dev = g.unit_device[u][order]
-    ev_delta = delta[order]
-    ev_time = ev_time[order]
-    cum = np.cumsum(ev_delta)
-    # restart the running sum at each device
-    first = np.flatnonzero(np.r_[True, ev_dev[1:] != ev_dev[:-1]])
-    base = np.zeros(len(cum))
-    offsets = cum[first] - ev_delta[first]
-    seg = np.cumsum(np.r_[True, ev_dev[1:] != ev_dev[:-1]]) - 1
-    base = offsets[seg]
-    live = cum - base
-    live[np.abs(live) < 1e-9] = 0.0
-    devices = np.arange(program.stages)
-    frame = pd.DataFrame(
-        {
-            "device": np.concatenate([devices, ev_dev]),
-            "time_ms": np.concatenate([np.zeros(program.stages), ev_time]),
-            "memory_mb": np.concatenate([static, static[ev_dev] + live]),
-            "_seq": np.concatenate([np.full(program.stages, -1), np.arange(len(ev_dev))]),
-        }
-    )
-    frame = frame.sort_values(["device", "_seq"], kind="stable").drop(columns="_seq")
-    return frame.reset_index(drop=True)
+    return Simulation(program, step_time, events, memory, peak, bubble, summary, costs, memory_budget)

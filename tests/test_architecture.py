@@ -19,7 +19,7 @@ PACKAGE = ROOT / "sapptk"
 
 # lowest first; a module belongs to the layer of the longest prefix that names it
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("sapptk.errors", "sapptk.files"),
+    ("sapptk.errors", "sapptk.files", "sapptk.pareto"),
     ("sapptk.profile",),
     ("sapptk.schedules",),
     ("sapptk.formats.chrome_trace",),

@@ -136,7 +136,8 @@ def _peaks(program, cells: np.ndarray, truth: dict) -> np.ndarray:
             par[vs] = truth["param"] * cells[:, c, d].sum()
     par[0] += truth["head"]
     par[-1] += truth["tail"]
-    return simulate(program, 1.0, 2.0, activation=act, params=par, constant=truth["constant"]).peak_memory.to_numpy()
+    sim = simulate(program, forward=1.0, backward=2.0, activation=act, params=par)  # constant: may be < 0
+    return sim.peak_memory.to_numpy() + truth["constant"]
 
 
 RUNS = [  # schedule, p, v, m: m < p, m not a multiple of p, V placement

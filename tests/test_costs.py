@@ -7,7 +7,7 @@ import pickle
 
 import numpy as np
 import pytest
-from support import random_counts, seed_of, setups, small_profile
+from support import random_counts, reference_run, reference_through, seed_of, setups, small_profile
 
 from sapptk.config import PipelineConfig
 from sapptk.costs import (
@@ -21,6 +21,7 @@ from sapptk.costs import (
     stage_costs,
 )
 from sapptk.errors import ConfigError
+from sapptk.plan import even_split
 from sapptk.profile import MODES, bundled_profile
 from sapptk.schedules import names
 from sapptk.simulation import simulate
@@ -134,8 +135,8 @@ def test_stage_costs_simulation_and_peaks(config):
         sim = simulate_counts(prof, config, counts)
         assert sim.costs["comm"] == pytest.approx(sc.comm)
         assert np.allclose(peak_memory(prof, config, counts), sim.peak_memory.to_numpy(), atol=1e-6)
-        direct = simulate(config.program(), sc.forward, sc.backward, sc.weight, sc.activation, sc.params,
-                                           sc.comm, constant=sc.constant)
+        direct = simulate(config.program(), forward=sc.forward, backward=sc.backward, weight=sc.weight,
+                          activation=sc.activation, params=sc.params, comm=sc.comm, constant=sc.constant)
         assert direct.step_time == pytest.approx(sim.step_time)
 
 
@@ -175,3 +176,46 @@ def test_integer_live_points_equal_the_simulated_peak(config):
         peaks = mem.peaks(coef, program, counts) / mem.scale * MEMORY_UNIT_MB
         sim = simulate_counts(prof, config, counts)
         assert np.allclose(peaks, sim.peak_memory.to_numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("config", setups(), ids=lambda c: c.schedule)
+def test_solver_views_equal_the_plain_python_oracle(config):
+    """PathModel.steps/longest/through and MemoryModel.peaks against the op-by-op reference."""
+    rng = np.random.default_rng(seed_of("oracle", config.schedule))
+    prof = small_profile(rng)
+    coef = layer_coefficients(prof, config)
+    program = config.program()
+    paths, mem = path_model(program), memory_model(program)
+    k = program.splits
+    batch = [random_counts(rng, prof, config) for _ in range(4)]
+    costs = np.stack([stage_cost_vector(coef, c) for c in batch])
+    steps = paths.steps(costs, coef.comm)
+    assert steps.dtype == np.int64
+    assert steps.tolist() == paths.longest(costs, coef.comm)[0].tolist()
+    for counts, cost, step in zip(batch, costs, steps, strict=True):
+        nvs = program.num_virtual_stages
+        # ticks: a slice op of a stage costing c time units lasts c ticks, so scale by k
+        ref = reference_run(program, forward=cost[:nvs] * k, backward=cost[nvs:2 * nvs] * k,
+                            weight=cost[2 * nvs:] * k, comm=coef.comm * k)
+        assert step == ref["step_time"]
+        length, _, _ = paths.through(cost, coef.comm)
+        assert length.tolist() == reference_through(ref["preds"], (paths.unit_sig @ cost).tolist(), coef.comm * k)
+        sc = stage_costs(prof, config, counts)
+        memory = reference_run(program, forward=1.0, backward=1.0, activation=sc.activation, params=sc.params,
+                               constant=sc.constant)
+        assert np.allclose(mem.peaks(coef, program, counts) / mem.scale * MEMORY_UNIT_MB, memory["peak_mb"])
+        assert np.allclose(peak_memory(prof, config, counts), memory["peak_mb"])
+
+
+def test_stage_costs_simulate_passes_the_budget_and_takes_overrides():
+    prof = bundled_profile("llama2_70b")
+    config = PipelineConfig(4, 8, 2, "interleaved", memory_budget=60000, comm=0.02)
+    counts = even_split(prof, config, "none").counts
+    sc = stage_costs(prof, config, counts)
+    sim = sc.simulate(config)
+    assert sim.memory_budget == 60000 and sim.costs["comm"] == pytest.approx(0.02)
+    other = sc.simulate(config, comm=0.5, constant=100.0, memory_budget=None)  # once raised "multiple values"
+    assert (other.costs["comm"], other.costs["constant"], other.memory_budget) == (0.5, 100.0, None)
+    assert other.step_time > sim.step_time
+    with pytest.raises(ConfigError, match="forward: these come from the plan's layout"):
+        sc.simulate(config, forward=1.0)

@@ -107,7 +107,7 @@ def test_every_op_once_and_events_respect_dependencies(name: str) -> None:
         # random per-stage costs and a latency: every op starts after its data deps
         f, b, w = rng.uniform(0.5, 2.0, (3, nvs))
         comm = 0.25
-        sim = simulate(prog, f, b, w, comm=comm, overlap="max" if p % 2 else "sum")
+        sim = simulate(prog, forward=f, backward=b, weight=w, comm=comm, overlap="max" if p % 2 else "sum")
         g = prog.graph
         start, end = sim.events.start_ms.to_numpy(), sim.events.end_ms.to_numpy()
         dev = g.unit_device[g.op_unit]
@@ -214,7 +214,7 @@ def test_zb_v_by_hand() -> None:
     prog = build_zb_v(2, 2)
     assert ops_of(prog, 0) == "F0@0 F1@0 F0@3 I0@3 F1@3 I1@3 I0@0 W0@3 I1@0 W1@3 W0@0 W1@0"
     assert ops_of(prog, 1) == "F0@1 F0@2 F1@1 F1@2 I0@2 I0@1 I1@2 I1@1 W0@2 W0@1 W1@2 W1@1"
-    assert simulate(prog, 1, 1, 1).step_time == 13
+    assert simulate(prog, forward=1, backward=1, weight=1).step_time == 13
     # p = 4, m = 4, the tip of the V (vs 3 and vs 4): each chunk-1 F right after its chunk-0
     # F, backwards in V order (vs 4 then vs 3) once they come back, then the W, FIFO.
     assert ops_of(build_zb_v(4, 4), 3) == (
@@ -243,7 +243,7 @@ def test_dualpipe_v_bubble_matches_deepseek(overlap: str) -> None:
             continue
         prog = program("dualpipe-v", p, m)
         for f, b, w in DP_COSTS:
-            sim = simulate(prog, f, b, w, overlap=overlap)
+            sim = simulate(prog, forward=f, backward=b, weight=w, overlap=overlap)
             fb = f + b + w if overlap == "sum" else max(f, b + w)
             deepseek = (p - 1) * (fb + (b + w) - 3 * w)
             idle = sim.summary.idle_ms.to_numpy()
@@ -259,11 +259,11 @@ def test_dualpipe_v_bubble_reading_of_b_and_limits() -> None:
     And outside F = B the table is an approximation (pinned values, p = 4, m = 8, sum).
     """
     prog = program("dualpipe-v", 4, 8)
-    idle = simulate(prog, 1, 1, 1).summary.idle_ms.max()
+    idle = simulate(prog, forward=1, backward=1, weight=1).summary.idle_ms.max()
     assert idle == 6 == 3 * (3 + 2 - 3)  # B_full = 2
     assert idle != 3 * (3 + 1 - 3)  # B = input gradient only
-    assert simulate(prog, 1, 2, 1).summary.idle_ms.max() == 11  # formula: 3 * (4 + 3 - 3) = 12
-    assert simulate(prog, 3, 2, 1).summary.idle_ms.max() == 21  # formula: 3 * (6 + 3 - 3) = 18
+    assert simulate(prog, forward=1, backward=2, weight=1).summary.idle_ms.max() == 11  # formula: 3 * (4 + 3 - 3) = 12
+    assert simulate(prog, forward=3, backward=2, weight=1).summary.idle_ms.max() == 21  # formula: 3 * (6 + 3 - 3) = 18
 
 
 def test_dualpipe_v_memory() -> None:
@@ -280,7 +280,7 @@ def test_dualpipe_v_memory() -> None:
         for wh in (0.0, 0.5, 1.0):
             assert np.array_equal(prog.peak_live(wh), np.full(p, 2 * p + 1.0))
     prog = program("dualpipe-v", 3, 7)
-    sim = simulate(prog, 1, 1, 1, activation=1.0, params=1.0)
+    sim = simulate(prog, forward=1, backward=1, weight=1, activation=1.0, params=1.0)
     assert np.array_equal(sim.summary.static_mb, np.full(3, 2.0))  # two virtual stages per device
     assert np.array_equal(sim.peak_memory, np.full(3, 2.0 + 7))
 
@@ -297,20 +297,20 @@ def test_zb_h1_step_time_matches_paper() -> None:
             continue
         prog = program("zb-h1", p, m)
         for f, b, w in ZB_COSTS:
-            sim = simulate(prog, f, b, w)
+            sim = simulate(prog, forward=f, backward=b, weight=w)
             assert sim.step_time == pytest.approx(m * (f + b + w) + (p - 1) * (f + b - w)), (p, m, f, b, w)
         # F = B = W: one third of 1F1B's bubble (p − 1)(F + B + W)
-        one_f_one_b = simulate(program_1f1b(p, m), 1, 1, 1).step_time - 3 * m
-        assert simulate(prog, 1, 1, 1).step_time - 3 * m == pytest.approx(one_f_one_b / 3)
+        one_f_one_b = simulate(program_1f1b(p, m), forward=1, backward=1, weight=1).step_time - 3 * m
+        assert simulate(prog, forward=1, backward=1, weight=1).step_time - 3 * m == pytest.approx(one_f_one_b / 3)
 
 
 def test_zb_h1_formula_outside_its_conditions() -> None:
     prog = program("zb-h1", 4, 8)
     # W > F: the deferred W no longer fit the gaps; the formula under-counts
-    assert simulate(prog, 1, 1, 2).step_time > 8 * 4 + 3 * (1 + 1 - 2)
+    assert simulate(prog, forward=1, backward=1, weight=2).step_time > 8 * 4 + 3 * (1 + 1 - 2)
     # m < p: fewer W than gaps
     small = program("zb-h1", 4, 2)
-    assert simulate(small, 1, 1, 1).step_time > 2 * 3 + 3 * 1
+    assert simulate(small, forward=1, backward=1, weight=1).step_time > 2 * 3 + 3 * 1
 
 
 def test_zb_h1_peak_in_flight() -> None:
@@ -341,7 +341,7 @@ def test_zb_v_bubble_is_the_pipeline_fill_only() -> None:
     for p, m in grid("zb-v"):
         prog = program("zb-v", p, m)
         for c in (1.0, 2.5) if m % 3 == 0 else (1.0,):
-            sim = simulate(prog, c, c, c)
+            sim = simulate(prog, forward=c, backward=c, weight=c)
             assert sim.step_time == pytest.approx(6 * m * c + (p - 1) * c), (p, m)
         assert sim.bubble.of_compute == pytest.approx((p - 1) / (6 * m))
         last = sim.events[sim.events.device == p - 1]  # no gap on device p − 1
@@ -360,7 +360,7 @@ def test_zb_v_memory_at_most_1f1b() -> None:
         assert prog.peak_live(WEIGHT_HOLDS).max() == 2 * p
         assert prog.peak_live(0.0).max() <= 2 * p
     p, m = 4, 9
-    zbv = simulate(program("zb-v", p, m), 1, 1, 1, activation=1.0)
-    onef = simulate(program_1f1b(p, m), 3, 3, 0, activation=2.0)  # a 1F1B stage = two V chunks
+    zbv = simulate(program("zb-v", p, m), forward=1, backward=1, weight=1, activation=1.0)
+    onef = simulate(program_1f1b(p, m), forward=3, backward=3, weight=0, activation=2.0)  # a 1F1B stage = two V chunks
     assert zbv.peak_memory.max() <= onef.peak_memory.max() == 2 * p
     assert program("zb-v", p, m).peak_live(1.0).max() > 2 * p

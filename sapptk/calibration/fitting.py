@@ -429,11 +429,12 @@ def _verify(dry: DryRuns, obs: list[_Observation], values: Mapping[str, float], 
         return False
     for r in runs:
         par, act = costs[r]
-        sim = simulate(dry.runs[r].program, 1.0, 1.0, activation=act, params=par, constant=values["constant"],
+        # the constant is added outside: a fitted constant may be negative, which simulate refuses
+        sim = simulate(dry.runs[r].program, forward=1.0, backward=1.0, activation=act, params=par,
                        weight_holds=weight_holds)
         for o, pred in zip(obs, predicted, strict=True):
             if o.run == r:
-                peak = float(sim.peak_memory.iloc[o.device])
+                peak = float(sim.peak_memory.iloc[o.device]) + values["constant"]
                 if abs(peak - pred) > 1e-6 * max(1.0, abs(pred)):
                     raise AssertionError(f"calibrate: run {r} device {o.device}: simulator peak {peak} != model {pred}")
     return True

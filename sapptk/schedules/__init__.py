@@ -1,12 +1,22 @@
 """Schedules as data: each builder returns a :class:`Program`, the per-device op order."""
 
-from sapptk.schedules.program import KIND_NAMES, KINDS, Op, Program, ProgramGraph, make_program
+from sapptk.schedules.program import (
+    KIND_NAMES,
+    KINDS,
+    Op,
+    OpArrays,
+    Program,
+    ProgramGraph,
+    make_program,
+    program_from_arrays,
+)
 from sapptk.schedules.registry import ScheduleSpec, available, build, get, names, register
 
 __all__ = [
     "KINDS",
     "KIND_NAMES",
     "Op",
+    "OpArrays",
     "Program",
     "ProgramGraph",
     "ScheduleSpec",
@@ -15,5 +25,6 @@ __all__ = [
     "get",
     "make_program",
     "names",
+    "program_from_arrays",
     "register",
 ]

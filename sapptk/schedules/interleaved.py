@@ -9,13 +9,16 @@ p + m mod p micro-batches, every later group p). The warm-up counts forwards acr
 first group's chunks, so the remainder raises the warm-up and the peak: for p = 4,
 m = 6, v = 2 device 0 runs all 12 forwards before its first backward. (Megatron-LM's
 newer ``microbatch_group_size_per_vp_stage`` tables put the remainder in a last, smaller
-group instead; this module models the grouping described in domain.md §4.)
+group instead; this module puts it in the first.)
 """
 
 from __future__ import annotations
 
-from sapptk.schedules.basic import _one_f_one_b
-from sapptk.schedules.program import Op, Program, make_program
+import numpy as np
+
+from sapptk.schedules.basic import one_f_one_b, place
+from sapptk.schedules.ops import B_CODE, F_CODE
+from sapptk.schedules.program import Program, program_from_arrays
 
 
 def micro_batch_groups(stages: int, micro_batches: int) -> list[range]:
@@ -26,29 +29,37 @@ def micro_batch_groups(stages: int, micro_batches: int) -> list[range]:
     return groups
 
 
-def _tables(stage: int, stages: int, chunks: int, micro_batches: int) -> tuple[list[Op], list[Op]]:
-    fwd: list[Op] = []
-    bwd: list[Op] = []
+def _tables(stages: int, chunks: int, micro_batches: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The forward and backward sequences every device follows: (micro-batch, forward chunk,
+    backward chunk), each of length v·m: per group, the group's micro-batches on chunk 0, 1, …
+    (forwards) and on chunk v − 1, v − 2, … (backwards)."""
+    mb, chunk = [], []
     for group in micro_batch_groups(stages, micro_batches):
+        ids = np.arange(group.start, group.stop, dtype=np.int64)
         for c in range(chunks):
-            fwd.extend(Op("F", i, c * stages + stage) for i in group)
-            rc = chunks - 1 - c
-            bwd.extend(Op("B", i, rc * stages + stage) for i in group)
-    return fwd, bwd
+            mb.append(ids)
+            chunk.append(np.full(len(ids), c, dtype=np.int64))
+    mbs, fwd_chunk = np.concatenate(mb), np.concatenate(chunk)
+    return mbs, fwd_chunk, chunks - 1 - fwd_chunk
 
 
 def _build(name: str, stages: int, micro_batches: int, chunks: int, less_memory: bool) -> Program:
+    p, v = stages, chunks
     first_group = len(micro_batch_groups(stages, micro_batches)[0])
-    devices = []
-    for s in range(stages):
-        fwd, bwd = _tables(s, stages, chunks, micro_batches)
-        # with one chunk both variants are plain 1F1B (Megatron's non-interleaved path)
-        tail = stages - s - 1 if less_memory or chunks == 1 else 2 * (stages - s - 1)
-        devices.append(_one_f_one_b(fwd, bwd, (chunks - 1) * first_group + tail))
-    placement = [vs % stages for vs in range(stages * chunks)]
-    return make_program(
-        name, stages=stages, micro_batches=micro_batches, chunks=chunks, splits=1,
-        placement=placement, device_units=devices,
+    s = np.arange(p, dtype=np.int64)
+    # with one chunk both variants are plain 1F1B (Megatron's non-interleaved path)
+    tail = p - s - 1 if less_memory or v == 1 else 2 * (p - s - 1)
+    mb, fwd_chunk, bwd_chunk = _tables(p, v, micro_batches)
+    n = len(mb)
+    pos_f, pos_b = one_f_one_b(n, (v - 1) * first_group + tail)
+    shape = (p, n)
+    mbs = np.broadcast_to(mb, shape)
+    return program_from_arrays(
+        name, stages=p, micro_batches=micro_batches, chunks=v, splits=1,
+        placement=[vs % p for vs in range(p * v)],
+        kind=place(pos_f, pos_b, np.full(shape, F_CODE), np.full(shape, B_CODE)),
+        micro_batch=place(pos_f, pos_b, mbs, mbs),
+        virtual_stage=place(pos_f, pos_b, fwd_chunk * p + s[:, None], bwd_chunk * p + s[:, None]),
     )
 
 

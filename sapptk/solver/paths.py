@@ -14,7 +14,9 @@ from functools import lru_cache
 import numpy as np
 
 from sapptk.costs import LayerCoefficients
+from sapptk.schedules.memory import device_peaks
 from sapptk.schedules.program import B_CODE, F_CODE, I_CODE, W_CODE, Program
+from sapptk.schedules.timing import critical_path, longest_path, path_sums
 from sapptk.simulation import WEIGHT_HOLDS
 
 __all__ = ["MemoryModel", "PathModel", "memory_model", "path_key", "path_model", "stage_cost_vector"]
@@ -49,114 +51,45 @@ class PathModel:
 
         ``costs`` has shape (batch, 3·nvs): per virtual stage the forward, backward (``I`` or
         the part of ``B`` carrying recompute) and weight costs in time units; ``comm`` is the
-        p2p latency in time units. Mirrors :func:`sapptk.simulation.unit_times`: a unit starts
-        at the latest end of its predecessors, plus comm across devices. Integer costs give
-        exact integer steps; fractional costs (the LP relaxation's averaged durations,
+        p2p latency in time units. The simulator's kernel
+        (:func:`sapptk.schedules.timing.longest_path`): a unit starts at the latest end of its
+        predecessors, plus comm across devices. Integer costs give exact integer steps;
+        fractional costs (the LP relaxation's averaged durations,
         :mod:`sapptk.solver.relaxation`) are timed in floating point, and their critical
         paths are real paths all the same.
         """
         g = self.program.graph
-        k = self.program.splits
-        n = g.n_units
-        batch = costs.shape[0]
-        dur = self.durations(costs)
-        end = np.zeros((n + 1, batch), dtype=np.float64 if np.issubdtype(dur.dtype, np.floating) else np.int64)
-        arg = np.full((n, batch), -1, dtype=np.int64)  # column of unit_preds that set the start
-        lag = g.unit_cross.astype(np.int64) * (comm * k)
-        preds, lp, lu = g.unit_preds, g.level_ptr, g.level_units
-        for lvl in range(len(lp) - 1):
-            idx = lu[lp[lvl] : lp[lvl + 1]]
-            cand = end[preds[idx]] + lag[idx][:, :, None]  # (units, width, batch)
-            a = cand.argmax(axis=1)
-            s = np.take_along_axis(cand, a[:, None, :], axis=1)[:, 0, :]
-            arg[idx] = a
-            end[idx] = s + dur[idx]
-        end = end[:n]
+        end, columns = longest_path(g, self.durations(costs), comm * self.program.splits, argmax=True)
         step = end.max(axis=0)
         paths = []
-        for b in range(batch):
-            u = int(end[:, b].argmax())
-            sig = np.zeros(self.unit_sig.shape[1], dtype=np.int64)
-            crossings = 0
-            while True:
-                sig += self.unit_sig[u]
-                col = int(arg[u, b])
-                pred = int(preds[u, col])
-                if pred >= n:
-                    break
-                crossings += int(g.unit_cross[u, col])
-                u = pred
-            paths.append((sig, crossings))
+        for b in range(costs.shape[0]):
+            units, crossings = critical_path(g, columns[:, b], int(end[:, b].argmax()))
+            paths.append((self.unit_sig[units].sum(axis=0), crossings))
         return step, paths
-
 
     def steps(self, costs: np.ndarray, comm: int) -> np.ndarray:
         """Exact step time (ticks) of each cost vector, as :meth:`longest` without the paths (faster)."""
-        g = self.program.graph
-        k = self.program.splits
-        n = g.n_units
-        dur = self.durations(costs)
-        end = np.zeros((n + 1, costs.shape[0]), dtype=np.int64)
-        lag = g.unit_cross.astype(np.int64) * (comm * k)
-        preds, lp, lu = g.unit_preds, g.level_ptr, g.level_units
-        for lvl in range(len(lp) - 1):
-            idx = lu[lp[lvl] : lp[lvl + 1]]
-            end[idx] = (end[preds[idx]] + lag[idx][:, :, None]).max(axis=1) + dur[idx]
-        return end[:n].max(axis=0)
+        end, _ = longest_path(self.program.graph, self.durations(costs), comm * self.program.splits)
+        return end.max(axis=0)
 
     def through(self, cost: np.ndarray, comm: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For every unit, the longest path through it: (lengths (n,), signatures (n, 3·nvs), crossings (n,)).
 
-        One forward and one backward pass over the levels; signatures are carried along
-        the arg-max edges, so each one is a real path of the graph.
+        One forward and one backward pass of the kernel; signatures are carried along the
+        arg-max edges, so each one is a real path of the graph.
         """
         g = self.program.graph
-        k = self.program.splits
-        n = g.n_units
+        lag = comm * self.program.splits
         dur = self.unit_sig @ cost
-        width = self.unit_sig.shape[1]
-        lag_unit = g.unit_cross.astype(np.int64) * (comm * k)
-        end = np.zeros(n + 1, dtype=np.int64)
-        sig_in = np.zeros((n + 1, width), dtype=np.int64)
-        cross_in = np.zeros(n + 1, dtype=np.int64)
-        preds, lp, lu = g.unit_preds, g.level_ptr, g.level_units
-        levels = len(lp) - 1
-        for lvl in range(levels):
-            idx = lu[lp[lvl] : lp[lvl + 1]]
-            cand = end[preds[idx]] + lag_unit[idx]
-            a = cand.argmax(axis=1)
-            p = preds[idx, a]
-            end[idx] = cand[np.arange(len(idx)), a] + dur[idx]
-            sig_in[idx] = sig_in[p] + self.unit_sig[idx]
-            cross_in[idx] = cross_in[p] + g.unit_cross[idx, a]
-        # backward: longest continuation after each unit's end
-        tail = np.zeros(n, dtype=np.int64)
-        sig_out = np.zeros((n, width), dtype=np.int64)
-        cross_out = np.zeros(n, dtype=np.int64)
-        src, dst, ecross = self.edges
-        elag = ecross.astype(np.int64) * (comm * k)
-        src_level = g.level[src]
-        order = np.argsort(-src_level, kind="stable")
-        bounds = np.searchsorted(-src_level[order], np.arange(-(levels - 1), 1))
-        bounds = np.r_[bounds, len(order)]
-        for i in range(levels):
-            sel = order[bounds[i] : bounds[i + 1]]
-            if not len(sel):
-                continue
-            s_, d_ = src[sel], dst[sel]
-            cand = elag[sel] + dur[d_] + tail[d_]
-            best = np.full(n, -1, dtype=np.int64)
-            np.maximum.at(best, s_, cand)
-            win = cand == best[s_]
-            # first winning edge per source
-            ws, first = np.unique(s_[win], return_index=True)
-            we = sel[np.flatnonzero(win)[first]]
-            wd = dst[we]
-            tail[ws] = best[ws]
-            sig_out[ws] = sig_out[wd] + self.unit_sig[wd]
-            cross_out[ws] = cross_out[wd] + ecross[we]
-        length = end[:n] + tail
-        return length, sig_in[:n] + sig_out, cross_in[:n] + cross_out
+        end, into = longest_path(g, dur, lag, argmax=True)
+        start_here, out_of = longest_path(g, dur, lag, argmax=True, reverse=True)
+        rows = np.arange(g.n_units)
+        succ_cross = g.unit_succs[1]
+        sig = path_sums(g, into, self.unit_sig) + path_sums(g, out_of, self.unit_sig, reverse=True) - self.unit_sig
+        crossings = path_sums(g, into, g.unit_cross[rows, into].astype(np.int64)) + path_sums(
+            g, out_of, succ_cross[rows, out_of].astype(np.int64), reverse=True
+        )
+        return end + start_here - dur, sig, crossings
 
     @property
     def edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -212,13 +145,10 @@ class MemoryModel:
     def peaks(self, coef: LayerCoefficients, program: Program, counts: np.ndarray) -> np.ndarray:
         """Peak memory of every device for ``counts``, in memory units × ``scale`` (exact integers)."""
         tot = coef.per_stage(counts)
-        out = np.zeros(program.stages, dtype=np.int64)
-        for d, rows in enumerate(self.rows):
-            st = list(program.device_stages[d])
-            static = int(tot["params"][st].sum()) + coef.constant
-            live = int((rows @ tot["activation"][st]).max()) if len(rows) else 0
-            out[d] = self.scale * static + live
-        return out
+        static = np.array([tot["params"][list(st)].sum() for st in program.device_stages], dtype=np.int64)
+        peaks = device_peaks(self.rows, program.device_stages, tot["activation"], static + coef.constant,
+                             scale=self.scale)
+        return peaks.astype(np.int64)
 
 
 def _common_scale(values: np.ndarray) -> int:

@@ -23,6 +23,7 @@ from bokeh.palettes import Category10_10, Viridis256
 from bokeh.plotting import figure
 
 from sapptk.errors import SapptkError
+from sapptk.pareto import pareto_front as _front_indices
 from sapptk.sweeps import SOLVED
 from sapptk.viz.style import number_axes, thousands
 
@@ -200,10 +201,9 @@ def heatmap(
 def pareto_front(frame: pd.DataFrame, x: str = "peak_mb_max", y: str = "step_time_ms") -> pd.DataFrame:
     """The solved rows that no other solved row beats in both ``x`` and ``y`` (least is best),
     sorted by ``x``."""
-    rows = _solved(frame).dropna(subset=[x, y]).sort_values([x, y], kind="stable")
-    ys = rows[y].to_numpy(dtype=float)
-    before = np.r_[np.inf, np.minimum.accumulate(ys)[:-1]] if len(ys) else ys
-    return rows[ys < before]  # faster than every lighter-or-equal row before it
+    rows = _solved(frame).dropna(subset=[x, y])
+    keep = _front_indices(rows[[x, y]].to_numpy(dtype=float))
+    return rows.iloc[keep].sort_values([x, y], kind="stable")
 
 
 def pareto(
