@@ -213,7 +213,10 @@ def test_a_plan_means_its_simulation(plans):
     by_sim = _renderer(viz.timeline(plan.simulation), "ops").data_source.data
     for col in ("device", "start_ms", "end_ms", "style"):
         np.testing.assert_array_equal(np.asarray(by_plan[col]), np.asarray(by_sim[col]))
-    assert _budget_spans(viz.compare(plan, plan.simulation, memory=True)) == [60000.0]  # only the plan has one
+    # the plan's simulation carries the budget too (Simulation.memory_budget); a bare one has none
+    assert _budget_spans(viz.compare(plan, plan.simulation, memory=True)) == [60000.0, 60000.0]
+    bare = simulate(plan.simulation.program, forward=1.0, backward=2.0)
+    assert _budget_spans(viz.compare(plan, bare, memory=True)) == [60000.0]
     with pytest.raises(SapptkError, match="Plan or Simulation"):
         viz.timeline(pd.DataFrame())
     with pytest.raises(SapptkError, match=r"subjects\[1\].*Plan or Simulation"):
