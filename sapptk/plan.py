@@ -26,6 +26,7 @@ from sapptk.costs import StageCosts, check_counts, simulate_counts, stage_costs
 from sapptk.errors import ConfigError
 from sapptk.formats import mindformers
 from sapptk.profile import MODES
+from sapptk.sensitivity import Sensitivity, critical_path, sensitivity
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
@@ -117,6 +118,20 @@ class Plan:
         if budget is None:
             return True
         return bool((self.simulation.peak_memory.to_numpy() <= budget + _FIT_TOLERANCE_MB).all())
+
+    # ------------------------------------------------------------ robustness
+    def sensitivity(
+        self, time_error: float = 0.05, memory_error: float = 0.02, samples: int = 1000, seed: int = 0
+    ) -> Sensitivity:
+        """The plan under ``samples`` perturbed profiles, per error model (independent and shared):
+        step-time quantiles and each device's chance of exceeding the budget
+        (:func:`sapptk.sensitivity.sensitivity`)."""
+        return sensitivity(self, time_error=time_error, memory_error=memory_error, samples=samples, seed=seed)
+
+    def critical(self) -> pd.DataFrame:
+        """The (virtual stage, op kind) pairs on the critical path and how many ms the step time
+        grows per ms of each (:func:`sapptk.sensitivity.critical_path`)."""
+        return critical_path(self)
 
     # ------------------------------------------------------------------ frames
     @cached_property

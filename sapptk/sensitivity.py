@@ -42,7 +42,10 @@ import pandas as pd
 
 from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients
 from sapptk.errors import ConfigError
-from sapptk.solver.paths import memory_model, path_model, stage_cost_vector
+from sapptk.schedules.ops import B_CODE, F_CODE, I_CODE, W_CODE
+from sapptk.schedules.timing import critical_path as walk_back
+from sapptk.schedules.timing import longest_path
+from sapptk.simulation import WEIGHT_HOLDS, op_durations_batch, unit_durations
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
@@ -127,31 +130,38 @@ def perturbed_costs(
     )
 
 
-def _step_times(config: PipelineConfig, costs: PerturbedCosts) -> np.ndarray:
-    """Step time in ms of every sample: the simulator's longest path, batched."""
-    program = config.program()
-    paths = path_model(program)
-    vectors = np.concatenate([costs.forward, costs.backward, costs.weight], axis=1)
-    comm_ms = layer_coefficients_comm_ms(config)
-    steps, _ = paths.longest(vectors, comm_ms)
-    return np.asarray(steps, dtype=np.float64) / program.splits
+_BATCH_OPS = 4_000_000  # op durations held at once (ops x samples), about 32 MB
 
 
-def layer_coefficients_comm_ms(config: PipelineConfig) -> float:
-    """The setup's p2p latency in ms, rounded to the integer time unit as the simulator uses it."""
+def _comm_ms(config: PipelineConfig) -> float:
+    """The setup's p2p latency in ms, rounded to the integer time unit as the simulator gets it."""
     return round(float(config.comm) / TIME_UNIT_MS) * TIME_UNIT_MS
+
+
+def _step_times(config: PipelineConfig, costs: PerturbedCosts) -> np.ndarray:
+    """Step time in ms of every sample: the simulator's longest path, in batches of samples."""
+    program = config.program()
+    graph = program.graph
+    samples = costs.forward.shape[0]
+    per_batch = max(1, _BATCH_OPS // max(1, graph.n_ops))
+    out = np.empty(samples)
+    for lo in range(0, samples, per_batch):
+        hi = min(samples, lo + per_batch)
+        ops = op_durations_batch(program, costs.forward[lo:hi], costs.backward[lo:hi], costs.weight[lo:hi])
+        end, _ = longest_path(graph, unit_durations(program, ops), _comm_ms(config))
+        out[lo:hi] = end.max(axis=0)
+    return out
 
 
 def _peaks(config: PipelineConfig, costs: PerturbedCosts) -> np.ndarray:
     """Peak MB per sample and device, shape (samples, devices), from the program's live points."""
     program = config.program()
-    mem = memory_model(program)
     constant = round(float(config.constant_memory) / MEMORY_UNIT_MB) * MEMORY_UNIT_MB
     out = np.empty((costs.activation.shape[0], program.stages))
-    for d, rows in enumerate(mem.rows):
+    for d, rows in enumerate(program.live_points(WEIGHT_HOLDS)):
         stages = list(program.device_stages[d])
         static = costs.params[:, stages].sum(axis=1) + constant
-        live = (costs.activation[:, stages] @ (rows.T / mem.scale)).max(axis=1) if len(rows) else 0.0
+        live = (costs.activation[:, stages] @ rows.T).max(axis=1) if len(rows) else 0.0
         out[:, d] = static + live
     return out
 
@@ -226,6 +236,8 @@ def sensitivity(
 
 
 _KIND_LABELS = ("F", "B", "W")
+# op kind -> the cost kinds (into _KIND_LABELS) its duration adds up: a whole B is backward + weight
+_KIND_PARTS = {F_CODE: (0,), B_CODE: (1, 2), I_CODE: (1,), W_CODE: (2,)}
 
 
 def critical_path(plan: Plan) -> pd.DataFrame:
@@ -237,35 +249,41 @@ def critical_path(plan: Plan) -> pd.DataFrame:
     them (slices count ``1/splits``), and ``dstep_per_ms`` = how many ms the step time grows
     per ms added to that stage's per-micro-batch cost of that kind — exact while this path
     stays critical, i.e. for small changes when the critical path is unique (``unique``
-    says whether it is: no other op lies on a path as long).
+    says whether it is: no op off this path lies on a path as long).
     """
     plan._need_solution("its critical path")
     config = plan.config
     program = config.program()
+    graph = program.graph
     coef = layer_coefficients(plan.profile, config)
-    paths = path_model(program)
-    cost = stage_cost_vector(coef, np.asarray(plan.counts, dtype=np.int64))
-    steps, found = paths.longest(cost[None, :], coef.comm)
-    sig, _ = found[0]
-    length, _, _ = paths.through(cost, coef.comm)
-    # every unit on some critical path; the path is the only one when they are exactly its ops
-    critical_units = np.flatnonzero(length == int(steps[0]))
-    unique = int(paths.unit_sig[critical_units].sum()) == int(sig.sum())
+    tot = coef.per_stage(np.asarray(plan.counts, dtype=np.int64))
+    # exact integer ticks, as the solver times plans
+    ops = op_durations_batch(program, tot["forward"][None], tot["backward"][None], tot["weight"][None], in_ticks=True)
+    dur = unit_durations(program, ops)[:, 0].astype(np.int64)
+    comm = coef.comm * program.splits
+    end, columns = longest_path(graph, dur, comm, argmax=True)
+    last = int(np.argmax(end))
+    units, _ = walk_back(graph, columns, last)
+    tail, _ = longest_path(graph, dur, comm, reverse=True)
+    through = end + tail - dur  # the longest path through each unit
+    critical = np.flatnonzero(through == end[last])
+    unique = len(critical) == len(units)
     V = program.num_virtual_stages
+    sig = np.zeros((3, V), dtype=np.int64)
+    op_units = np.isin(graph.op_unit, units)
+    for code, parts in _KIND_PARTS.items():
+        sel = op_units & (graph.op_kind == code)
+        for part in parts:
+            np.add.at(sig[part], graph.op_virtual_stage[sel], 1)
+    kinds = _KIND_LABELS if coef.split else _KIND_LABELS[:2]  # without split the W part is inside B
     k = program.splits
     chunk_of = np.asarray(program.chunk_of)
     placement = np.asarray(program.placement)
-    kinds = _KIND_LABELS if coef.split else _KIND_LABELS[:2]  # without split the W part is inside B
-    rows = []
-    for ki, kind in enumerate(kinds):
-        for vs in range(V):
-            n = int(sig[ki * V + vs])
-            if n == 0:
-                continue
-            rows.append({
-                "virtual_stage": vs, "chunk": int(chunk_of[vs]), "device": int(placement[vs]), "kind": kind,
-                "ops_on_path": n / k, "dstep_per_ms": n / k,
-            })
+    rows = [
+        {"virtual_stage": vs, "chunk": int(chunk_of[vs]), "device": int(placement[vs]), "kind": kind,
+         "ops_on_path": int(sig[ki, vs]) / k, "dstep_per_ms": int(sig[ki, vs]) / k}
+        for ki, kind in enumerate(kinds) for vs in range(V) if sig[ki, vs]
+    ]
     frame = pd.DataFrame(rows, columns=["virtual_stage", "chunk", "device", "kind", "ops_on_path", "dstep_per_ms"])
     frame["kind"] = pd.Categorical(frame["kind"], categories=list(kinds))
     frame = frame.sort_values(["virtual_stage", "kind"], kind="stable").reset_index(drop=True)

@@ -44,6 +44,7 @@ __all__ = [
     "Bubble",
     "Simulation",
     "op_durations",
+    "op_durations_batch",
     "per_stage",
     "simulate",
     "unit_durations",
@@ -179,6 +180,11 @@ _OVERLAPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 
 
 # ---------------------------------------------------------------- the pieces
+def _kind_table(forward: np.ndarray, backward: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """What an op of each kind costs, rows in KINDS order: F, B (= backward + weight), I, W."""
+    return np.stack([forward, backward + weight, backward, weight])
+
+
 def op_durations(program: Program, forward: Costs, backward: Costs, weight: Costs = 0.0) -> np.ndarray:
     """Duration in ms of every op of the program, in op order."""
     g = program.graph
@@ -186,8 +192,31 @@ def op_durations(program: Program, forward: Costs, backward: Costs, weight: Cost
     f = per_stage("forward", forward, nvs)
     b = per_stage("backward", backward, nvs)
     w = per_stage("weight", weight, nvs)
-    table = np.stack([f, b + w, b, w]) / program.splits  # rows in KINDS order
+    table = _kind_table(f, b, w) / program.splits
     return table[g.op_kind, g.op_virtual_stage]
+
+
+def op_durations_batch(
+    program: Program, forward: np.ndarray, backward: np.ndarray, weight: np.ndarray, *, in_ticks: bool = False
+) -> np.ndarray:
+    """Durations of every op for a batch of per-stage costs, shape (ops, batch).
+
+    ``forward``, ``backward`` and ``weight`` have shape (batch, virtual stages), finite and
+    >= 0. With ``in_ticks`` a slice op lasts its stage's cost (the unit being 1/splits of the
+    cost's unit), which keeps integer costs exact; otherwise 1/splits of it.
+    """
+    g = program.graph
+    shape = (len(np.asarray(forward)), program.num_virtual_stages)
+    arrays = []
+    for name, value in (("forward", forward), ("backward", backward), ("weight", weight)):
+        arr = np.asarray(value)
+        if arr.shape != shape or arr.dtype.kind not in "iuf" or not np.isfinite(arr).all() or (arr < 0).any():
+            raise SapptkError(f"{name}: expected finite values >= 0 of shape {shape} (batch, virtual stages)")
+        arrays.append(arr)
+    table = _kind_table(*arrays)  # (4, batch, stages)
+    if not in_ticks:
+        table = table / program.splits
+    return table[g.op_kind, :, g.op_virtual_stage]
 
 
 def unit_durations(program: Program, op_duration: np.ndarray, overlap: str = "sum") -> np.ndarray:

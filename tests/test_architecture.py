@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.simulation",),
     ("sapptk.config",),
     ("sapptk.costs",),
+    ("sapptk.sensitivity",),
     ("sapptk.formats",),
     ("sapptk.plan",),
     ("sapptk.solver",),

@@ -12,7 +12,7 @@ from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
 from sapptk.plan import even_split, make_plan
 from sapptk.schedules import names
-from sapptk.sensitivity import PERTURBATIONS, critical_path, perturbed_costs, robust_budget, sensitivity
+from sapptk.sensitivity import PERTURBATIONS, perturbed_costs, robust_budget
 from sapptk.simulation import simulate
 
 
@@ -31,11 +31,12 @@ def test_batched_samples_equal_plain_simulations(schedule, perturbation, rng):
     """Every sample's step time and peaks are what simulate() gives for the same perturbed costs."""
     prof, cfg, plan = _setup(schedule, rng)
     costs = perturbed_costs(plan, time_error=0.1, memory_error=0.05, samples=6, perturbation=perturbation, seed=3)
-    res = sensitivity(plan, time_error=0.1, memory_error=0.05, samples=6, seed=3)
+    res = plan.sensitivity(time_error=0.1, memory_error=0.05, samples=6, seed=3)
     got = res.samples[res.samples.perturbation == perturbation]
     for s in range(6):
-        sim = simulate(cfg.program(), costs.forward[s], costs.backward[s], costs.weight[s], costs.activation[s],
-                       costs.params[s], plan.costs.comm, constant=plan.costs.constant)
+        sim = simulate(cfg.program(), forward=costs.forward[s], backward=costs.backward[s], weight=costs.weight[s],
+                       activation=costs.activation[s], params=costs.params[s], comm=plan.costs.comm,
+                       constant=plan.costs.constant)
         rows = got[got["sample"] == s]
         assert rows.step_time_ms.iloc[0] == pytest.approx(sim.step_time, rel=1e-9)
         np.testing.assert_allclose(rows.peak_mb.to_numpy(), sim.peak_memory.to_numpy(), rtol=1e-9)
@@ -43,13 +44,13 @@ def test_batched_samples_equal_plain_simulations(schedule, perturbation, rng):
 
 def test_quantiles_are_those_of_the_samples_and_zero_error_is_the_plan(rng):
     prof, cfg, plan = _setup("interleaved", rng)
-    res = sensitivity(plan, time_error=0.0, memory_error=0.0, samples=5)
+    res = plan.sensitivity(time_error=0.0, memory_error=0.0, samples=5)
     assert np.allclose(res.step_time.step_time_ms, plan.simulation.step_time)
     peaks = plan.simulation.peak_memory.to_numpy()
     for kind in PERTURBATIONS:
         dev = res.devices[res.devices.perturbation == kind]
         np.testing.assert_allclose(dev.peak_mb_median.to_numpy(), peaks)
-    res = sensitivity(plan, time_error=0.05, memory_error=0.02, samples=200, seed=1)
+    res = plan.sensitivity(time_error=0.05, memory_error=0.02, samples=200, seed=1)
     for kind in PERTURBATIONS:
         steps = res.samples[(res.samples.perturbation == kind) & (res.samples.device == 0)].step_time_ms
         q = res.step_time[res.step_time.perturbation == kind].set_index("quantile").step_time_ms
@@ -61,7 +62,7 @@ def test_probability_over_budget_counts_the_samples(rng):
     prof, cfg, plan = _setup("1f1b", rng)
     peaks = plan.simulation.peak_memory.to_numpy()
     tight = make_plan(prof, cfg.replace(memory_budget=float(peaks.max())), plan.counts, status="given")
-    res = sensitivity(tight, time_error=0.0, memory_error=0.05, samples=400, seed=2)
+    res = tight.sensitivity(time_error=0.0, memory_error=0.05, samples=400, seed=2)
     dev = res.devices[res.devices.perturbation == "shared"].set_index("device")
     top = int(np.argmax(peaks))
     assert 0.3 < dev.p_over_budget.loc[top] < 0.7  # a symmetric-ish error around a peak at the budget
@@ -73,7 +74,7 @@ def test_probability_over_budget_counts_the_samples(rng):
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved", "zb-h1", "dualpipe-v"])
 def test_critical_path_derivatives_are_finite_differences(schedule, rng):
     prof, cfg, plan = _setup(schedule, rng)
-    crit = critical_path(plan)
+    crit = plan.critical()
     assert crit.dstep_per_ms.gt(0).all()
     if not crit.unique.iloc[0]:
         pytest.skip("tied critical paths: derivatives are one-sided")
@@ -84,8 +85,8 @@ def test_critical_path_derivatives_are_finite_differences(schedule, rng):
     for row in crit.itertuples():
         arrays = {name: np.array(getattr(sc, name), dtype=float) for name in ("forward", "backward", "weight")}
         arrays[field[row.kind]][row.virtual_stage] += delta
-        sim = simulate(cfg.program(), arrays["forward"], arrays["backward"], arrays["weight"], sc.activation,
-                       sc.params, sc.comm, constant=sc.constant)
+        sim = simulate(cfg.program(), **arrays, activation=sc.activation, params=sc.params, comm=sc.comm,
+                       constant=sc.constant)
         assert (sim.step_time - base) / delta == pytest.approx(row.dstep_per_ms, rel=1e-6)
 
 
@@ -97,10 +98,10 @@ def test_a_robust_plan_keeps_its_risk_on_fresh_samples(llama):
     plan = balance(llama, cfg.replace(memory_budget=safe), time_limit=5, deterministic=True)
     assert plan.solved
     robust = make_plan(llama, cfg, plan.counts, status="given")
-    res = sensitivity(robust, time_error=0.0, memory_error=0.02, samples=4000, seed=11)
+    res = robust.sensitivity(time_error=0.0, memory_error=0.02, samples=4000, seed=11)
     assert res.p_any_over_budget.max() <= 0.01
     plain = balance(llama, cfg, time_limit=5, deterministic=True)
-    naive = sensitivity(make_plan(llama, cfg, plain.counts, status="given"), time_error=0.0, memory_error=0.02,
+    naive = make_plan(llama, cfg, plain.counts, status="given").sensitivity(time_error=0.0, memory_error=0.02,
                         samples=4000, seed=11)
     assert naive.p_any_over_budget["shared"] > res.p_any_over_budget["shared"]
 
@@ -128,7 +129,7 @@ def test_robust_budget_arithmetic():
 def test_bad_sensitivity_arguments(kwargs, needle, rng):
     _, _, plan = _setup("1f1b", rng)
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
-        sensitivity(plan, **kwargs)
+        plan.sensitivity(**kwargs)
 
 
 @pytest.mark.parametrize(
