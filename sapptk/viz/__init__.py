@@ -6,6 +6,8 @@
   (:mod:`sapptk.viz.plan_bars`).
 * :func:`step_time_by_budget`, :func:`heatmap`, :func:`pareto`, :func:`pareto_front` —
   a sweep's frame (:mod:`sapptk.viz.sweep_plots`).
+* :func:`sensitivity_plot`, :func:`critical_plot` — how sure a plan is, and where its
+  critical path runs (:mod:`sapptk.viz.robustness`).
 * :func:`save_html`, :func:`export_png`, :func:`export_svg` — files (:mod:`sapptk.viz.export`).
 * Colours and sizes: :mod:`sapptk.viz.style`; what a figure accepts: :mod:`sapptk.viz.subjects`.
 
@@ -31,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "heatmap": "sapptk.viz.sweep_plots",
     "pareto": "sapptk.viz.sweep_plots",
     "pareto_front": "sapptk.viz.sweep_plots",
+    "sensitivity_plot": "sapptk.viz.robustness",
+    "critical_plot": "sapptk.viz.robustness",
     "save_html": "sapptk.viz.export",
     "export_png": "sapptk.viz.export",
     "export_svg": "sapptk.viz.export",
@@ -46,6 +50,7 @@ __all__ = [
     "chromium_driver",
     "close_driver",
     "compare",
+    "critical_plot",
     "device_frame",
     "export_png",
     "export_svg",
@@ -55,6 +60,7 @@ __all__ = [
     "pareto",
     "pareto_front",
     "save_html",
+    "sensitivity_plot",
     "stage_bars",
     "step_time_by_budget",
     "timeline",
@@ -71,6 +77,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         save_html,
     )
     from sapptk.viz.plan_bars import device_frame, stage_bars
+    from sapptk.viz.robustness import critical_plot, sensitivity_plot
     from sapptk.viz.style import CATEGORY_COLORS
     from sapptk.viz.sweep_plots import heatmap, pareto, pareto_front, step_time_by_budget
     from sapptk.viz.timelines import compare, op_source, timeline
