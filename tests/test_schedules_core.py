@@ -9,6 +9,7 @@ from support import reference_program
 
 from sapptk.errors import DeadlockError, ScheduleError
 from sapptk.schedules import Op, build, make_program, names, program_from_arrays
+from sapptk.schedules.interleaved import micro_batch_groups
 from sapptk.simulation import simulate
 
 
@@ -87,15 +88,19 @@ def test_1f1b_fewer_micro_batches_than_stages():
 @pytest.mark.slow
 @pytest.mark.parametrize("v", [1, 2, 3, 4])
 @pytest.mark.parametrize(("p", "m"), list(grid(min_m=lambda p: p)))
-def test_interleaved_grid(p, m, v):
-    program = build("interleaved", stages=p, micro_batches=m, chunks=v)
+@pytest.mark.parametrize(("name", "rule"), [("interleaved", "equal"), ("interleaved-rf", "remainder-first"),
+                                            ("interleaved-megatron", "megatron")])
+def test_interleaved_grid(p, m, v, name, rule):
+    program = build(name, stages=p, micro_batches=m, chunks=v)
     assert_each_op_once(program)
     assert program.placement == tuple(vs % p for vs in range(p * v))
     f, b = 0.5, 1.0  # per chunk
     sim = simulate(program, forward=f, backward=b)
     assert_dependencies_hold(sim)
     peak = program.peak_live()
-    g = p + m % p  # the first group takes the remainder
+    g = len(micro_batch_groups(p, m, rule)[0])  # the first group sets the warm-up
+    if rule == "remainder-first":
+        assert g == p + m % p
     lead = 2 if v > 1 else 1  # v = 1 is plain 1F1B
     expected_peak = [min(v * m, (v - 1) * g + lead * (p - s - 1) + 1) for s in range(p)]
     assert peak.tolist() == expected_peak

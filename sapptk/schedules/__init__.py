@@ -11,6 +11,8 @@ from sapptk.schedules.program import (
     program_from_arrays,
 )
 from sapptk.schedules.registry import ScheduleSpec, available, build, get, names, register
+from sapptk.schedules.torch_csv import from_csv, from_csv_text
+from sapptk.schedules.zerobubble import StageCosts
 
 __all__ = [
     "KINDS",
@@ -20,8 +22,11 @@ __all__ = [
     "Program",
     "ProgramGraph",
     "ScheduleSpec",
+    "StageCosts",
     "available",
     "build",
+    "from_csv",
+    "from_csv_text",
     "get",
     "make_program",
     "names",

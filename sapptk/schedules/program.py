@@ -19,9 +19,13 @@ easier to write op by op). :attr:`Program.units` is the op-by-op view, built on 
 
 from __future__ import annotations
 
+import csv
+import io
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -167,6 +171,27 @@ class Program:
             lines.append(f"device {d}: " + " ".join(parts))
         return "\n".join(lines)
 
+    def to_csv(self, path: str | os.PathLike[str] | None = None) -> str:
+        """The op order in PyTorch's schedule CSV (``torch.distributed.pipelining``'s
+        ``_dump_csv``/``_load_csv`` form; see :mod:`sapptk.schedules.torch_csv`).
+
+        Returns the text and writes it to ``path`` when given; ``sapptk.schedules.from_csv``
+        reads it back to an equal program. Programs with sequence slices cannot be written.
+        """
+        if self.splits != 1:
+            raise ScheduleError(
+                f"{self.name}: splits = {self.splits}: PyTorch's schedule CSV has no sequence slices "
+                "(only programs with splits = 1 can be written)"
+            )
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        for units in self.units:
+            writer.writerow([_csv_cell(u) for u in units])
+        text = buffer.getvalue()
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
     # ------------------------------------------------------------ the graph
     @cached_property
     def graph(self) -> ProgramGraph:
@@ -200,6 +225,13 @@ class Program:
     def peak_live(self, weight_holds: float = 0.5) -> np.ndarray:
         """Most micro-batch activations alive at once on each device (chunks summed), shape (p,)."""
         return self.memory_events.peak_live(weight_holds)
+
+
+def _csv_cell(unit: Unit) -> str:
+    """One unit as a PyTorch schedule action: ``<stage><kind><micro-batch>``, overlapped ops
+    as ``(a;b)OVERLAP_F_B``."""
+    ops = [f"{op.virtual_stage}{op.kind}{op.micro_batch}" for op in unit]
+    return ops[0] if len(ops) == 1 else f"({';'.join(ops)})OVERLAP_F_B"
 
 
 def _pareto_max(points: np.ndarray) -> np.ndarray:

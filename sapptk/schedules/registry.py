@@ -10,11 +10,18 @@ import pandas as pd
 from sapptk.errors import ScheduleError
 from sapptk.schedules.basic import build_1f1b, build_gpipe, build_seq1f1b
 from sapptk.schedules.dualpipe import build_dualpipe_v
-from sapptk.schedules.interleaved import build_interleaved, build_interleaved_lm
+from sapptk.schedules.interleaved import (
+    build_interleaved,
+    build_interleaved_lm,
+    build_interleaved_lm_rf,
+    build_interleaved_megatron,
+    build_interleaved_rf,
+    build_interleaved_zb,
+)
 from sapptk.schedules.program import Program
-from sapptk.schedules.zerobubble import build_zb_h1, build_zb_v
+from sapptk.schedules.zerobubble import StageCosts, build_zb_h1, build_zb_v, build_zb_v_greedy
 
-Builder = Callable[[int, int, int, int], Program]
+Builder = Callable[..., Program]
 
 
 @dataclass(frozen=True)
@@ -24,7 +31,12 @@ class ScheduleSpec:
     ``chunks``: the allowed chunks per device (None: any >= 1). ``splits``: whether
     sequence slices (splits > 1) are allowed. ``min_micro_batches(p, v)``: the fewest
     micro-batches it needs. ``placement``: "line" (virtual stage c·p + s on device s) or
-    "v" (chunk 0 runs devices 0→p−1, chunk 1 back p−1→0).
+    "v" (chunk 0 runs devices 0→p−1, chunk 1 back p−1→0). ``grouping``: for interleaved
+    schedules, how micro-batches are grouped when p does not divide m
+    (:func:`sapptk.schedules.interleaved.micro_batch_groups`); "" otherwise. ``cost_driven``:
+    the op order depends on op costs (the builder takes ``costs=``; unit costs without).
+    ``pytorch``: the class of ``torch.distributed.pipelining`` that runs the same order, ""
+    if none does.
     """
 
     name: str
@@ -36,6 +48,9 @@ class ScheduleSpec:
     split_backward: bool = False
     min_micro_batches: Callable[[int, int], int] = lambda p, v: 1
     min_micro_batches_text: str = "m >= 1"
+    grouping: str = ""
+    cost_driven: bool = False
+    pytorch: str = ""
 
     def check(self, stages: int, micro_batches: int, chunks: int, splits: int) -> None:
         """Raise :class:`ScheduleError` naming the first constraint the arguments break."""
@@ -88,7 +103,9 @@ def names() -> tuple[str, ...]:
 
 
 def available() -> pd.DataFrame:
-    """One row per schedule: name, description, placement, constraints."""
+    """One row per schedule: name, description, placement, constraints, micro-batch grouping
+    (interleaved schedules), whether the order depends on costs, and the PyTorch class
+    running the same order."""
     rows = [
         {
             "name": s.name,
@@ -99,33 +116,64 @@ def available() -> pd.DataFrame:
             "split_backward": s.split_backward,
             "micro_batches": s.min_micro_batches_text,
             "constraints": s.constraints,
+            "grouping": s.grouping,
+            "cost_driven": s.cost_driven,
+            "pytorch": s.pytorch,
         }
         for s in _REGISTRY.values()
     ]
     return pd.DataFrame(rows)
 
 
-def build(name: str, *, stages: int, micro_batches: int, chunks: int = 1, splits: int = 1) -> Program:
+def build(name: str, *, stages: int, micro_batches: int, chunks: int = 1, splits: int = 1,
+          costs: StageCosts | None = None) -> Program:
     """Build the :class:`Program` of schedule ``name`` for (p, m, v, k).
 
-    Raises :class:`ScheduleError` if the arguments break the schedule's constraints.
+    ``costs`` (a :class:`~sapptk.schedules.zerobubble.StageCosts`) is read by cost-driven
+    schedules only (``zb-v-greedy``); the others ignore it. Raises :class:`ScheduleError` if
+    the arguments break the schedule's constraints.
     """
     spec = get(name)
     spec.check(stages, micro_batches, chunks, splits)
+    if spec.cost_driven:
+        return spec.builder(stages, micro_batches, chunks, splits, costs=costs)
     return spec.builder(stages, micro_batches, chunks, splits)
 
 
-register(ScheduleSpec("gpipe", build_gpipe, "GPipe: all forwards, then all backwards"))
-register(ScheduleSpec("1f1b", build_1f1b, "1F1B: p − s − 1 warm-up forwards, then one forward one backward"))
+_AT_LEAST_P = {"min_micro_batches": lambda p, v: p, "min_micro_batches_text": "m >= p"}
+
+register(ScheduleSpec("gpipe", build_gpipe, "GPipe: all forwards, then all backwards", pytorch="ScheduleGPipe"))
+register(ScheduleSpec("1f1b", build_1f1b, "1F1B: p − s − 1 warm-up forwards, then one forward one backward",
+                      pytorch="Schedule1F1B"))
 register(ScheduleSpec(
     "interleaved", build_interleaved,
-    "Interleaved 1F1B (Megatron virtual pipeline); m mod p handled",
-    chunks=None, min_micro_batches=lambda p, v: p, min_micro_batches_text="m >= p",
+    "Interleaved 1F1B (virtual pipeline), micro-batches in equal rounds as PyTorch",
+    chunks=None, grouping="equal", pytorch="ScheduleInterleaved1F1B", **_AT_LEAST_P,
+))
+register(ScheduleSpec(
+    "interleaved-rf", build_interleaved_rf,
+    "Interleaved 1F1B, the remainder m mod p in the first group",
+    chunks=None, grouping="remainder-first", **_AT_LEAST_P,
+))
+register(ScheduleSpec(
+    "interleaved-megatron", build_interleaved_megatron,
+    "Interleaved 1F1B grouped as Megatron-LM (microbatch_group_size_per_vp_stage, smallest valid)",
+    chunks=None, grouping="megatron", **_AT_LEAST_P,
 ))
 register(ScheduleSpec(
     "interleaved-lm", build_interleaved_lm,
-    "Less-memory interleaved 1F1B (warm-up v·p − s − 1)",
-    chunks=None, min_micro_batches=lambda p, v: p, min_micro_batches_text="m >= p",
+    "Less-memory interleaved 1F1B (warm-up v·p − s − 1), equal rounds",
+    chunks=None, grouping="equal", **_AT_LEAST_P,
+))
+register(ScheduleSpec(
+    "interleaved-lm-rf", build_interleaved_lm_rf,
+    "Less-memory interleaved 1F1B, the remainder m mod p in the first group",
+    chunks=None, grouping="remainder-first", **_AT_LEAST_P,
+))
+register(ScheduleSpec(
+    "interleaved-zb", build_interleaved_zb,
+    "Interleaved zero bubble (ZB-1P on chunks): less-memory warm-up, W of device s s backwards late",
+    chunks=None, split_backward=True, grouping="equal", pytorch="ScheduleInterleavedZeroBubble", **_AT_LEAST_P,
 ))
 register(ScheduleSpec(
     "seq1f1b", build_seq1f1b,
@@ -134,17 +182,21 @@ register(ScheduleSpec(
 register(ScheduleSpec(
     "dualpipe-v", build_dualpipe_v,
     "DualPipeV (DeepSeek): V placement, overlapped F&B pairs, zero-bubble split backwards at the ends",
-    placement="v", chunks=(2,), split_backward=True,
+    placement="v", chunks=(2,), split_backward=True, pytorch="ScheduleDualPipeV",
     min_micro_batches=lambda p, v: 2 * p, min_micro_batches_text="m >= 2p",
 ))
 register(ScheduleSpec(
     "zb-h1", build_zb_h1,
     "ZB-H1: 1F1B with split backwards, the W of stage s run s micro-batches late",
-    split_backward=True,
+    split_backward=True, pytorch="ScheduleInterleavedZeroBubble",
 ))
 register(ScheduleSpec(
     "zb-v", build_zb_v,
-    "ZB-V: V placement, split backwards, live activations capped at 1F1B's peak",
-    placement="v", chunks=(2,), split_backward=True,
-    min_micro_batches=lambda p, v: p, min_micro_batches_text="m >= p",
+    "ZB-V in PyTorch's order: V placement, split backwards, zero bubble when F = I = W",
+    placement="v", chunks=(2,), split_backward=True, pytorch="ScheduleZBVZeroBubble", **_AT_LEAST_P,
+))
+register(ScheduleSpec(
+    "zb-v-greedy", build_zb_v_greedy,
+    "ZB-V as a list schedule at the plan's costs (unit costs until balanced), memory capped at 1F1B's",
+    placement="v", chunks=(2,), split_backward=True, cost_driven=True, **_AT_LEAST_P,
 ))
