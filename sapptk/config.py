@@ -1,7 +1,11 @@
 """The pipeline setup a plan is made for: stages, micro-batches, schedule, budget.
 
 :class:`PipelineConfig` is plain, frozen, picklable data (sweeps send it to other
-processes). It is validated at the boundary by :meth:`PipelineConfig.check`, which raises
+processes). A setup names a registered schedule, or carries a :class:`Program` of its own
+(a user's PyTorch schedule CSV, a cost-driven order rebuilt at a plan's costs): then
+:meth:`PipelineConfig.program` returns that program, and stages, micro-batches, chunks,
+splits and the schedule label must agree with it (:meth:`PipelineConfig.from_program`
+fills them in). It is validated at the boundary by :meth:`PipelineConfig.check`, which raises
 :class:`~sapptk.errors.ConfigError` naming the field, the value and the rule, before any
 program is built or any solver runs.
 """
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sapptk.errors import ConfigError, ScheduleError
 from sapptk.profile import MODES, mode_set
 from sapptk.schedules import Program, build, get, names
+from sapptk.schedules.program import I_CODE
 
 if TYPE_CHECKING:
     from sapptk.profile import Profile
@@ -60,6 +65,9 @@ class PipelineConfig:
         that are both listed here and available in the profile; every group needs at
         least one such mode (``"none"`` is *not* implicitly allowed: listing only
         ``"full"`` forces full recompute everywhere).
+    custom_program: a :class:`Program` to run instead of building ``schedule``; ``schedule``
+        is then its name (a label) and the sizes are its sizes. Build such setups with
+        :meth:`from_program` or :meth:`with_program`.
     """
 
     stages: int
@@ -71,6 +79,7 @@ class PipelineConfig:
     constant_memory: float = 0
     comm: float = 0
     recompute: tuple[str, ...] = field(default=MODES)
+    custom_program: Program | None = None
 
     def __post_init__(self) -> None:
         # one canonical tuple (MODES order), so equal mode sets give equal, hashable configs
@@ -86,9 +95,29 @@ class PipelineConfig:
         """A copy with some fields changed."""
         return replace(self, **changes)
 
+    @classmethod
+    def from_program(cls, program: Program, **fields: Any) -> PipelineConfig:
+        """A setup running ``program``: stages, micro-batches, chunks, splits and the schedule
+        label come from it; ``fields`` give the rest (budget, comm, recompute, ...)."""
+        if not isinstance(program, Program):
+            raise ConfigError(f"program = {program!r}: expected a sapptk.schedules.Program")
+        for name in ("stages", "micro_batches", "chunks", "splits", "schedule", "custom_program"):
+            if name in fields:
+                raise ConfigError(f"{name} = {fields[name]!r}: from_program takes it from the program; leave it out")
+        return cls(stages=program.stages, micro_batches=program.micro_batches, chunks=program.chunks,
+                   splits=program.splits, schedule=program.name, custom_program=program, **fields)
+
+    def with_program(self, program: Program) -> PipelineConfig:
+        """A copy running ``program`` (sizes and schedule label from it; everything else kept)."""
+        fields = {f: getattr(self, f) for f in ("memory_budget", "constant_memory", "comm", "recompute")}
+        return PipelineConfig.from_program(program, **fields)
+
     def program(self) -> Program:
-        """The schedule's :class:`Program` for this setup (cached per (schedule, p, m, v, k))."""
+        """The :class:`Program` this setup runs: the carried one, or the schedule's (cached
+        per (schedule, p, m, v, k))."""
         self.validate()
+        if self.custom_program is not None:
+            return self.custom_program
         try:
             return build_program(self.schedule, self.stages, self.micro_batches, self.chunks, self.splits)
         except ScheduleError as exc:
@@ -97,6 +126,8 @@ class PipelineConfig:
     @property
     def split_backward(self) -> bool:
         """Whether the schedule splits the backward into input- and weight-gradient ops."""
+        if self.custom_program is not None:
+            return bool((self.custom_program.graph.op_kind == I_CODE).any())
         return get(self.schedule).split_backward
 
     # ---------------------------------------------------------- validation
@@ -106,12 +137,15 @@ class PipelineConfig:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ConfigError(f"{name} = {value!r}: expected an integer >= 1")
-        if not isinstance(self.schedule, str) or self.schedule not in names():
-            raise ConfigError(f"schedule = {self.schedule!r}: unknown schedule; available: {', '.join(names())}")
-        try:
-            get(self.schedule).check(self.stages, self.micro_batches, self.chunks, self.splits)
-        except ScheduleError as exc:
-            raise ConfigError(f"schedule = {self.schedule!r}: {exc}") from exc
+        if self.custom_program is not None:
+            self._check_program()
+        else:
+            if not isinstance(self.schedule, str) or self.schedule not in names():
+                raise ConfigError(f"schedule = {self.schedule!r}: unknown schedule; available: {', '.join(names())}")
+            try:
+                get(self.schedule).check(self.stages, self.micro_batches, self.chunks, self.splits)
+            except ScheduleError as exc:
+                raise ConfigError(f"schedule = {self.schedule!r}: {exc}") from exc
         if self.micro_batches < self.stages:
             raise ConfigError(
                 f"micro_batches = {self.micro_batches}: expected at least stages = {self.stages} "
@@ -131,6 +165,28 @@ class PipelineConfig:
             raise ConfigError(f"recompute = {rec!r}: unknown mode {unknown[0]!r}; modes are {', '.join(MODES)}")
         if len(set(rec)) != len(rec):
             raise ConfigError(f"recompute = {rec!r}: a mode is listed twice")
+
+    def _check_program(self) -> None:
+        program = self.custom_program
+        if not isinstance(program, Program):
+            raise ConfigError(f"custom_program = {program!r}: expected a sapptk.schedules.Program or None")
+        for name in ("stages", "micro_batches", "chunks", "splits"):
+            if getattr(self, name) != getattr(program, name):
+                raise ConfigError(
+                    f"{name} = {getattr(self, name)!r}: the carried program {program.name!r} has {name} = "
+                    f"{getattr(program, name)} (use PipelineConfig.from_program or with_program)"
+                )
+        if self.schedule != program.name:
+            raise ConfigError(f"schedule = {self.schedule!r}: expected the carried program's name {program.name!r}")
+        if program.num_virtual_stages != self.stages * self.chunks:
+            raise ConfigError(
+                f"custom_program {program.name!r}: {program.num_virtual_stages} virtual stages: expected stages · "
+                f"chunks = {self.stages * self.chunks}"
+            )
+        try:
+            program.validate()
+        except ScheduleError as exc:
+            raise ConfigError(f"custom_program {program.name!r}: {exc}") from exc
 
     def check(self, profile: Profile, *, allow_empty_stages: bool = False) -> None:
         """Validate this setup against a profile; raise :class:`ConfigError` on the first problem.

@@ -18,7 +18,7 @@ from sapptk.errors import ScheduleError
 from sapptk.schedules import build, get
 from sapptk.schedules.dualpipe import build_dualpipe_v, v_placement
 from sapptk.schedules.program import Program
-from sapptk.schedules.zerobubble import ZBV_WEIGHT_HOLDS, StageCosts, build_zb_h1, build_zb_v, build_zb_v_greedy
+from sapptk.schedules.zerobubble import ZBV_WEIGHT_HOLDS, OpCosts, build_zb_h1, build_zb_v, build_zb_v_greedy
 from sapptk.simulation import WEIGHT_HOLDS
 
 NAMES = ("dualpipe-v", "zb-h1", "zb-v", "zb-v-greedy")
@@ -377,7 +377,7 @@ def test_zb_v_greedy_follows_the_costs() -> None:
     with F = 1, I = 2, W = 1 it comes within 2 % of PyTorch's fixed ZB-V order (which is
     built for exactly that ratio family and keeps the same 2p peak)."""
     for p, m in ((4, 16), (8, 32), (3, 7)):
-        costs = StageCosts.uniform(2 * p, forward=1, backward=2, weight=1)
+        costs = OpCosts.uniform(2 * p, forward=1, backward=2, weight=1)
         unit = build_zb_v_greedy(p, m)
         fitted = build("zb-v-greedy", stages=p, micro_batches=m, chunks=2, costs=costs)
         t_unit, t_fit = (simulate(x, 1, 2, 1).step_time for x in (unit, fitted))
@@ -392,19 +392,19 @@ def test_zb_v_greedy_follows_the_costs() -> None:
 
 def test_zb_v_greedy_with_comm_and_uneven_stages_is_valid_and_deterministic(rng) -> None:
     p, m = 3, 7
-    costs = StageCosts(tuple(rng.uniform(0.5, 2, 2 * p)), tuple(rng.uniform(1, 3, 2 * p)),
+    costs = OpCosts(tuple(rng.uniform(0.5, 2, 2 * p)), tuple(rng.uniform(1, 3, 2 * p)),
                        tuple(rng.uniform(0, 1, 2 * p)), comm=0.25)
     a = build_zb_v_greedy(p, m, costs=costs)
     b = build_zb_v_greedy(p, m, costs=costs)
     assert a.units == b.units
-    zero_w = StageCosts(costs.forward, costs.backward, (0.0,) * (2 * p))  # zero-length W ops
+    zero_w = OpCosts(costs.forward, costs.backward, (0.0,) * (2 * p))  # zero-length W ops
     assert build_zb_v_greedy(p, m, costs=zero_w).num_ops == 6 * p * m
 
 
 @pytest.mark.parametrize(
     "costs",
-    [StageCosts((1.0,) * 3, (1.0,) * 4, (1.0,) * 4), StageCosts((1.0,) * 4, (1.0,) * 4, (-1.0,) * 4),
-     StageCosts((1.0,) * 4, (1.0,) * 4, (1.0,) * 4, comm=float("nan"))],
+    [OpCosts((1.0,) * 3, (1.0,) * 4, (1.0,) * 4), OpCosts((1.0,) * 4, (1.0,) * 4, (-1.0,) * 4),
+     OpCosts((1.0,) * 4, (1.0,) * 4, (1.0,) * 4, comm=float("nan"))],
 )
 def test_zb_v_greedy_refuses_bad_costs(costs) -> None:
     with pytest.raises(ScheduleError, match="zb-v-greedy: costs"):

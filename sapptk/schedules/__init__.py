@@ -12,7 +12,7 @@ from sapptk.schedules.program import (
 )
 from sapptk.schedules.registry import ScheduleSpec, available, build, get, names, register
 from sapptk.schedules.torch_csv import from_csv, from_csv_text
-from sapptk.schedules.zerobubble import StageCosts
+from sapptk.schedules.zerobubble import OpCosts
 
 __all__ = [
     "KINDS",
@@ -22,7 +22,7 @@ __all__ = [
     "Program",
     "ProgramGraph",
     "ScheduleSpec",
-    "StageCosts",
+    "OpCosts",
     "available",
     "build",
     "from_csv",

@@ -19,7 +19,7 @@ from sapptk.schedules.interleaved import (
     build_interleaved_zb,
 )
 from sapptk.schedules.program import Program
-from sapptk.schedules.zerobubble import StageCosts, build_zb_h1, build_zb_v, build_zb_v_greedy
+from sapptk.schedules.zerobubble import OpCosts, build_zb_h1, build_zb_v, build_zb_v_greedy
 
 Builder = Callable[..., Program]
 
@@ -126,10 +126,10 @@ def available() -> pd.DataFrame:
 
 
 def build(name: str, *, stages: int, micro_batches: int, chunks: int = 1, splits: int = 1,
-          costs: StageCosts | None = None) -> Program:
+          costs: OpCosts | None = None) -> Program:
     """Build the :class:`Program` of schedule ``name`` for (p, m, v, k).
 
-    ``costs`` (a :class:`~sapptk.schedules.zerobubble.StageCosts`) is read by cost-driven
+    ``costs`` (a :class:`~sapptk.schedules.zerobubble.OpCosts`) is read by cost-driven
     schedules only (``zb-v-greedy``); the others ignore it. Raises :class:`ScheduleError` if
     the arguments break the schedule's constraints.
     """

@@ -136,7 +136,7 @@ def build_zb_v(stages: int, micro_batches: int, chunks: int = 2, splits: int = 1
     )
 
 
-class StageCosts(NamedTuple):
+class OpCosts(NamedTuple):
     """Per-virtual-stage op durations a cost-driven schedule is computed for (ms; any unit works).
 
     ``forward`` of an ``F``, ``backward`` of an ``I``, ``weight`` of a ``W``, one value per
@@ -150,7 +150,7 @@ class StageCosts(NamedTuple):
 
     @classmethod
     def uniform(cls, virtual_stages: int, forward: float = 1.0, backward: float = 1.0, weight: float = 1.0,
-                comm: float = 0.0) -> StageCosts:
+                comm: float = 0.0) -> OpCosts:
         """The same costs on every virtual stage."""
         n = virtual_stages
         return cls((float(forward),) * n, (float(backward),) * n, (float(weight),) * n, float(comm))
@@ -170,7 +170,7 @@ class _VDevice:
 
 
 def build_zb_v_greedy(stages: int, micro_batches: int, chunks: int = 2, splits: int = 1, *,
-                      costs: StageCosts | None = None) -> Program:
+                      costs: OpCosts | None = None) -> Program:
     """ZB-V as a list schedule at ``costs`` (unit costs by default); see the module docstring.
 
     Time advances from event to event: at time t every device that is free picks its op
@@ -182,7 +182,7 @@ def build_zb_v_greedy(stages: int, micro_batches: int, chunks: int = 2, splits: 
     p, m = stages, micro_batches
     last = 2 * p - 1
     if costs is None:
-        costs = StageCosts.uniform(2 * p)
+        costs = OpCosts.uniform(2 * p)
     for label, values in (("forward", costs.forward), ("backward", costs.backward), ("weight", costs.weight)):
         if len(values) != 2 * p or any(not math.isfinite(x) or x < 0 for x in values):
             raise ScheduleError(f"zb-v-greedy: costs.{label}: expected {2 * p} finite values >= 0 (one per virtual "
