@@ -37,6 +37,8 @@ _EXPORTS: dict[str, str] = {
     "even_baseline": "sapptk.plan",
     "even_split": "sapptk.plan",
     "from_mindformers": "sapptk.plan",
+    "from_mindformers_named": "sapptk.plan",
+    "load_plan": "sapptk.plan",
     "make_plan": "sapptk.plan",
     "balance": "sapptk.balancer",
     "Calibration": "sapptk.calibration.fitting",
@@ -73,6 +75,8 @@ __all__ = [
     "even_baseline",
     "even_split",
     "from_mindformers",
+    "from_mindformers_named",
+    "load_plan",
     "load_profile",
     "make_plan",
     "schedules",
@@ -96,7 +100,15 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         ScheduleError,
         TraceError,
     )
-    from sapptk.plan import Plan, even_baseline, even_split, from_mindformers, make_plan
+    from sapptk.plan import (
+        Plan,
+        even_baseline,
+        even_split,
+        from_mindformers,
+        from_mindformers_named,
+        load_plan,
+        make_plan,
+    )
     from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile, bundled_profiles, load_profile
     from sapptk.simulation import Bubble, Simulation, simulate
     from sapptk.sweeps import sweep

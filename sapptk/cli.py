@@ -112,7 +112,8 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=int, default=2, help="solver worker threads (2)")
     parser.add_argument("--seed", type=int, default=0, help="solver random seed (0)")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
-                        help="write plan.yaml (MindFormers) and layout.csv there")
+                        help="write sapptk_plan.yaml (the plan; `sapptk export` reads it), plan.yaml (MindFormers) "
+                        "and layout.csv there")
     parser.set_defaults(func=_balance)
 
 
@@ -137,12 +138,14 @@ def _balance(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         layout = args.out / "layout.csv"
         plan.layout.to_csv(layout, index=False)
+        saved = args.out / "sapptk_plan.yaml"
+        plan.save(saved)
         try:
             plan.to_yaml(args.out / "plan.yaml")
         except ConfigError as exc:  # a cell the MindFormers lists cannot express
-            print(f"\nwrote {layout}; plan.yaml not written: {exc}")
+            print(f"\nwrote {saved} and {layout}; plan.yaml not written: {exc}")
         else:
-            print(f"\nwrote {args.out / 'plan.yaml'} and {layout}")
+            print(f"\nwrote {saved} (sapptk export reads it), {args.out / 'plan.yaml'} and {layout}")
     return 0
 
 
@@ -161,13 +164,15 @@ def _add_simulate(commands: argparse._SubParsersAction) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from sapptk.plan import from_mindformers
+    from sapptk.plan import from_mindformers, from_mindformers_named
 
     profile = resolve_profile(args.profile)
     config = pipeline_config(args, profile)
-    plans = from_mindformers(profile, config, args.config, name=args.name)
-    if not isinstance(plans, dict):
-        plans = {plans.source.removeprefix("mindformers:"): plans}
+    if args.name is not None:
+        plan = from_mindformers(profile, config, args.config, name=args.name)
+        plans = {plan.source.removeprefix("mindformers:"): plan}
+    else:
+        plans = from_mindformers_named(profile, config, args.config)
     rows = []
     for name, plan in plans.items():
         sim = plan.simulation

@@ -16,14 +16,14 @@ import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import pandas as pd
 import yaml
 
 from sapptk.costs import StageCosts, check_counts, simulate_counts, stage_costs
-from sapptk.errors import ConfigError
+from sapptk.errors import ConfigError, SapptkError
 from sapptk.formats import mindformers
 from sapptk.profile import MODES
 from sapptk.sensitivity import Sensitivity, critical_path, sensitivity
@@ -34,13 +34,14 @@ if TYPE_CHECKING:
     from sapptk.simulation import Simulation
 
 __all__ = ["PLAN_STATUSES", "Plan", "even_baseline", "even_layers", "even_split", "even_splits", "from_mindformers",
-           "make_plan"]
+           "from_mindformers_named", "load_plan", "make_plan"]
 
 PLAN_STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown", "given")
 """``optimal``/``feasible``: solver results; ``infeasible``/``unknown``: no assignment
 (proved impossible / none found in time); ``given``: fixed by the user or a baseline."""
 
 _SOLVED = ("optimal", "feasible", "given")
+PLAN_FORMAT = "sapptk-plan/1"
 _FIT_TOLERANCE_MB = 1e-6
 
 
@@ -245,6 +246,57 @@ class Plan:
             Path(path).write_text(text, encoding="utf-8")
         return text
 
+    # ---------------------------------------------------------------- plan file
+    def to_plan_dict(self) -> dict[str, Any]:
+        """The plan as plain data (``sapptk-plan/1``): everything :func:`load_plan` needs."""
+        c = self.config
+        setup: dict[str, Any] = {
+            "stages": c.stages,
+            "micro_batches": c.micro_batches,
+            "chunks": c.chunks,
+            "schedule": c.schedule,
+            "splits": c.splits,
+            "memory_budget_mb": None if c.memory_budget is None else float(c.memory_budget),
+            "constant_memory_mb": float(c.constant_memory),
+            "comm_ms": float(c.comm),
+            "recompute": list(c.recompute),
+        }
+        if c.custom_program is not None:
+            setup["program_csv"] = c.custom_program.to_csv()
+        names = [g.name for g in self.profile.body]
+        layout = [
+            {"group": names[g], "virtual_stage": int(vs), "mode": MODES[r], "layers": int(self.counts[g, r, vs])}
+            for vs in range(self.counts.shape[2]) for g in range(self.counts.shape[0]) for r in range(len(MODES))
+            if self.counts[g, r, vs]
+        ]
+        return {
+            "format": PLAN_FORMAT,
+            "source": self.source,
+            "status": self.status,
+            "step_time_ms": self.step_time,
+            "bound_ms": self.bound,
+            "gap": self.gap,
+            "solve_seconds": self.solve_seconds,
+            "message": self.message,
+            "setup": setup,
+            "layout": layout,
+            "profile": self.profile.to_dict(),
+        }
+
+    def save(self, path: str | os.PathLike[str] | None = None) -> str:
+        """The plan as a sapptk plan file (YAML; :func:`load_plan` reads it back to an equal
+        plan): the setup, the layout, the status and figures, and the profile, so the file
+        stands alone. Returns the text; writes it to ``path`` when given."""
+        header = (
+            f"# sapptk plan ({PLAN_FORMAT}): read with sapptk.load_plan, export with `sapptk export`.\n"
+            "# layout: layers of each body group in each recompute mode on each virtual stage (model order)\n"
+        )
+        text = header + yaml.safe_dump(self.to_plan_dict(), sort_keys=False, default_flow_style=None, width=120,
+                                       allow_unicode=True)
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
     # ----------------------------------------------------------------- summary
     def summary(self) -> str:
         """A short human-readable account: status, step time, gap, bubble, peak vs budget per device."""
@@ -425,45 +477,164 @@ def even_baseline(profile: Profile, config: PipelineConfig) -> Plan:
     return plan
 
 
-def from_mindformers(
-    profile: Profile,
-    config: PipelineConfig,
-    data: Any,
-    *,
-    name: str | None = None,
-) -> Plan | dict[str, Plan]:
-    """Plans from MindFormers configs (see :mod:`sapptk.formats.mindformers` for every accepted spelling).
-
-    ``data`` is a parsed mapping or a path to a YAML/JSON file. One config gives a
-    :class:`Plan`; a mapping of named configs gives ``{name: Plan}`` in file order, or the
-    one named ``name`` when given. Each plan is simulated (status ``"given"``, source
-    ``"mindformers:<name>"``). ``data`` is not modified.
-    """
+def _mindformers_configs(data: Any, profile: Profile) -> tuple[str | None, bool, dict[Any, Any]]:
     file: str | None = None
     if isinstance(data, (str, os.PathLike)):
         file = os.fspath(data)
         data = mindformers.load(file)
     named, configs = mindformers.split_configs(profile, data, file)
+    return file, named, configs
+
+
+def _mindformers_plan(profile: Profile, config: PipelineConfig, key: Any, cfg: Any, file: str | None) -> Plan:
+    label = str(key) if key is not None else (Path(file).stem if file else "config")
+    counts = mindformers.decode(profile, config.program(), cfg, file=file, name=None if key is None else str(key))
+    try:
+        check_counts(profile, config, counts)
+    except ConfigError as exc:
+        where = file or "<data>"
+        where += f", config {str(key)!r}" if key is not None else ""
+        raise ConfigError(f"{where}: {exc}") from None
+    return make_plan(profile, config, counts, status="given", source=f"mindformers:{label}")
+
+
+def from_mindformers(profile: Profile, config: PipelineConfig, data: Any, *, name: str | None = None) -> Plan:
+    """One plan from a MindFormers config (see :mod:`sapptk.formats.mindformers` for every accepted spelling).
+
+    ``data`` is a parsed mapping or a path to a YAML/JSON file. A file holding one config
+    gives its plan; a file of named configs needs ``name`` to pick one (a
+    :class:`~sapptk.errors.ConfigError` lists the names otherwise; :func:`from_mindformers_named`
+    reads them all). The plan is simulated (status ``"given"``, source
+    ``"mindformers:<name>"``, the file's stem for an unnamed config). ``data`` is not modified.
+    """
+    file, named, configs = _mindformers_configs(data, profile)
+    where = file or "<data>"
     if name is not None:
         if not named:
-            raise ConfigError(f"{file or '<data>'}: holds one unnamed config, not named configs: cannot select "
-                              f"{name!r}")
+            raise ConfigError(f"{where}: holds one unnamed config, not named configs: cannot select {name!r}")
         if name not in configs:
-            raise ConfigError(f"{file or '<data>'}: no config named {name!r}: expected one of "
-                              f"{', '.join(map(str, configs))}")
-        configs = {name: configs[name]}
-    program = config.program()
-    plans: dict[str, Plan] = {}
+            raise ConfigError(f"{where}: no config named {name!r}: expected one of {', '.join(map(str, configs))}")
+        return _mindformers_plan(profile, config, name, configs[name], file)
+    if named:
+        raise ConfigError(
+            f"{where}: holds {len(configs)} named configs ({', '.join(map(str, configs))}): pass name= to pick "
+            "one, or read them all with from_mindformers_named"
+        )
+    return _mindformers_plan(profile, config, None, configs[None], file)
+
+
+def from_mindformers_named(profile: Profile, config: PipelineConfig, data: Any) -> dict[str, Plan]:
+    """Every config of a MindFormers file or mapping as ``{name: Plan}``, in file order.
+
+    A file of named configs gives one entry per name; a single unnamed config gives one
+    entry named after the file's stem (``"config"`` for parsed data). See :func:`from_mindformers`.
+    """
+    file, _, configs = _mindformers_configs(data, profile)
+    plans = {}
     for key, cfg in configs.items():
-        label = str(key) if key is not None else (Path(file).stem if file else "config")
-        counts = mindformers.decode(profile, program, cfg, file=file, name=None if key is None else str(key))
-        try:
-            check_counts(profile, config, counts)
-        except ConfigError as exc:
-            where = file or "<data>"
-            where += f", config {str(key)!r}" if key is not None else ""
-            raise ConfigError(f"{where}: {exc}") from None
-        plans[label] = make_plan(profile, config, counts, status="given", source=f"mindformers:{label}")
-    if not named or name is not None:
-        return next(iter(plans.values()))
+        plan = _mindformers_plan(profile, config, key, cfg, file)
+        plans[plan.source.removeprefix("mindformers:")] = plan
     return plans
+
+
+# --------------------------------------------------------------------------- plan files
+_SETUP_KEYS = ("stages", "micro_batches", "chunks", "schedule", "splits", "memory_budget_mb", "constant_memory_mb",
+               "comm_ms", "recompute", "program_csv")
+_PLAN_KEYS = ("format", "source", "status", "step_time_ms", "bound_ms", "gap", "solve_seconds", "message", "setup",
+              "layout", "profile")
+
+
+def load_plan(source: str | os.PathLike[str] | Any) -> Plan:
+    """A plan from a sapptk plan file (:meth:`Plan.save`) or its parsed data.
+
+    Every field is checked; a :class:`~sapptk.errors.ConfigError` names the file, the field
+    and what was expected. A plan carrying its own program (a schedule CSV, a re-ordered
+    cost-driven schedule) gets it back from the embedded CSV.
+    """
+    from sapptk.config import PipelineConfig
+    from sapptk.profile import Profile
+    from sapptk.schedules import from_csv_text
+
+    where = "<data>"
+    data = source
+    if isinstance(source, (str, os.PathLike)):
+        where = os.fspath(source)
+        data = mindformers.load(where)
+
+    def fail(message: str) -> NoReturn:
+        raise ConfigError(f"{where}: {message}")
+
+    if not isinstance(data, dict):
+        fail(f"expected a sapptk plan (a mapping with format: {PLAN_FORMAT}), got {type(data).__name__}")
+    if data.get("format") != PLAN_FORMAT:
+        fail(f"format = {data.get('format')!r}: expected {PLAN_FORMAT!r} (a file written by Plan.save)")
+    unknown = [k for k in data if k not in _PLAN_KEYS]
+    if unknown:
+        fail(f"unknown key {unknown[0]!r}: expected {', '.join(_PLAN_KEYS)}")
+    setup = data.get("setup")
+    if not isinstance(setup, dict):
+        fail(f"setup = {setup!r}: expected a mapping with {', '.join(_SETUP_KEYS[:5])}, ...")
+    unknown = [k for k in setup if k not in _SETUP_KEYS]
+    if unknown:
+        fail(f"setup: unknown key {unknown[0]!r}: expected {', '.join(_SETUP_KEYS)}")
+    try:
+        profile = Profile.from_dict(data.get("profile"), source=f"{where}, profile")
+    except SapptkError as exc:
+        fail(str(exc))
+    fields = {
+        "memory_budget": setup.get("memory_budget_mb"),
+        "constant_memory": setup.get("constant_memory_mb", 0),
+        "comm": setup.get("comm_ms", 0),
+        "recompute": tuple(setup.get("recompute") or MODES),
+    }
+    try:
+        if setup.get("program_csv") is not None:
+            program = from_csv_text(str(setup["program_csv"]), source=f"{where}, setup.program_csv",
+                                    name=str(setup.get("schedule")))
+            config = PipelineConfig.from_program(program, **fields)
+            for key in ("stages", "micro_batches", "chunks", "splits"):
+                if key in setup and setup[key] != getattr(config, key):
+                    fail(f"setup.{key} = {setup[key]!r}: the embedded program has {getattr(config, key)}")
+        else:
+            config = PipelineConfig(stages=setup.get("stages"), micro_batches=setup.get("micro_batches"),
+                                    chunks=setup.get("chunks", 1), schedule=setup.get("schedule"),
+                                    splits=setup.get("splits", 1), **fields)
+        config.validate()
+    except SapptkError as exc:
+        fail(f"setup: {exc}")
+    counts = np.zeros((len(profile.body), len(MODES), config.num_virtual_stages), dtype=np.int64)
+    groups = {g.name: i for i, g in enumerate(profile.body)}
+    layout = data.get("layout") or []
+    if not isinstance(layout, list):
+        fail(f"layout = {layout!r}: expected a list of {{group, virtual_stage, mode, layers}}")
+    for i, cell in enumerate(layout):
+        label = f"layout[{i}]"
+        if not isinstance(cell, dict) or set(cell) != {"group", "virtual_stage", "mode", "layers"}:
+            fail(f"{label} = {cell!r}: expected a mapping with group, virtual_stage, mode, layers")
+        if cell["group"] not in groups:
+            fail(f"{label}.group = {cell['group']!r}: expected a body group of the profile ({', '.join(groups)})")
+        if cell["mode"] not in MODES:
+            fail(f"{label}.mode = {cell['mode']!r}: expected one of {', '.join(MODES)}")
+        vs, n = cell["virtual_stage"], cell["layers"]
+        if not isinstance(vs, int) or isinstance(vs, bool) or not 0 <= vs < config.num_virtual_stages:
+            fail(f"{label}.virtual_stage = {vs!r}: expected 0..{config.num_virtual_stages - 1}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            fail(f"{label}.layers = {n!r}: expected a layer count >= 1")
+        counts[groups[cell["group"]], MODES.index(cell["mode"]), vs] += n
+    status = data.get("status")
+    numbers = {}
+    for key in ("step_time_ms", "bound_ms", "gap", "solve_seconds"):
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            fail(f"{key} = {value!r}: expected a number or null")
+        numbers[key] = value
+    message, plan_source = data.get("message") or "", data.get("source") or "plan file"
+    if not isinstance(message, str) or not isinstance(plan_source, str):
+        fail("message and source: expected text")
+    try:
+        return make_plan(profile, config, counts if status in _SOLVED else None, status=status,
+                         step_time=numbers["step_time_ms"], bound=numbers["bound_ms"], gap=numbers["gap"],
+                         solve_seconds=numbers["solve_seconds"] or 0.0, message=message, source=plan_source)
+    except SapptkError as exc:
+        fail(str(exc))

@@ -13,7 +13,7 @@ import yaml
 
 from sapptk.cli import main
 from sapptk.config import PipelineConfig
-from sapptk.plan import from_mindformers
+from sapptk.plan import from_mindformers, from_mindformers_named, load_plan
 from sapptk.profile import bundled_profile
 from sapptk.schedules import names
 
@@ -64,7 +64,7 @@ def test_simulate_the_shipped_manual_configs(capsys):
     assert list(rows) == ["even_select", "shift_stage0", "full_early"]
     assert rows["even_select"][-1] == "no" and rows["full_early"][-1] == "yes"
     # the table agrees with the library
-    plans = from_mindformers(
+    plans = from_mindformers_named(
         bundled_profile("llama2_70b"),
         PipelineConfig(16, 32, chunks=2, schedule="interleaved", memory_budget=56000),
         MANUAL,
@@ -142,6 +142,9 @@ def test_balance_solves_compares_and_writes(capsys, tmp_path):
     assert list(layout.columns) == ["group", "chunk", "stage", "device", "virtual_stage", "mode", "layers"]
     np.testing.assert_array_equal(plan.layout["layers"].to_numpy(), layout["layers"].to_numpy())
     assert layout["layers"].sum() == 96
+    saved = load_plan(out_dir / "sapptk_plan.yaml")  # the sapptk plan file: the same plan
+    np.testing.assert_array_equal(saved.counts, plan.counts)
+    assert saved.status in ("optimal", "feasible") and saved.step_time == pytest.approx(step, abs=0.05)
 
 
 def test_balance_infeasible_exits_1(capsys, tmp_path):
@@ -169,3 +172,4 @@ def test_balance_out_when_the_mindformers_lists_cannot_express_the_plan(capsys, 
     assert code == 0, err
     assert "plan.yaml not written" in out and "cell [0][1]" in out
     assert (tmp_path / "layout.csv").exists() and not (tmp_path / "plan.yaml").exists()
+    assert (tmp_path / "sapptk_plan.yaml").exists()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
 from sapptk.formats import mindformers
-from sapptk.plan import from_mindformers, make_plan
+from sapptk.plan import from_mindformers, from_mindformers_named, make_plan
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile
 
 NONE, SELECT, COMM, BOTH, FULL = range(5)
@@ -146,7 +146,7 @@ def test_multi_group_non_contiguous_groups_rejected(tmp_path):
     path = tmp_path / "groups.yaml"
     path.write_text(yaml.safe_dump({"bad": {"dense": {"offset": [-1, 1]}, "moe": {"offset": [0, 0]}}}))
     with pytest.raises(ConfigError) as err:
-        from_mindformers(prof, cfg, path)
+        from_mindformers(prof, cfg, path, name="bad")
     text = str(err.value)
     assert str(path) in text and "config 'bad'" in text and "moe" in text
 
@@ -190,7 +190,7 @@ def _error(tmp_path: Path, config: object, *, profile: Profile | None = None, se
     path = tmp_path / "manual.yaml"
     path.write_text(yaml.safe_dump({"cfg": config, "other": {"offset": 0}}))
     with pytest.raises(ConfigError) as err:
-        from_mindformers(profile or make_profile(("body", 16)), setup, path)
+        from_mindformers_named(profile or make_profile(("body", 16)), setup, path)
     text = str(err.value)
     assert str(path) in text and "config 'cfg'" in text, text
     return text
@@ -266,7 +266,7 @@ def test_input_is_not_mutated():
         "b": {"select_comm_recompute": [[1, 1, 1, 1], [0, 0, 0, 0]]},
     }
     before = copy.deepcopy(data)
-    plans = from_mindformers(prof, P4V2, data)
+    plans = from_mindformers_named(prof, P4V2, data)
     assert data == before
     assert list(plans) == ["a", "b"]
     assert plans["a"].source == "mindformers:a"
@@ -281,9 +281,15 @@ def test_single_config_and_named_configs(tmp_path):
     assert (plan.counts[0, FULL] == 2).all()
     # a mapping keyed by the body group's name is one config too
     assert from_mindformers(prof, P4V2, {"body": {"recompute": True}}).counts[0, FULL].sum() == 16
-    named = from_mindformers(prof, P4V2, {"x": {"recompute": True}, "y": None})
+    named = from_mindformers_named(prof, P4V2, {"x": {"recompute": True}, "y": None})
     assert set(named) == {"x", "y"} and named["y"].counts[0, NONE].sum() == 16
     assert from_mindformers(prof, P4V2, {"x": {"recompute": True}, "y": None}, name="x").source == "mindformers:x"
+    # always one Plan: several named configs without a name are an error that lists them
+    with pytest.raises(ConfigError, match=r"holds 2 named configs \(x, y\): pass name= to pick one"):
+        from_mindformers(prof, P4V2, {"x": {"recompute": True}, "y": None})
+    # one unnamed config read as named: one entry, the file's stem
+    assert list(from_mindformers_named(prof, P4V2, path)) == ["one"]
+    assert list(from_mindformers_named(prof, P4V2, {"recompute": True})) == ["config"]
 
 
 # ------------------------------------------------------------------------ round trips

@@ -12,7 +12,7 @@ import yaml
 from sapptk.config import PipelineConfig
 from sapptk.costs import check_counts, simulate_counts
 from sapptk.errors import ConfigError
-from sapptk.plan import PLAN_STATUSES, even_layers, even_split, from_mindformers, make_plan
+from sapptk.plan import PLAN_STATUSES, even_layers, even_split, from_mindformers, from_mindformers_named, make_plan
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile
 
 NONE, SELECT, COMM, BOTH, FULL = range(5)
@@ -230,7 +230,7 @@ def test_manual_file_for_llama2_70b():
     path = Path(__file__).resolve().parents[1] / "data" / "llama2_70b_manual.yaml"
     llama = bundled_profile("llama2_70b")
     setup = PipelineConfig(stages=16, micro_batches=32, chunks=2, schedule="interleaved", memory_budget=56000)
-    plans = from_mindformers(llama, setup, path)
+    plans = from_mindformers_named(llama, setup, path)
     assert list(plans) == ["even_select", "shift_stage0", "full_early"]
     assert all(p.counts.sum() == 96 for p in plans.values())
     assert plans["shift_stage0"].counts[0].sum(axis=0)[[0, 16, 12, 28]].tolist() == [2, 2, 4, 4]

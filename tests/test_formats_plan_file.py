@@ -1,0 +1,105 @@
+"""sapptk's own plan file (Plan.save / load_plan): round trips lose nothing, for every
+schedule, for random plans, for plans carrying their own program; bad files fail clearly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+from support import random_counts, setups, small_profile
+
+from sapptk.config import PipelineConfig
+from sapptk.errors import ConfigError
+from sapptk.plan import load_plan, make_plan
+from sapptk.schedules import build
+
+
+def assert_same_plan(a, b):
+    assert np.array_equal(a.counts, b.counts)
+    assert a.profile == b.profile
+    assert (a.status, a.step_time, a.bound, a.gap, a.solve_seconds, a.message, a.source) == (
+        b.status, b.step_time, b.bound, b.gap, b.solve_seconds, b.message, b.source)
+    if a.config.custom_program is None:
+        assert a.config == b.config
+    else:
+        assert a.config.replace(custom_program=None) == b.config.replace(custom_program=None)
+        assert a.config.program().units == b.config.program().units
+        assert a.config.program().placement == b.config.program().placement
+
+
+@pytest.mark.parametrize("config", setups(), ids=lambda c: c.schedule)
+def test_round_trip_every_schedule_random_plans(config, rng, tmp_path):
+    for trial in range(3):
+        prof = small_profile(rng)
+        cfg = config.replace(memory_budget=[None, 123.5, 1e6][trial])
+        plan = make_plan(prof, cfg, random_counts(rng, prof, cfg), status=["optimal", "feasible", "given"][trial],
+                         step_time=None if trial == 2 else 987.25, bound=None if trial else 980.5,
+                         gap=None if trial else 0.0072, solve_seconds=1.5 * trial, message=f"trial {trial}: ok",
+                         source="balance")
+        path = tmp_path / f"plan{trial}.yaml"
+        text = plan.save(path)
+        assert path.read_text(encoding="utf-8") == text
+        back = load_plan(path)
+        assert_same_plan(plan, back)
+        assert back.save() == text  # and again: the text is stable
+        assert back.simulate().step_time == pytest.approx(plan.simulate().step_time)
+
+
+def test_round_trip_of_a_plan_carrying_its_program(rng):
+    prof = small_profile(rng)
+    program = build("zb-h1", stages=3, micro_batches=5)
+    cfg = PipelineConfig.from_program(program, comm=0.25)
+    plan = make_plan(prof, cfg, random_counts(rng, prof, cfg), status="given")
+    back = load_plan(yaml.safe_load(plan.save()))
+    assert_same_plan(plan, back)
+    assert back.config.schedule == "zb-h1" and back.config.custom_program is not None
+
+
+def test_plans_without_an_assignment_round_trip(rng):
+    prof = small_profile(rng)
+    cfg = PipelineConfig(2, 3, 1, "1f1b", memory_budget=1.0)
+    plan = make_plan(prof, cfg, None, status="infeasible", message="infeasible: device 0 needs 99 MB")
+    back = load_plan(yaml.safe_load(plan.save()))
+    assert_same_plan(plan, back)
+    assert back.counts.sum() == 0
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda d: d.update(format="sapptk-plan/9"), "format = 'sapptk-plan/9': expected 'sapptk-plan/1'"),
+        (lambda d: d.update(extra=1), "unknown key 'extra'"),
+        (lambda d: d["setup"].update(stages=0), "setup: stages = 0: expected an integer >= 1"),
+        (lambda d: d["setup"].update(schedule="nope"), "setup: schedule = 'nope': unknown schedule"),
+        (lambda d: d["layout"][0].update(group="ghost"), "layout[0].group = 'ghost'"),
+        (lambda d: d["layout"][0].update(mode="half"), "layout[0].mode = 'half'"),
+        (lambda d: d["layout"][0].update(virtual_stage=99), "layout[0].virtual_stage = 99: expected 0..3"),
+        (lambda d: d["layout"][0].update(layers=-2), "layout[0].layers = -2"),
+        (lambda d: d["layout"].pop(), "group 'g1' has 5 layers, the assignment places 2"),
+        (lambda d: d.update(step_time_ms="fast"), "step_time_ms = 'fast'"),
+        (lambda d: d["setup"].update(program_csv="0F0,0X0\n"), "setup.program_csv, line 1, column 2"),
+        (lambda d: d.update(profile={"name": "x"}), "profile"),
+    ],
+)
+def test_bad_plan_files_name_the_field(edit, needle, tmp_path):
+    prof = small_profile(np.random.default_rng(3), layers=(3, 5))
+    cfg = PipelineConfig(2, 4, 2, "interleaved")
+    counts = np.zeros((2, 5, 4), dtype=int)
+    counts[0, 0, :2] = [1, 2]
+    counts[1, 0, 2:] = [2, 3]
+    data = yaml.safe_load(make_plan(prof, cfg, counts, status="given").save())
+    edit(data)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(ConfigError) as exc:
+        load_plan(path)
+    assert str(exc.value).startswith(str(path)) and needle in str(exc.value), str(exc.value)
+
+
+def test_not_a_plan_file(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("- 1\n- 2\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="expected a sapptk plan"):
+        load_plan(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_plan(tmp_path / "missing.yaml")
