@@ -1,0 +1,292 @@
+"""torchtitan's pipeline settings (its TOML job config), both ways (codecs on counts).
+
+A plan becomes three small TOML tables to paste into a torchtitan job file:
+
+``[parallelism]``
+    ``pipeline_parallel_degree`` (p), ``pipeline_parallel_schedule`` (the PyTorch schedule
+    class name: ``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``InterleavedZeroBubble``,
+    ``ZBVZeroBubble``, ``DualPipeV``), ``pipeline_parallel_microbatch_size`` (1) and
+    ``module_fqns_per_model_part``: one list of module names per virtual stage in model
+    order (``tok_embeddings``, ``layers.<i>``, ``norm``, ``output`` for torchtitan's
+    decoders). torchtitan places the parts on ranks by the schedule: part ``c·p + s`` on rank
+    s, or in a V for ``ZBVZeroBubble`` and ``DualPipeV``. A sapptk schedule that no PyTorch
+    class runs (``interleaved-rf``, ``zb-v-greedy``, a carried program, ``interleaved`` with
+    m that PyTorch refuses, ...) is exported as its PyTorch schedule CSV, named by
+    ``pipeline_parallel_schedule_csv``; ``pipeline_parallel_schedule`` then names a class with
+    the same placement.
+``[activation_checkpoint]``
+    ``mode``: ``none``, ``full`` (every layer) or ``selective`` with
+    ``selective_ac_option = "op"`` (per-operator, sapptk's ``select``); torchtitan applies
+    one mode to every layer. ``selective_ac_option = "<n>"`` (full recompute of every n-th
+    layer of a rank, counted over its model parts in order) is read, not written.
+``[training]``
+    ``local_batch_size = m``: with micro-batches of size 1 that gives m micro-batches
+    (scale both by your micro-batch size).
+
+Reading (:func:`read`) uses ``tomllib`` and checks every key it uses; other keys of a full
+job file are ignored.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sapptk.errors import ConfigError
+from sapptk.formats.megatron import counts_from_layers
+from sapptk.profile import MODES
+
+__all__ = ["AC_SETTINGS", "TORCH_SCHEDULES", "TorchtitanConfig", "TorchtitanExport", "ac_counts", "fqns", "read",
+           "render", "sapptk_schedule", "torch_schedule"]
+
+_NONE, _SELECT, _FULL = (MODES.index(m) for m in ("none", "select", "full"))
+
+TORCH_SCHEDULES: dict[str, str] = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved": "Interleaved1F1B",
+    "interleaved-zb": "InterleavedZeroBubble",
+    "zb-h1": "InterleavedZeroBubble",
+    "zb-v": "ZBVZeroBubble",
+    "dualpipe-v": "DualPipeV",
+}
+"""sapptk schedule -> the PyTorch schedule class torchtitan names (same order, op for op)."""
+
+AC_SETTINGS: dict[str, dict[str, str]] = {
+    "none": {"mode": "none"},
+    "select": {"mode": "selective", "selective_ac_option": "op"},
+    "full": {"mode": "full"},
+}
+"""The activation-checkpoint settings sapptk writes, by the mode they give every layer."""
+
+HEAD_MODULES = ("tok_embeddings",)
+TAIL_MODULES = ("norm", "output")
+_LAYER = re.compile(r"layers\.(\d+)")
+
+
+@dataclass(frozen=True)
+class TorchtitanConfig:
+    """What a torchtitan job file says about the pipeline (see the module docstring)."""
+
+    degree: int
+    schedule: str
+    schedule_csv: str | None
+    parts: tuple[tuple[str, ...], ...]
+    ac: dict[str, str]
+    micro_batches: int | None
+
+
+@dataclass(frozen=True)
+class TorchtitanExport:
+    """A plan as torchtitan settings: ``toml`` to paste into the job file; ``csv`` the
+    schedule CSV to save as ``csv_name`` when the schedule needs one (else None); ``notes``
+    what torchtitan cannot express; step times and peaks as in
+    :class:`~sapptk.formats.megatron.MegatronExport`."""
+
+    toml: str
+    csv: str | None
+    csv_name: str | None
+    schedule: str
+    ac: dict[str, str]
+    notes: tuple[str, ...]
+    step_time_ms: float | None = None
+    peak_mb: float | None = None
+    expressed_step_time_ms: float | None = None
+    expressed_peak_mb: float | None = None
+    expressed_fits: bool | None = None
+    expressed_counts: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def exact(self) -> bool:
+        """Whether torchtitan runs the plan as made."""
+        return not self.notes
+
+    @property
+    def cost_ms(self) -> float | None:
+        """Step time lost by forcing the plan into torchtitan's settings (ms)."""
+        if self.step_time_ms is None or self.expressed_step_time_ms is None:
+            return None
+        return self.expressed_step_time_ms - self.step_time_ms
+
+    def text(self) -> str:
+        """The TOML, then what is lost (as comments)."""
+        extra = [f"# {n}" for n in self.notes]
+        if self.cost_ms is not None and self.notes:
+            extra.append(f"# step time: plan {self.step_time_ms:.1f} ms, as torchtitan runs it "
+                         f"{self.expressed_step_time_ms:.1f} ms ({self.cost_ms:+.1f} ms); peak {self.peak_mb:.0f} -> "
+                         f"{self.expressed_peak_mb:.0f} MB" + ("" if self.expressed_fits else " (over the budget)"))
+        return self.toml + ("\n" + "\n".join(extra) + "\n" if extra else "")
+
+
+def torch_schedule(schedule: str, stages: int, micro_batches: int, chunks: int) -> str | None:
+    """The PyTorch class that runs sapptk's ``schedule`` op for op at (p, m, v), or None."""
+    name = TORCH_SCHEDULES.get(schedule)
+    if name is None:
+        return None
+    if name in ("Interleaved1F1B", "InterleavedZeroBubble"):
+        rounds = max(1, micro_batches // stages)
+        if micro_batches % rounds:  # PyTorch refuses rounds that do not divide m
+            return None
+    if schedule == "zb-h1" and chunks != 1:
+        return None
+    return name
+
+
+def sapptk_schedule(name: str, chunks: int, source: str = "<toml>") -> str:
+    """The sapptk schedule of a PyTorch schedule class name (case as torchtitan accepts it)."""
+    by_lower = {v.lower(): k for k, v in TORCH_SCHEDULES.items() if k not in ("zb-h1",)}
+    key = name.lower()
+    if key == "interleavedzerobubble" and chunks == 1:
+        return "zb-h1"
+    if key not in by_lower:
+        raise _fail(source, f"parallelism.pipeline_parallel_schedule = {name!r}: expected one of "
+                            f"{', '.join(sorted(set(TORCH_SCHEDULES.values())))} (or a schedule CSV)")
+    return by_lower[key]
+
+
+def fqns(layers: Sequence[int], *, head: bool = True, tail: bool = True) -> list[list[str]]:
+    """``module_fqns_per_model_part`` for body layers per virtual stage (model order)."""
+    parts: list[list[str]] = []
+    start = 0
+    for vs, n in enumerate(layers):
+        part = list(HEAD_MODULES) if head and vs == 0 else []
+        part += [f"layers.{i}" for i in range(start, start + int(n))]
+        if tail and vs == len(layers) - 1:
+            part += list(TAIL_MODULES)
+        parts.append(part)
+        start += int(n)
+    return parts
+
+
+def _toml_str(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render(*, degree: int, schedule: str, parts: Sequence[Sequence[str]], ac: Mapping[str, str], micro_batches: int,
+           schedule_csv: str | None = None, comments: Sequence[str] = ()) -> str:
+    """The TOML fragment ([parallelism], [activation_checkpoint], [training])."""
+    lines = [f"# {c}" for c in comments]
+    lines += ["[parallelism]", f"pipeline_parallel_degree = {int(degree)}",
+              f"pipeline_parallel_schedule = {_toml_str(schedule)}"]
+    if schedule_csv is not None:
+        lines.append(f"pipeline_parallel_schedule_csv = {_toml_str(schedule_csv)}")
+    lines.append("pipeline_parallel_microbatch_size = 1")
+    lines.append("module_fqns_per_model_part = [")
+    for part in parts:
+        lines.append("    [" + ", ".join(_toml_str(x) for x in part) + "],")
+    lines.append("]")
+    lines += ["", "[activation_checkpoint]"] + [f"{k} = {_toml_str(v)}" for k, v in ac.items()]
+    lines += ["", "[training]", f"local_batch_size = {int(micro_batches)}  # m micro-batches of size 1"]
+    return "\n".join(lines) + "\n"
+
+
+def _fail(source: str, message: str) -> ConfigError:
+    return ConfigError(f"{source}: {message}")
+
+
+def read(text: str, source: str = "<toml>") -> TorchtitanConfig:
+    """Parse a torchtitan job file (or fragment) and check the pipeline keys."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _fail(source, f"not valid TOML: {exc}") from None
+    par = data.get("parallelism")
+    if not isinstance(par, dict):
+        raise _fail(source, "no [parallelism] table: expected pipeline_parallel_degree, pipeline_parallel_schedule, "
+                            "module_fqns_per_model_part")
+    degree = par.get("pipeline_parallel_degree")
+    if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
+        raise _fail(source, f"parallelism.pipeline_parallel_degree = {degree!r}: expected an integer >= 1")
+    schedule = par.get("pipeline_parallel_schedule", "1F1B")
+    if not isinstance(schedule, str):
+        raise _fail(source, f"parallelism.pipeline_parallel_schedule = {schedule!r}: expected a schedule name")
+    csv = par.get("pipeline_parallel_schedule_csv") or None
+    if csv is not None and not isinstance(csv, str):
+        raise _fail(source, f"parallelism.pipeline_parallel_schedule_csv = {csv!r}: expected a path")
+    parts = par.get("module_fqns_per_model_part")
+    if not isinstance(parts, list) or not parts or not all(
+        isinstance(p, list) and all(isinstance(x, str) for x in p) for p in parts
+    ):
+        raise _fail(source, f"parallelism.module_fqns_per_model_part = {str(parts)[:60]}: expected a list of lists of "
+                            "module names, one list per model part (virtual stage)")
+    size = par.get("pipeline_parallel_microbatch_size", 1)
+    training = data.get("training") if isinstance(data.get("training"), dict) else {}
+    batch = training.get("local_batch_size")
+    micro_batches = None
+    if batch is not None:
+        if not isinstance(size, int) or size < 1 or not isinstance(batch, int) or batch % size:
+            raise _fail(source, f"training.local_batch_size = {batch!r} with pipeline_parallel_microbatch_size = "
+                                f"{size!r}: expected a batch divisible by the micro-batch size")
+        micro_batches = batch // size
+    ac_table = data.get("activation_checkpoint", {"mode": "none"})
+    if not isinstance(ac_table, dict):
+        raise _fail(source, f"activation_checkpoint = {ac_table!r}: expected a table")
+    ac = {k: str(v) for k, v in ac_table.items() if k in ("mode", "selective_ac_option")}
+    ac.setdefault("mode", "selective")  # torchtitan's default
+    return TorchtitanConfig(degree, schedule, csv, tuple(tuple(p) for p in parts), ac, micro_batches)
+
+
+def layers_of_parts(parts: Sequence[Sequence[str]], *, body_layers: int, source: str) -> np.ndarray:
+    """Body layers per virtual stage; layers numbered 0..N-1 in order, head first, tail last."""
+    layers = np.zeros(len(parts), dtype=np.int64)
+    expect = 0
+    for i, part in enumerate(parts):
+        for name in part:
+            label = f"module_fqns_per_model_part[{i}]: {name!r}"
+            match = _LAYER.fullmatch(name)
+            if match:
+                if int(match.group(1)) != expect:
+                    raise _fail(source, f"{label}: expected layers.{expect} (layers in order, each once)")
+                expect += 1
+                layers[i] += 1
+            elif name in HEAD_MODULES:
+                if i != 0 or layers[i]:
+                    raise _fail(source, f"{label}: expected the embedding first in part 0 (sapptk puts the head there)")
+            elif name in TAIL_MODULES:
+                if i != len(parts) - 1:
+                    raise _fail(source, f"{label}: expected in the last part (sapptk puts the tail there)")
+            else:
+                raise _fail(source, f"{label}: expected tok_embeddings, layers.<i>, norm or output")
+    if expect != body_layers:
+        raise _fail(source, f"module_fqns_per_model_part holds {expect} layers: expected {body_layers}, the profile's "
+                            "body layers")
+    return layers
+
+
+def ac_counts(profile: Any, layers: Sequence[int], ac: Mapping[str, str], *, placement: Sequence[int],
+              source: str = "<toml>") -> np.ndarray:
+    """The counts torchtitan's activation checkpointing gives on this partition."""
+    mode = ac.get("mode")
+    option = ac.get("selective_ac_option", "2")
+    if mode == "none":
+        return counts_from_layers(profile, layers)
+    if mode == "full":
+        return counts_from_layers(profile, layers, lambda vs, pos: _FULL)
+    if mode != "selective":
+        raise _fail(source, f"activation_checkpoint.mode = {mode!r}: expected none, full or selective "
+                            "(memory_budget depends on the compiler and has no sapptk mode)")
+    if option == "op":
+        return counts_from_layers(profile, layers, lambda vs, pos: _SELECT)
+    try:
+        every = int(option)
+    except ValueError:
+        raise _fail(source, f"activation_checkpoint.selective_ac_option = {option!r}: expected 'op' or an integer"
+                    ) from None
+    if every < 0:
+        raise _fail(source, f"activation_checkpoint.selective_ac_option = {every}: expected >= 0")
+    # torchtitan counts the layers of a rank over its model parts in order, 1-based
+    before = np.zeros(len(layers), dtype=np.int64)
+    seen: dict[int, int] = {}
+    for vs, d in enumerate(placement):
+        before[vs] = seen.get(d, 0)
+        seen[d] = before[vs] + int(layers[vs])
+
+    def mode_of(vs: int, pos: int) -> int:
+        return _FULL if every == 0 or (before[vs] + pos + 1) % every == 0 else _NONE
+
+    return counts_from_layers(profile, layers, mode_of)
