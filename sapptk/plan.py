@@ -1,12 +1,14 @@
 """A :class:`Plan`: a layer assignment with its provenance, its DataFrame views and its
-MindFormers export/import.
+exports and imports.
 
 A plan holds ``counts``, an int array ``(body groups, len(MODES), virtual stages)``: how
 many layers of each body group run in each recompute mode on each virtual stage (the head
 sits on virtual stage 0, the tail on the last one). Plans come from the balancer
 (:func:`sapptk.balancer.balance`, through :func:`make_plan`), from a naive baseline
 (:func:`even_split`) or from a hand-made MindFormers config (:func:`from_mindformers`).
-The MindFormers format itself lives in :mod:`sapptk.formats.mindformers`.
+The formats themselves live in :mod:`sapptk.formats` (MindFormers, Megatron-LM, torchtitan,
+sapptk's plan file); here are only their plan-level entry points. (Over 500 lines: the Plan
+class, its frames, the even-split baselines and those entry points are one public surface.)
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -24,7 +26,7 @@ import yaml
 
 from sapptk.costs import StageCosts, check_counts, simulate_counts, stage_costs
 from sapptk.errors import ConfigError, SapptkError
-from sapptk.formats import megatron, mindformers, torchtitan
+from sapptk.formats import megatron, mindformers, plan_file, torchtitan
 from sapptk.profile import MODES
 from sapptk.sensitivity import Sensitivity, critical_path, sensitivity
 
@@ -41,7 +43,6 @@ PLAN_STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown"
 (proved impossible / none found in time); ``given``: fixed by the user or a baseline."""
 
 _SOLVED = ("optimal", "feasible", "given")
-PLAN_FORMAT = "sapptk-plan/1"
 _FIT_TOLERANCE_MB = 1e-6
 
 
@@ -247,185 +248,31 @@ class Plan:
         return text
 
     # ------------------------------------------------------------ other runtimes
-    def _line_layers(self, runtime: str) -> np.ndarray:
-        """Body layers per virtual stage, for runtimes that place virtual stage c·p + s on rank s."""
-        program = self.config.program()
-        p = self.config.stages
-        if any(d != vs % p for vs, d in enumerate(program.placement)):
-            raise ConfigError(
-                f"schedule {self.config.schedule!r} places its chunks in a V (device of each virtual stage: "
-                f"{list(program.placement)}): {runtime} runs virtual stage c·p + s on rank s"
-            )
-        return self.counts.sum(axis=(0, 1))
-
     def to_megatron(self) -> megatron.MegatronExport:
-        """The plan as Megatron-LM arguments (:mod:`sapptk.formats.megatron`).
-
-        The layout is exact. Recompute is what Megatron can express: the plan's own setting
-        when it is one of Megatron's, else the fastest expressible setting that fits the
-        budget (the one with the least peak when none fits), simulated on the schedule
-        Megatron runs (1F1B, or interleaved in Megatron's micro-batch groups); the export
-        reports both step times and lists what was lost. Raises :class:`ConfigError` for V
-        placements (Megatron has none).
-        """
-        from sapptk.costs import peak_memory
-        from sapptk.schedules.interleaved import megatron_group_size
-
+        """The plan as Megatron-LM arguments (:func:`sapptk.formats.megatron.export`): the exact
+        layout, the recompute Megatron can express, and what the plan loses when forced into it."""
         self._need_solution("Megatron-LM arguments")
-        c = self.config
-        layers = self._line_layers("Megatron-LM")
-        p, v, m = c.stages, c.chunks, c.micro_batches
-        schedule = "1f1b" if v == 1 else "interleaved-megatron"
-        group = megatron_group_size(p, m) if v > 1 else p
-        runs = c.replace(schedule=schedule, custom_program=None)
-        candidates = megatron.recompute_candidates(self.profile, layers)
-        exact = next((label for label, (_, cnt) in candidates.items() if np.array_equal(cnt, self.counts)), None)
-        notes: list[str] = []
-        if exact is not None:
-            label = exact
-        else:
-            budget = c.memory_budget
-            peaks = {lab: float(peak_memory(self.profile, runs, cnt).max()) for lab, (_, cnt) in candidates.items()}
-            fitting = [lab for lab in candidates if budget is None or peaks[lab] <= budget + _FIT_TOLERANCE_MB]
-            if fitting:
-                steps = {lab: simulate_counts(self.profile, runs, candidates[lab][1]).step_time for lab in fitting}
-                label = min(fitting, key=lambda lab: (steps[lab], peaks[lab]))
-            else:
-                label = min(candidates, key=lambda lab: peaks[lab])
-            notes.append(f"recompute: the plan uses {_modes_used(self.counts)}; Megatron applies one setting to every "
-                         f"chunk, so it runs {label!r} ({' '.join(candidates[label][0]) or 'no recompute flags'})"
-                         + ("" if fitting else ", the least memory it can, still over the budget"))
-        if runs.program().units != c.program().units:
-            notes.append(f"schedule: the plan was made for {c.schedule!r}; Megatron runs {schedule!r}"
-                         + (f" (micro-batch groups of {group})" if v > 1 else ""))
-        flags, counts = candidates[label]
-        expressed = make_plan(self.profile, runs, counts, status="given", source="megatron")
-        head = ("--pipeline-model-parallel-size", str(p), "--num-layers", str(int(layers.sum())))
-        grouping = ("--microbatch-group-size-per-virtual-pipeline-stage", str(group)) if v > 1 and group != p else ()
-        layout = megatron.format_layout(layers)
-        uniform, reason = megatron.uniform_args(layers, p, v)
-        return megatron.MegatronExport(
-            layout=layout,
-            args=(*head, "--pipeline-model-parallel-layout", layout, *grouping, *flags),
-            recompute=flags,
-            uniform=None if uniform is None else (*head, *uniform, *grouping, *flags),
-            uniform_reason=reason,
-            schedule=schedule,
-            group_size=group,
-            notes=tuple(notes),
-            step_time_ms=self.simulation.step_time,
-            peak_mb=float(self.simulation.peak_memory.max()),
-            expressed_step_time_ms=expressed.simulation.step_time,
-            expressed_peak_mb=float(expressed.simulation.peak_memory.max()),
-            expressed_fits=expressed.fits,
-            expressed_counts=expressed.counts,
-        )
+        return megatron.export(self.profile, self.config, self.counts, self.simulation)
 
     def to_torchtitan(self, csv_name: str = "schedule.csv") -> torchtitan.TorchtitanExport:
-        """The plan as torchtitan settings (:mod:`sapptk.formats.torchtitan`).
-
-        The partition is exact; the schedule is named when a PyTorch class runs the same
-        order, else exported as a schedule CSV (``csv_name``). Activation checkpointing is
-        one mode for every layer: the plan's own when it is uniform, else the fastest
-        uniform mode that fits the budget (the least memory when none fits); the export
-        reports both step times and what was lost.
-        """
-        from sapptk.costs import peak_memory
-
+        """The plan as torchtitan settings (:func:`sapptk.formats.torchtitan.export`): the exact
+        partition, the schedule (or its CSV, saved as ``csv_name``), the checkpointing mode."""
         self._need_solution("torchtitan settings")
-        c = self.config
-        program = c.program()
-        layers = self.counts.sum(axis=(0, 1))
-        named = None if c.custom_program is not None else torchtitan.torch_schedule(
-            c.schedule, c.stages, c.micro_batches, c.chunks)
-        csv = None
-        if named is None:
-            csv = program.to_csv()  # ScheduleError for sequence slices
-            v_shape = any(d != vs % c.stages for vs, d in enumerate(program.placement))
-            named = "ZBVZeroBubble" if v_shape else ("Interleaved1F1B" if c.chunks > 1 else "1F1B")
-        candidates = {
-            mode: megatron.counts_from_layers(self.profile, layers, _every_layer(MODES.index(mode)))
-            for mode in torchtitan.AC_SETTINGS if all(mode in g.modes for g in self.profile.body)
-        }
-        exact = next((m for m, cnt in candidates.items() if np.array_equal(cnt, self.counts)), None)
-        notes: list[str] = []
-        if exact is not None:
-            mode = exact
-        else:
-            budget = c.memory_budget
-            peaks = {m: float(peak_memory(self.profile, c, cnt).max()) for m, cnt in candidates.items()}
-            fitting = [m for m in candidates if budget is None or peaks[m] <= budget + _FIT_TOLERANCE_MB]
-            if fitting:
-                mode = min(fitting, key=lambda m: simulate_counts(self.profile, c, candidates[m]).step_time)
-            else:
-                mode = min(candidates, key=lambda m: peaks[m])
-            notes.append(f"activation checkpointing: the plan uses {_modes_used(self.counts)}; torchtitan applies one "
-                         f"mode to every layer, so it runs {mode!r}"
-                         + ("" if fitting else ", the least memory it can, still over the budget"))
-        expressed = make_plan(self.profile, c, candidates[mode], status="given", source="torchtitan")
-        comments = [f"sapptk plan for torchtitan: profile {self.profile.name!r}, schedule {c.schedule!r}, "
-                    f"p = {c.stages}, v = {c.chunks}, m = {c.micro_batches}; status {self.status}"]
-        if csv is not None:
-            comments.append(f"no PyTorch class runs {c.schedule!r}: save the schedule CSV as {csv_name}")
-        toml = torchtitan.render(degree=c.stages, schedule=named, parts=torchtitan.fqns(layers),
-                                 ac=torchtitan.AC_SETTINGS[mode], micro_batches=c.micro_batches,
-                                 schedule_csv=None if csv is None else csv_name, comments=comments)
-        return torchtitan.TorchtitanExport(
-            toml=toml, csv=csv, csv_name=None if csv is None else csv_name, schedule=named,
-            ac=dict(torchtitan.AC_SETTINGS[mode]), notes=tuple(notes),
-            step_time_ms=self.simulation.step_time, peak_mb=float(self.simulation.peak_memory.max()),
-            expressed_step_time_ms=expressed.simulation.step_time,
-            expressed_peak_mb=float(expressed.simulation.peak_memory.max()), expressed_fits=expressed.fits,
-            expressed_counts=expressed.counts,
-        )
+        return torchtitan.export(self.profile, self.config, self.counts, self.simulation, status=self.status,
+                                 csv_name=csv_name)
+
+    def to_torch_csv(self, path: str | os.PathLike[str] | None = None) -> str:
+        """The op order the plan runs, in PyTorch's schedule CSV (:meth:`Program.to_csv`)."""
+        return self.config.program().to_csv(path)
 
     # ---------------------------------------------------------------- plan file
-    def to_plan_dict(self) -> dict[str, Any]:
-        """The plan as plain data (``sapptk-plan/1``): everything :func:`load_plan` needs."""
-        c = self.config
-        setup: dict[str, Any] = {
-            "stages": c.stages,
-            "micro_batches": c.micro_batches,
-            "chunks": c.chunks,
-            "schedule": c.schedule,
-            "splits": c.splits,
-            "memory_budget_mb": None if c.memory_budget is None else float(c.memory_budget),
-            "constant_memory_mb": float(c.constant_memory),
-            "comm_ms": float(c.comm),
-            "recompute": list(c.recompute),
-        }
-        if c.custom_program is not None:
-            setup["program_csv"] = c.custom_program.to_csv()
-        names = [g.name for g in self.profile.body]
-        layout = [
-            {"group": names[g], "virtual_stage": int(vs), "mode": MODES[r], "layers": int(self.counts[g, r, vs])}
-            for vs in range(self.counts.shape[2]) for g in range(self.counts.shape[0]) for r in range(len(MODES))
-            if self.counts[g, r, vs]
-        ]
-        return {
-            "format": PLAN_FORMAT,
-            "source": self.source,
-            "status": self.status,
-            "step_time_ms": self.step_time,
-            "bound_ms": self.bound,
-            "gap": self.gap,
-            "solve_seconds": self.solve_seconds,
-            "message": self.message,
-            "setup": setup,
-            "layout": layout,
-            "profile": self.profile.to_dict(),
-        }
-
     def save(self, path: str | os.PathLike[str] | None = None) -> str:
-        """The plan as a sapptk plan file (YAML; :func:`load_plan` reads it back to an equal
-        plan): the setup, the layout, the status and figures, and the profile, so the file
-        stands alone. Returns the text; writes it to ``path`` when given."""
-        header = (
-            f"# sapptk plan ({PLAN_FORMAT}): read with sapptk.load_plan, export with `sapptk export`.\n"
-            "# layout: layers of each body group in each recompute mode on each virtual stage (model order)\n"
-        )
-        text = header + yaml.safe_dump(self.to_plan_dict(), sort_keys=False, default_flow_style=None, width=120,
-                                       allow_unicode=True)
+        """The plan as a sapptk plan file (YAML, :mod:`sapptk.formats.plan_file`; :func:`load_plan`
+        reads it back to an equal plan): the setup, the layout, the status and figures, and the
+        profile, so the file stands alone. Returns the text; writes it to ``path`` when given."""
+        text = plan_file.dumps(self.profile, self.config, self.counts, status=self.status, step_time=self.step_time,
+                               bound=self.bound, gap=self.gap, solve_seconds=self.solve_seconds,
+                               message=self.message, source=self.source)
         if path is not None:
             Path(path).write_text(text, encoding="utf-8")
         return text
@@ -469,15 +316,6 @@ class Plan:
             share = "" if budget is None else f"{row.peak_mb / budget:9.1%}" + ("" if row.fits else "  OVER")
             lines.append(f"{row.device:6d}  {row.layers:6d}  {row.peak_mb:7.0f}  {share}".rstrip())
         return "\n".join(lines)
-
-
-def _every_layer(mode: int) -> Any:
-    return lambda vs, pos: mode
-
-
-def _modes_used(counts: np.ndarray) -> str:
-    per_mode = counts.sum(axis=(0, 2))
-    return ", ".join(f"{int(n)} layers {MODES[r]}" for r, n in enumerate(per_mode) if n)
 
 
 def _ms(value: float | None) -> str:
@@ -679,210 +517,45 @@ def from_mindformers_named(profile: Profile, config: PipelineConfig, data: Any) 
     return plans
 
 
-# --------------------------------------------------------------------------- plan files
-_SETUP_KEYS = ("stages", "micro_batches", "chunks", "schedule", "splits", "memory_budget_mb", "constant_memory_mb",
-               "comm_ms", "recompute", "program_csv")
-_PLAN_KEYS = ("format", "source", "status", "step_time_ms", "bound_ms", "gap", "solve_seconds", "message", "setup",
-              "layout", "profile")
-
-
+# --------------------------------------------------------------------- foreign formats
 def load_plan(source: str | os.PathLike[str] | Any) -> Plan:
     """A plan from a sapptk plan file (:meth:`Plan.save`) or its parsed data.
 
-    Every field is checked; a :class:`~sapptk.errors.ConfigError` names the file, the field
-    and what was expected. A plan carrying its own program (a schedule CSV, a re-ordered
-    cost-driven schedule) gets it back from the embedded CSV.
+    Every field is checked (:mod:`sapptk.formats.plan_file`); a
+    :class:`~sapptk.errors.ConfigError` names the file, the field and what was expected. A
+    plan carrying its own program gets it back from the embedded schedule CSV.
     """
-    from sapptk.config import PipelineConfig
-    from sapptk.profile import Profile
-    from sapptk.schedules import from_csv_text
-
-    where = "<data>"
-    data = source
-    if isinstance(source, (str, os.PathLike)):
-        where = os.fspath(source)
-        data = mindformers.load(where)
-
-    def fail(message: str) -> NoReturn:
-        raise ConfigError(f"{where}: {message}")
-
-    if not isinstance(data, dict):
-        fail(f"expected a sapptk plan (a mapping with format: {PLAN_FORMAT}), got {type(data).__name__}")
-    if data.get("format") != PLAN_FORMAT:
-        fail(f"format = {data.get('format')!r}: expected {PLAN_FORMAT!r} (a file written by Plan.save)")
-    unknown = [k for k in data if k not in _PLAN_KEYS]
-    if unknown:
-        fail(f"unknown key {unknown[0]!r}: expected {', '.join(_PLAN_KEYS)}")
-    setup = data.get("setup")
-    if not isinstance(setup, dict):
-        fail(f"setup = {setup!r}: expected a mapping with {', '.join(_SETUP_KEYS[:5])}, ...")
-    unknown = [k for k in setup if k not in _SETUP_KEYS]
-    if unknown:
-        fail(f"setup: unknown key {unknown[0]!r}: expected {', '.join(_SETUP_KEYS)}")
+    d = plan_file.load(source)
+    where = d.pop("where")
     try:
-        profile = Profile.from_dict(data.get("profile"), source=f"{where}, profile")
+        return make_plan(**d)
     except SapptkError as exc:
-        fail(str(exc))
-    fields = {
-        "memory_budget": setup.get("memory_budget_mb"),
-        "constant_memory": setup.get("constant_memory_mb", 0),
-        "comm": setup.get("comm_ms", 0),
-        "recompute": tuple(setup.get("recompute") or MODES),
-    }
-    try:
-        if setup.get("program_csv") is not None:
-            program = from_csv_text(str(setup["program_csv"]), source=f"{where}, setup.program_csv",
-                                    name=str(setup.get("schedule")))
-            config = PipelineConfig.from_program(program, **fields)
-            for key in ("stages", "micro_batches", "chunks", "splits"):
-                if key in setup and setup[key] != getattr(config, key):
-                    fail(f"setup.{key} = {setup[key]!r}: the embedded program has {getattr(config, key)}")
-        else:
-            config = PipelineConfig(stages=setup.get("stages"), micro_batches=setup.get("micro_batches"),
-                                    chunks=setup.get("chunks", 1), schedule=setup.get("schedule"),
-                                    splits=setup.get("splits", 1), **fields)
-        config.validate()
-    except SapptkError as exc:
-        fail(f"setup: {exc}")
-    counts = np.zeros((len(profile.body), len(MODES), config.num_virtual_stages), dtype=np.int64)
-    groups = {g.name: i for i, g in enumerate(profile.body)}
-    layout = data.get("layout") or []
-    if not isinstance(layout, list):
-        fail(f"layout = {layout!r}: expected a list of {{group, virtual_stage, mode, layers}}")
-    for i, cell in enumerate(layout):
-        label = f"layout[{i}]"
-        if not isinstance(cell, dict) or set(cell) != {"group", "virtual_stage", "mode", "layers"}:
-            fail(f"{label} = {cell!r}: expected a mapping with group, virtual_stage, mode, layers")
-        if cell["group"] not in groups:
-            fail(f"{label}.group = {cell['group']!r}: expected a body group of the profile ({', '.join(groups)})")
-        if cell["mode"] not in MODES:
-            fail(f"{label}.mode = {cell['mode']!r}: expected one of {', '.join(MODES)}")
-        vs, n = cell["virtual_stage"], cell["layers"]
-        if not isinstance(vs, int) or isinstance(vs, bool) or not 0 <= vs < config.num_virtual_stages:
-            fail(f"{label}.virtual_stage = {vs!r}: expected 0..{config.num_virtual_stages - 1}")
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            fail(f"{label}.layers = {n!r}: expected a layer count >= 1")
-        counts[groups[cell["group"]], MODES.index(cell["mode"]), vs] += n
-    status = data.get("status")
-    numbers = {}
-    for key in ("step_time_ms", "bound_ms", "gap", "solve_seconds"):
-        value = data.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value)):
-            fail(f"{key} = {value!r}: expected a number or null")
-        numbers[key] = value
-    message, plan_source = data.get("message") or "", data.get("source") or "plan file"
-    if not isinstance(message, str) or not isinstance(plan_source, str):
-        fail("message and source: expected text")
-    try:
-        return make_plan(profile, config, counts if status in _SOLVED else None, status=status,
-                         step_time=numbers["step_time_ms"], bound=numbers["bound_ms"], gap=numbers["gap"],
-                         solve_seconds=numbers["solve_seconds"] or 0.0, message=message, source=plan_source)
-    except SapptkError as exc:
-        fail(str(exc))
+        raise ConfigError(f"{where}: {exc}") from None
 
 
-# --------------------------------------------------------------------- Megatron-LM
 def from_megatron(profile: Profile, config: PipelineConfig, source: Any) -> Plan:
-    """A plan from Megatron-LM arguments (:mod:`sapptk.formats.megatron`).
+    """A plan from Megatron-LM arguments or a layout string (:func:`sapptk.formats.megatron.decode`).
 
-    ``source``: a layout string (``"Et*3|(tt|)*29,tL"``), a command line or list of
-    arguments, or a mapping of flags. The partition comes from
-    ``--pipeline-model-parallel-layout``, or else from the uniform-layout flags; recompute
-    from the recompute flags (none without them). ``config`` gives the setup (stages and
-    chunks must agree with the arguments). The plan is simulated (status ``"given"``).
+    ``config`` gives the setup (stages and chunks must agree with the arguments). The plan is
+    simulated (status ``"given"``, source ``"megatron"``).
     """
-    if isinstance(source, str) and not source.lstrip().startswith("--"):
-        flags: dict[str, Any] = {"pipeline-model-parallel-layout": source}
-    else:
-        flags = megatron.parse_args(source)
-    p, v = config.stages, config.chunks
-    body = profile.num_body_layers
-    for name, want in (("pipeline-model-parallel-size", p), ("num-layers", body)):
-        if flags.get(name) is not None and str(flags[name]) != str(want):
-            what = "the setup's stages" if name.startswith("pipeline") else "the profile's body layers"
-            raise ConfigError(f"--{name} = {flags[name]}: expected {want} ({what})")
-    text = flags.get("pipeline-model-parallel-layout")
-    try:
-        if text is not None:
-            stages = megatron.parse_layout(str(text))
-            layers = megatron.layers_of_layout(stages, stages=p, body_layers=body, head=profile.head is not None,
-                                               tail=profile.tail is not None, text=str(text))
-            if len(layers) != p * v:
-                raise ConfigError(f"layout {text!r}: {len(layers)} stages = {len(layers) // p} chunks per rank: the "
-                                  f"setup has chunks = {v}")
-        else:
-            vv = int(flags.get("num-virtual-stages-per-pipeline-rank") or 1)
-            if vv != v:
-                raise ConfigError(f"--num-virtual-stages-per-pipeline-rank = {vv}: the setup has chunks = {v}")
-            first, last = (flags.get(f"decoder-{k}-pipeline-num-layers") for k in ("first", "last"))
-            layers = megatron.uniform_layers(p, v, body, None if first is None else int(first),
-                                             None if last is None else int(last))
-        counts = megatron.recompute_counts(profile, layers, flags)
-    except ValueError as exc:
-        if isinstance(exc, ConfigError):
-            raise ConfigError(f"Megatron arguments: {exc}") from None
-        raise ConfigError(f"Megatron arguments: {exc}") from None
+    counts = megatron.decode(profile, config, source)
     try:
         return make_plan(profile, config, counts, status="given", source="megatron")
     except ConfigError as exc:
         raise ConfigError(f"Megatron arguments: {exc}") from None
 
 
-# ------------------------------------------------------------------------ torchtitan
 def from_torchtitan(profile: Profile, source: Any, config: PipelineConfig | None = None, *,
                     csv: str | os.PathLike[str] | None = None) -> Plan:
-    """A plan from torchtitan settings (:mod:`sapptk.formats.torchtitan`).
+    """A plan from torchtitan settings, a TOML file or its text (:func:`sapptk.formats.torchtitan.decode`).
 
-    ``source``: a TOML file, or its text. Stages, chunks and the schedule come from the
-    file, and the micro-batches from ``[training] local_batch_size`` when present; ``config``
-    gives the other fields (budget, comm, recompute, ...) and, when the file has no batch
-    size, the micro-batches; where both say something they must agree. A
-    ``pipeline_parallel_schedule_csv`` is read from ``csv`` when given, else relative to the
-    TOML file. The plan is simulated (status ``"given"``).
+    Stages, chunks, schedule and micro-batches come from the file; ``config`` gives the other
+    fields and must agree where both speak. The plan is simulated (status ``"given"``, source
+    ``"torchtitan"``).
     """
-    from sapptk.config import PipelineConfig
-    from sapptk.schedules import from_csv
-
-    where, text, base = "<toml>", source, None
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source and "=" not in source):
-        where = os.fspath(source)
-        base = Path(where).parent
-        try:
-            text = Path(where).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{where}: cannot read the file: {exc}") from None
-    if not isinstance(text, str):
-        raise ConfigError(f"source = {source!r}: expected a TOML file path or TOML text")
-    tt = torchtitan.read(text, where)
-    p = tt.degree
-    if len(tt.parts) % p:
-        raise ConfigError(f"{where}: {len(tt.parts)} model parts on pipeline_parallel_degree = {p} ranks: expected a "
-                          "multiple (one part per virtual stage)")
-    v = len(tt.parts) // p
-    layers = torchtitan.layers_of_parts(tt.parts, body_layers=profile.num_body_layers, source=where)
-    m = tt.micro_batches if tt.micro_batches is not None else (None if config is None else config.micro_batches)
-    if m is None:
-        raise ConfigError(f"{where}: no [training] local_batch_size: pass a config for the micro-batches")
-    fields: dict[str, Any] = {}
-    if config is not None:
-        for name, value in (("stages", p), ("chunks", v), ("micro_batches", m)):
-            if getattr(config, name) != value:
-                raise ConfigError(f"{where}: {name} = {value} in the file, {getattr(config, name)} in the config")
-        fields = {f: getattr(config, f) for f in ("memory_budget", "constant_memory", "comm", "recompute")}
-    if tt.schedule_csv is not None:
-        csv_path = Path(csv) if csv is not None else (base / tt.schedule_csv if base else Path(tt.schedule_csv))
-        program = from_csv(csv_path)
-        setup = PipelineConfig.from_program(program, **fields)
-        if (setup.stages, setup.chunks, setup.micro_batches) != (p, v, m):
-            raise ConfigError(f"{where}: the schedule CSV {csv_path} runs p = {setup.stages}, v = {setup.chunks}, "
-                              f"m = {setup.micro_batches}: the file says p = {p}, v = {v}, m = {m}")
-    else:
-        schedule = torchtitan.sapptk_schedule(tt.schedule, v, where)
-        setup = PipelineConfig(stages=p, micro_batches=m, chunks=v, schedule=schedule, **fields)
+    setup, counts, where = torchtitan.decode(profile, source, config, csv=csv)
     try:
-        setup.validate()
-        counts = torchtitan.ac_counts(profile, layers, tt.ac, placement=setup.program().placement, source=where)
         return make_plan(profile, setup, counts, status="given", source="torchtitan")
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None

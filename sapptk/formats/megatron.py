@@ -50,11 +50,13 @@ from typing import Any
 import numpy as np
 
 from sapptk.errors import ConfigError
+from sapptk.formats.expressible import FIT_TOLERANCE_MB, closest, counts_from_layers, modes_used
 from sapptk.profile import MODES
 
 __all__ = [
     "MegatronExport",
-    "counts_from_layers",
+    "decode",
+    "export",
     "format_layout",
     "parse_args",
     "parse_layout",
@@ -262,27 +264,6 @@ def uniform_args(layers: np.ndarray, stages: int, chunks: int) -> tuple[tuple[st
     return tuple(args), ""
 
 
-# ---------------------------------------------------------------------------- groups
-def counts_from_layers(profile: Any, layers: Sequence[int], mode_of: Any = None) -> np.ndarray:
-    """A counts array (groups, modes, virtual stages) from body layers per virtual stage.
-
-    Body groups fill the layers in model order. ``mode_of(vs, position)`` gives the mode index
-    of the ``position``-th layer (0-based, model order) of virtual stage ``vs``; all ``none``
-    by default.
-    """
-    layers = np.asarray(layers, dtype=np.int64)
-    body = tuple(profile.body)
-    counts = np.zeros((len(body), len(MODES), len(layers)), dtype=np.int64)
-    bounds = np.cumsum([0] + [g.count for g in body])
-    start = 0
-    for vs, n in enumerate(layers):
-        for pos in range(int(n)):
-            g = int(np.searchsorted(bounds, start + pos, side="right") - 1)
-            counts[g, _NONE if mode_of is None else mode_of(vs, pos), vs] += 1
-        start += int(n)
-    return counts
-
-
 # ------------------------------------------------------------------------- recompute
 def recompute_args(kind: str, k: int = 0) -> tuple[str, ...]:
     """Megatron's flags for ``"none"``, ``"select"``, ``"full"`` (every layer) or ``"block"`` (first k)."""
@@ -394,8 +375,7 @@ def recompute_counts(profile: Any, layers: Sequence[int], flags: Mapping[str, An
     return counts_from_layers(profile, layers, lambda vs, pos: _FULL if pos < k else _NONE)
 
 
-def layers_of_layout(stages_text: list[str], *, stages: int, body_layers: int, head: bool, tail: bool,
-                     text: str) -> np.ndarray:
+def layers_of_layout(stages_text: list[str], *, stages: int, body_layers: int, text: str) -> np.ndarray:
     """Decoder layers per virtual stage of a parsed layout, checked against the setup and profile."""
     n = len(stages_text)
     if n % stages:
@@ -415,5 +395,111 @@ def layers_of_layout(stages_text: list[str], *, stages: int, body_layers: int, h
     if int(layers.sum()) != body_layers:
         raise ConfigError(f"layout {text!r}: {int(layers.sum())} decoder layers ('t'): expected {body_layers}, the "
                           "profile's body layers")
-    del head, tail  # Megatron needs E and L whatever the profile models
     return layers
+
+
+# --------------------------------------------------------------------- plan level
+def line_layers(config: Any, counts: np.ndarray, runtime: str) -> np.ndarray:
+    """Body layers per virtual stage, for runtimes that place virtual stage c·p + s on rank s."""
+    program = config.program()
+    p = config.stages
+    if any(d != vs % p for vs, d in enumerate(program.placement)):
+        raise ConfigError(
+            f"schedule {config.schedule!r} places its chunks in a V (device of each virtual stage: "
+            f"{list(program.placement)}): {runtime} runs virtual stage c·p + s on rank s"
+        )
+    return np.asarray(counts).sum(axis=(0, 1))
+
+
+def export(profile: Any, config: Any, counts: np.ndarray, simulation: Any) -> MegatronExport:
+    """A plan (``counts`` on ``config``, its ``simulation``) as Megatron-LM arguments.
+
+    The layout is exact. Recompute is the plan's own when Megatron can express it, else the
+    fastest expressible setting that fits the budget (the least peak when none fits),
+    evaluated on the schedule Megatron runs (1F1B, or interleaved in Megatron's
+    micro-batch groups); the export reports both step times and lists what was lost.
+    Raises :class:`ConfigError` for V placements (Megatron has none).
+    """
+    from sapptk.costs import simulate_counts
+    from sapptk.schedules.interleaved import megatron_group_size
+
+    c = config
+    layers = line_layers(c, counts, "Megatron-LM")
+    p, v, m = c.stages, c.chunks, c.micro_batches
+    schedule = "1f1b" if v == 1 else "interleaved-megatron"
+    group = megatron_group_size(p, m) if v > 1 else p
+    runs = c.replace(schedule=schedule, custom_program=None)
+    candidates = recompute_candidates(profile, layers)
+    exact = next((label for label, (_, cnt) in candidates.items() if np.array_equal(cnt, counts)), None)
+    notes: list[str] = []
+    if exact is not None:
+        label = exact
+    else:
+        label, fits = closest(profile, runs, {lab: cnt for lab, (_, cnt) in candidates.items()})
+        notes.append(f"recompute: the plan uses {modes_used(counts)}; Megatron applies one setting to every chunk, "
+                     f"so it runs {label!r} ({' '.join(candidates[label][0]) or 'no recompute flags'})"
+                     + ("" if fits else ", the least memory it can, still over the budget"))
+    if runs.program().units != c.program().units:
+        notes.append(f"schedule: the plan was made for {c.schedule!r}; Megatron runs {schedule!r}"
+                     + (f" (micro-batch groups of {group})" if v > 1 else ""))
+    flags, chosen = candidates[label]
+    expressed = simulate_counts(profile, runs, chosen)
+    budget = c.memory_budget
+    head = ("--pipeline-model-parallel-size", str(p), "--num-layers", str(int(layers.sum())))
+    grouping = ("--microbatch-group-size-per-virtual-pipeline-stage", str(group)) if v > 1 and group != p else ()
+    layout = format_layout(layers)
+    uniform, reason = uniform_args(layers, p, v)
+    peak = float(expressed.peak_memory.max())
+    return MegatronExport(
+        layout=layout,
+        args=(*head, "--pipeline-model-parallel-layout", layout, *grouping, *flags),
+        recompute=flags,
+        uniform=None if uniform is None else (*head, *uniform, *grouping, *flags),
+        uniform_reason=reason,
+        schedule=schedule,
+        group_size=group,
+        notes=tuple(notes),
+        step_time_ms=simulation.step_time,
+        peak_mb=float(simulation.peak_memory.max()),
+        expressed_step_time_ms=expressed.step_time,
+        expressed_peak_mb=peak,
+        expressed_fits=budget is None or peak <= budget + FIT_TOLERANCE_MB,
+        expressed_counts=chosen,
+    )
+
+
+def decode(profile: Any, config: Any, source: Any) -> np.ndarray:
+    """The counts Megatron-LM arguments describe on ``config`` (stages and chunks must agree).
+
+    ``source``: a layout string, a command line, a list of arguments or a mapping of flags.
+    The partition comes from ``--pipeline-model-parallel-layout``, else from the
+    uniform-layout flags; recompute from the recompute flags (none without them).
+    """
+    try:
+        if isinstance(source, str) and not source.lstrip().startswith("--"):
+            flags: dict[str, Any] = {"pipeline-model-parallel-layout": source}
+        else:
+            flags = parse_args(source)
+        p, v = config.stages, config.chunks
+        body = profile.num_body_layers
+        for name, want in (("pipeline-model-parallel-size", p), ("num-layers", body)):
+            if flags.get(name) is not None and str(flags[name]) != str(want):
+                what = "the setup's stages" if name.startswith("pipeline") else "the profile's body layers"
+                raise ConfigError(f"--{name} = {flags[name]}: expected {want} ({what})")
+        text = flags.get("pipeline-model-parallel-layout")
+        if text is not None:
+            stages = parse_layout(str(text))
+            layers = layers_of_layout(stages, stages=p, body_layers=body, text=str(text))
+            if len(layers) != p * v:
+                raise ConfigError(f"layout {text!r}: {len(layers)} stages = {len(layers) // p} chunks per rank: the "
+                                  f"setup has chunks = {v}")
+        else:
+            vv = int(flags.get("num-virtual-stages-per-pipeline-rank") or 1)
+            if vv != v:
+                raise ConfigError(f"--num-virtual-stages-per-pipeline-rank = {vv}: the setup has chunks = {v}")
+            first, last = (flags.get(f"decoder-{k}-pipeline-num-layers") for k in ("first", "last"))
+            layers = uniform_layers(p, v, body, None if first is None else int(first),
+                                    None if last is None else int(last))
+        return recompute_counts(profile, layers, flags)
+    except ValueError as exc:  # ConfigError is a ValueError too
+        raise ConfigError(f"Megatron arguments: {exc}") from None

@@ -29,20 +29,22 @@ job file are ignored.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from sapptk.errors import ConfigError
-from sapptk.formats.megatron import counts_from_layers
+from sapptk.formats.expressible import FIT_TOLERANCE_MB, closest, counts_from_layers, modes_used
 from sapptk.profile import MODES
 
-__all__ = ["AC_SETTINGS", "TORCH_SCHEDULES", "TorchtitanConfig", "TorchtitanExport", "ac_counts", "fqns", "read",
-           "render", "sapptk_schedule", "torch_schedule"]
+__all__ = ["AC_SETTINGS", "TORCH_SCHEDULES", "TorchtitanConfig", "TorchtitanExport", "ac_counts", "decode", "export",
+           "fqns", "read", "render", "sapptk_schedule", "torch_schedule"]
 
 _NONE, _SELECT, _FULL = (MODES.index(m) for m in ("none", "select", "full"))
 
@@ -290,3 +292,115 @@ def ac_counts(profile: Any, layers: Sequence[int], ac: Mapping[str, str], *, pla
         return _FULL if every == 0 or (before[vs] + pos + 1) % every == 0 else _NONE
 
     return counts_from_layers(profile, layers, mode_of)
+
+
+# --------------------------------------------------------------------- plan level
+def _every_layer(mode: int) -> Any:
+    return lambda vs, pos: mode
+
+
+def export(profile: Any, config: Any, counts: np.ndarray, simulation: Any, *, status: str = "given",
+           csv_name: str = "schedule.csv") -> TorchtitanExport:
+    """A plan (``counts`` on ``config``, its ``simulation``) as torchtitan settings.
+
+    The partition is exact; the schedule is named when a PyTorch class runs the same order,
+    else exported as a schedule CSV (``csv_name``). Activation checkpointing is one mode for
+    every layer: the plan's own when it is uniform, else the fastest uniform mode that fits
+    the budget (the least memory when none fits); the export reports both step times.
+    """
+    from sapptk.costs import simulate_counts
+
+    c = config
+    program = c.program()
+    layers = np.asarray(counts).sum(axis=(0, 1))
+    named = None if c.custom_program is not None else torch_schedule(c.schedule, c.stages, c.micro_batches, c.chunks)
+    csv = None
+    if named is None:
+        csv = program.to_csv()  # ScheduleError for sequence slices
+        v_shape = any(d != vs % c.stages for vs, d in enumerate(program.placement))
+        named = "ZBVZeroBubble" if v_shape else ("Interleaved1F1B" if c.chunks > 1 else "1F1B")
+    candidates = {
+        mode: counts_from_layers(profile, layers, _every_layer(MODES.index(mode)))
+        for mode in AC_SETTINGS if all(mode in g.modes for g in profile.body)
+    }
+    exact = next((m for m, cnt in candidates.items() if np.array_equal(cnt, counts)), None)
+    notes: list[str] = []
+    if exact is not None:
+        mode = exact
+    else:
+        mode, fits = closest(profile, c, candidates)
+        notes.append(f"activation checkpointing: the plan uses {modes_used(counts)}; torchtitan applies one mode to "
+                     f"every layer, so it runs {mode!r}" + ("" if fits else ", the least memory it can, still over "
+                                                                            "the budget"))
+    expressed = simulate_counts(profile, c, candidates[mode])
+    comments = [f"sapptk plan for torchtitan: profile {profile.name!r}, schedule {c.schedule!r}, p = {c.stages}, "
+                f"v = {c.chunks}, m = {c.micro_batches}; status {status}"]
+    if csv is not None:
+        comments.append(f"no PyTorch class runs {c.schedule!r}: save the schedule CSV as {csv_name}")
+    toml = render(degree=c.stages, schedule=named, parts=fqns(layers), ac=AC_SETTINGS[mode],
+                  micro_batches=c.micro_batches, schedule_csv=None if csv is None else csv_name, comments=comments)
+    peak = float(expressed.peak_memory.max())
+    return TorchtitanExport(
+        toml=toml, csv=csv, csv_name=None if csv is None else csv_name, schedule=named, ac=dict(AC_SETTINGS[mode]),
+        notes=tuple(notes), step_time_ms=simulation.step_time, peak_mb=float(simulation.peak_memory.max()),
+        expressed_step_time_ms=expressed.step_time, expressed_peak_mb=peak,
+        expressed_fits=c.memory_budget is None or peak <= c.memory_budget + FIT_TOLERANCE_MB,
+        expressed_counts=candidates[mode],
+    )
+
+
+def decode(profile: Any, source: Any, config: Any = None, *,
+           csv: str | os.PathLike[str] | None = None) -> tuple[Any, np.ndarray, str]:
+    """``(setup, counts, where)`` from torchtitan settings: a TOML file or its text.
+
+    Stages, chunks and the schedule come from the file, the micro-batches from ``[training]
+    local_batch_size`` when present; ``config`` gives the other fields (budget, comm,
+    recompute, ...) and, without a batch size in the file, the micro-batches; where both say
+    something they must agree. A ``pipeline_parallel_schedule_csv`` is read from ``csv`` when
+    given, else relative to the TOML file.
+    """
+    from sapptk.config import PipelineConfig
+    from sapptk.schedules import from_csv
+
+    where, text, base = "<toml>", source, None
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source and "=" not in source):
+        where = os.fspath(source)
+        base = Path(where).parent
+        try:
+            text = Path(where).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{where}: cannot read the file: {exc}") from None
+    if not isinstance(text, str):
+        raise ConfigError(f"source = {source!r}: expected a TOML file path or TOML text")
+    tt = read(text, where)
+    p = tt.degree
+    if len(tt.parts) % p:
+        raise _fail(where, f"{len(tt.parts)} model parts on pipeline_parallel_degree = {p} ranks: expected a multiple "
+                           "(one part per virtual stage)")
+    v = len(tt.parts) // p
+    layers = layers_of_parts(tt.parts, body_layers=profile.num_body_layers, source=where)
+    m = tt.micro_batches if tt.micro_batches is not None else (None if config is None else config.micro_batches)
+    if m is None:
+        raise _fail(where, "no [training] local_batch_size: pass a config for the micro-batches")
+    fields: dict[str, Any] = {}
+    if config is not None:
+        for name, value in (("stages", p), ("chunks", v), ("micro_batches", m)):
+            if getattr(config, name) != value:
+                raise _fail(where, f"{name} = {value} in the file, {getattr(config, name)} in the config")
+        fields = {f: getattr(config, f) for f in ("memory_budget", "constant_memory", "comm", "recompute")}
+    try:
+        if tt.schedule_csv is not None:
+            csv_path = Path(csv) if csv is not None else (base / tt.schedule_csv if base else Path(tt.schedule_csv))
+            setup = PipelineConfig.from_program(from_csv(csv_path), **fields)
+            if (setup.stages, setup.chunks, setup.micro_batches) != (p, v, m):
+                raise _fail(where, f"the schedule CSV {csv_path} runs p = {setup.stages}, v = {setup.chunks}, m = "
+                                   f"{setup.micro_batches}: the file says p = {p}, v = {v}, m = {m}")
+        else:
+            setup = PipelineConfig(stages=p, micro_batches=m, chunks=v,
+                                   schedule=sapptk_schedule(tt.schedule, v, where), **fields)
+        setup.validate()
+        counts = ac_counts(profile, layers, tt.ac, placement=setup.program().placement, source=where)
+    except ValueError as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
+    return setup, counts, where

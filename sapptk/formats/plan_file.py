@@ -1,0 +1,179 @@
+"""sapptk's own plan file (``sapptk-plan/1``, YAML): everything a plan is, in one file.
+
+Keys: ``format``; ``source``, ``status``, ``step_time_ms``, ``bound_ms``, ``gap``,
+``solve_seconds``, ``message`` (as on :class:`sapptk.plan.Plan`); ``setup`` (``stages``,
+``micro_batches``, ``chunks``, ``schedule``, ``splits``, ``memory_budget_mb``,
+``constant_memory_mb``, ``comm_ms``, ``recompute``, and ``program_csv``: the op order in
+PyTorch's schedule CSV when the setup carries its own program); ``layout`` (one entry
+``{group, virtual_stage, mode, layers}`` per non-empty cell); ``profile`` (the profile in
+``sapptk-profile/1`` form, so the file stands alone). :func:`dumps` writes it, :func:`load`
+reads and checks every field; :meth:`sapptk.plan.Plan.save` and :func:`sapptk.plan.load_plan`
+are the plan-level calls.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import numpy as np
+import yaml
+
+from sapptk.errors import ConfigError, SapptkError
+from sapptk.formats import mindformers
+from sapptk.profile import MODES, Profile
+
+if TYPE_CHECKING:
+    from sapptk.config import PipelineConfig
+
+__all__ = ["FORMAT", "dumps", "load"]
+
+FORMAT = "sapptk-plan/1"
+_SETUP_KEYS = ("stages", "micro_batches", "chunks", "schedule", "splits", "memory_budget_mb", "constant_memory_mb",
+               "comm_ms", "recompute", "program_csv")
+_KEYS = ("format", "source", "status", "step_time_ms", "bound_ms", "gap", "solve_seconds", "message", "setup",
+         "layout", "profile")
+
+
+def to_dict(profile: Profile, config: PipelineConfig, counts: np.ndarray, **meta: Any) -> dict[str, Any]:
+    """The plan as plain data; ``meta``: status, step_time, bound, gap, solve_seconds, message, source."""
+    c = config
+    setup: dict[str, Any] = {
+        "stages": c.stages,
+        "micro_batches": c.micro_batches,
+        "chunks": c.chunks,
+        "schedule": c.schedule,
+        "splits": c.splits,
+        "memory_budget_mb": None if c.memory_budget is None else float(c.memory_budget),
+        "constant_memory_mb": float(c.constant_memory),
+        "comm_ms": float(c.comm),
+        "recompute": list(c.recompute),
+    }
+    if c.custom_program is not None:
+        setup["program_csv"] = c.custom_program.to_csv()
+    names = [g.name for g in profile.body]
+    g_, r_, v_ = np.nonzero(counts)
+    order = np.lexsort((r_, g_, v_))
+    layout = [{"group": names[g_[i]], "virtual_stage": int(v_[i]), "mode": MODES[r_[i]],
+               "layers": int(counts[g_[i], r_[i], v_[i]])} for i in order]
+    return {
+        "format": FORMAT,
+        "source": meta["source"],
+        "status": meta["status"],
+        "step_time_ms": meta["step_time"],
+        "bound_ms": meta["bound"],
+        "gap": meta["gap"],
+        "solve_seconds": meta["solve_seconds"],
+        "message": meta["message"],
+        "setup": setup,
+        "layout": layout,
+        "profile": profile.to_dict(),
+    }
+
+
+def dumps(profile: Profile, config: PipelineConfig, counts: np.ndarray, **meta: Any) -> str:
+    """The plan file's text (see :func:`to_dict` for ``meta``)."""
+    header = (
+        f"# sapptk plan ({FORMAT}): read with sapptk.load_plan, export with `sapptk export`.\n"
+        "# layout: layers of each body group in each recompute mode on each virtual stage (model order)\n"
+    )
+    body = yaml.safe_dump(to_dict(profile, config, counts, **meta), sort_keys=False, default_flow_style=None,
+                          width=120, allow_unicode=True)
+    return header + body
+
+
+def load(source: str | os.PathLike[str] | Any) -> dict[str, Any]:
+    """A plan file (path or parsed data) as the keyword arguments of :func:`sapptk.plan.make_plan`
+    (``profile``, ``config``, ``counts``, ``status``, ``step_time``, ...) plus ``where`` (the
+    file name for messages). Raises :class:`ConfigError` naming the file and the field."""
+    from sapptk.config import PipelineConfig
+    from sapptk.schedules import from_csv_text
+
+    where = "<data>"
+    data = source
+    if isinstance(source, (str, os.PathLike)):
+        where = os.fspath(source)
+        data = mindformers.load(where)
+
+    def fail(message: str) -> NoReturn:
+        raise ConfigError(f"{where}: {message}")
+
+    if not isinstance(data, dict):
+        fail(f"expected a sapptk plan (a mapping with format: {FORMAT}), got {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        fail(f"format = {data.get('format')!r}: expected {FORMAT!r} (a file written by Plan.save)")
+    unknown = [k for k in data if k not in _KEYS]
+    if unknown:
+        fail(f"unknown key {unknown[0]!r}: expected {', '.join(_KEYS)}")
+    setup = data.get("setup")
+    if not isinstance(setup, dict):
+        fail(f"setup = {setup!r}: expected a mapping with {', '.join(_SETUP_KEYS[:5])}, ...")
+    unknown = [k for k in setup if k not in _SETUP_KEYS]
+    if unknown:
+        fail(f"setup: unknown key {unknown[0]!r}: expected {', '.join(_SETUP_KEYS)}")
+    try:
+        profile = Profile.from_dict(data.get("profile"), source=f"{where}, profile")
+    except SapptkError as exc:
+        fail(str(exc))
+    fields = {
+        "memory_budget": setup.get("memory_budget_mb"),
+        "constant_memory": setup.get("constant_memory_mb", 0),
+        "comm": setup.get("comm_ms", 0),
+        "recompute": tuple(setup.get("recompute") or MODES),
+    }
+    try:
+        if setup.get("program_csv") is not None:
+            program = from_csv_text(str(setup["program_csv"]), source=f"{where}, setup.program_csv",
+                                    name=str(setup.get("schedule")))
+            config = PipelineConfig.from_program(program, **fields)
+            for key in ("stages", "micro_batches", "chunks", "splits"):
+                if key in setup and setup[key] != getattr(config, key):
+                    fail(f"setup.{key} = {setup[key]!r}: the embedded program has {getattr(config, key)}")
+        else:
+            config = PipelineConfig(stages=setup.get("stages"), micro_batches=setup.get("micro_batches"),
+                                    chunks=setup.get("chunks", 1), schedule=setup.get("schedule"),
+                                    splits=setup.get("splits", 1), **fields)
+        config.validate()
+    except SapptkError as exc:
+        fail(f"setup: {exc}")
+    counts = _layout(data.get("layout"), profile, config.num_virtual_stages, fail)
+    numbers = {}
+    for key in ("step_time_ms", "bound_ms", "gap", "solve_seconds"):
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            fail(f"{key} = {value!r}: expected a number or null")
+        numbers[key] = value
+    message, plan_source, status = data.get("message") or "", data.get("source") or "plan file", data.get("status")
+    if not isinstance(message, str) or not isinstance(plan_source, str):
+        fail("message and source: expected text")
+    solved = status in ("optimal", "feasible", "given")
+    return {
+        "where": where, "profile": profile, "config": config, "counts": counts if solved else None,
+        "status": status, "step_time": numbers["step_time_ms"], "bound": numbers["bound_ms"], "gap": numbers["gap"],
+        "solve_seconds": numbers["solve_seconds"] or 0.0, "message": message, "source": plan_source,
+    }
+
+
+def _layout(layout: Any, profile: Profile, virtual_stages: int, fail: Any) -> np.ndarray:
+    counts = np.zeros((len(profile.body), len(MODES), virtual_stages), dtype=np.int64)
+    groups = {g.name: i for i, g in enumerate(profile.body)}
+    layout = layout or []
+    if not isinstance(layout, list):
+        fail(f"layout = {layout!r}: expected a list of {{group, virtual_stage, mode, layers}}")
+    for i, cell in enumerate(layout):
+        label = f"layout[{i}]"
+        if not isinstance(cell, dict) or set(cell) != {"group", "virtual_stage", "mode", "layers"}:
+            fail(f"{label} = {cell!r}: expected a mapping with group, virtual_stage, mode, layers")
+        if cell["group"] not in groups:
+            fail(f"{label}.group = {cell['group']!r}: expected a body group of the profile ({', '.join(groups)})")
+        if cell["mode"] not in MODES:
+            fail(f"{label}.mode = {cell['mode']!r}: expected one of {', '.join(MODES)}")
+        vs, n = cell["virtual_stage"], cell["layers"]
+        if not isinstance(vs, int) or isinstance(vs, bool) or not 0 <= vs < virtual_stages:
+            fail(f"{label}.virtual_stage = {vs!r}: expected 0..{virtual_stages - 1}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            fail(f"{label}.layers = {n!r}: expected a layer count >= 1")
+        counts[groups[cell["group"]], MODES.index(cell["mode"]), vs] += n
+    return counts
