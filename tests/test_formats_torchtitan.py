@@ -1,0 +1,190 @@
+"""torchtitan: the [parallelism] / [activation_checkpoint] / [training] TOML both ways, for
+every schedule (named, or as a schedule CSV), with what torchtitan cannot express costed."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+import numpy as np
+import pytest
+from support import random_counts, small_profile
+
+from sapptk.config import PipelineConfig
+from sapptk.errors import ConfigError, ScheduleError
+from sapptk.formats.torchtitan import fqns, torch_schedule
+from sapptk.plan import even_split, from_torchtitan, make_plan
+from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
+from sapptk.schedules import build, get, names
+
+NONE, SELECT, FULL = (MODES.index(m) for m in ("none", "select", "full"))
+
+
+def tiny(n: int = 12) -> Profile:
+    body = LayerGroup("layer", "body", n, 1.0, 10.0, {"none": ModeCost(2.0, 8.0), "select": ModeCost(2.1, 5.0),
+                                                       "full": ModeCost(3.0, 1.0)})
+    return Profile("tiny", (LayerGroup("emb", "head", 1, 0.5, 20.0), body, LayerGroup("out", "tail", 1, 1.0, 20.0)))
+
+
+def uniform(profile, config, mode):
+    plan = even_split(profile, config, mode)
+    return make_plan(profile, config, plan.counts, status="optimal", step_time=plan.step_time)
+
+
+@pytest.mark.parametrize("name", [n for n in names() if not get(n).splits])
+@pytest.mark.parametrize("mode", ["none", "select", "full"])
+def test_round_trip_every_schedule(name, mode, tmp_path):
+    spec = get(name)
+    v = 1 if spec.chunks == (1,) else 2
+    p = 3
+    cfg = PipelineConfig(p, max(spec.min_micro_batches(p, v), p) + 1, v, name, memory_budget=1e6, comm=0.01)
+    plan = uniform(tiny(), cfg, mode)
+    out = plan.to_torchtitan(csv_name="order.csv")
+    assert out.exact and out.cost_ms == 0
+    (tmp_path / "job.toml").write_text(out.toml, encoding="utf-8")
+    if out.csv is not None:
+        (tmp_path / "order.csv").write_text(out.csv, encoding="utf-8")
+    back = from_torchtitan(tiny(), tmp_path / "job.toml", cfg)
+    np.testing.assert_array_equal(back.counts, plan.counts)
+    assert back.config.program().units == cfg.program().units
+    assert back.config.program().placement == cfg.program().placement
+    assert (back.config.memory_budget, back.config.comm) == (1e6, 0.01)
+    if out.csv is None:
+        assert back.config == cfg
+    data = tomllib.loads(out.toml)
+    assert data["parallelism"]["pipeline_parallel_degree"] == p
+    assert data["training"]["local_batch_size"] == cfg.micro_batches
+
+
+def test_schedule_names_and_csv_fallbacks():
+    assert torch_schedule("interleaved", 4, 10, 2) == "Interleaved1F1B"  # rounds 5 + 5
+    assert torch_schedule("interleaved", 4, 11, 2) is None  # PyTorch refuses 11 in 2 rounds
+    assert torch_schedule("zb-h1", 4, 8, 1) == "InterleavedZeroBubble"
+    assert torch_schedule("interleaved-rf", 4, 8, 2) is None
+    for name, schedule, csv in (("interleaved", "Interleaved1F1B", False), ("zb-v", "ZBVZeroBubble", False),
+                                ("zb-v-greedy", "ZBVZeroBubble", True), ("interleaved-lm", "Interleaved1F1B", True),
+                                ("dualpipe-v", "DualPipeV", False)):
+        out = even_split(tiny(16), PipelineConfig(4, 8, 2, name)).to_torchtitan()
+        assert (out.schedule, out.csv is not None) == (schedule, csv), name
+        assert ("pipeline_parallel_schedule_csv" in out.toml) == csv
+    with pytest.raises(ScheduleError, match="no sequence slices"):
+        even_split(tiny(), PipelineConfig(2, 4, 1, "seq1f1b", splits=2)).to_torchtitan()
+
+
+def test_fqns_follow_torchtitans_names():
+    assert fqns([2, 1, 0, 1]) == [["tok_embeddings", "layers.0", "layers.1"], ["layers.2"], [],
+                                  ["layers.3", "norm", "output"]]
+
+
+def test_mixed_recompute_is_listed_and_costed(rng):
+    cfg = PipelineConfig(2, 4, 2, "interleaved")
+    counts = even_split(tiny(), cfg, "none").counts.copy()
+    counts[0, NONE, 0] -= 2
+    counts[0, FULL, 0] += 2
+    plan = make_plan(tiny(), cfg, counts, status="given")
+    plan = make_plan(tiny(), cfg.replace(memory_budget=float(plan.simulation.peak_memory.max())), counts,
+                     status="given")
+    out = plan.to_torchtitan()
+    assert not out.exact and "torchtitan applies one mode to every layer" in out.notes[0]
+    back = from_torchtitan(tiny(), out.toml, plan.config)
+    np.testing.assert_array_equal(back.counts, out.expressed_counts)
+    assert back.simulation.step_time == pytest.approx(out.expressed_step_time_ms)
+    for mode in ("none", "select", "full"):  # the fastest uniform mode that fits
+        other = even_split(tiny(), plan.config, mode)
+        if other.fits:
+            assert out.expressed_step_time_ms <= other.step_time + 1e-9
+    assert "as torchtitan runs it" in out.text()
+
+
+def test_random_plans_keep_their_partition(rng):
+    for _ in range(10):
+        prof = small_profile(rng)
+        cfg = PipelineConfig(2, 3, 2, "interleaved")
+        plan = make_plan(prof, cfg, random_counts(rng, prof, cfg), status="given")
+        out = plan.to_torchtitan()
+        back = from_torchtitan(prof, out.toml, cfg)
+        np.testing.assert_array_equal(back.counts.sum(axis=(0, 1)), plan.counts.sum(axis=(0, 1)))
+        np.testing.assert_array_equal(back.counts, out.expressed_counts)
+
+
+def test_every_nth_layer_option_counts_over_a_ranks_parts():
+    """selective_ac_option = "2": torchtitan counts a rank's layers over its parts in order and
+    recomputes every second one fully."""
+    toml = """
+[parallelism]
+pipeline_parallel_degree = 2
+pipeline_parallel_schedule = "Interleaved1F1B"
+module_fqns_per_model_part = [["tok_embeddings", "layers.0", "layers.1", "layers.2"], ["layers.3", "layers.4"],
+                              ["layers.5", "layers.6", "layers.7"], ["layers.8", "layers.9", "layers.10", "layers.11",
+                              "norm", "output"]]
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "2"
+[training]
+local_batch_size = 4
+"""
+    plan = from_torchtitan(tiny(), toml)
+    # rank 0 runs parts 0 and 2: layers 1..3 then 4..6 of the rank; rank 1 parts 1 and 3
+    assert plan.counts[0, FULL].tolist() == [1, 1, 2, 2]
+    assert plan.config.schedule == "interleaved" and plan.config.micro_batches == 4
+
+
+BASE = """
+[parallelism]
+pipeline_parallel_degree = 2
+pipeline_parallel_schedule = "1F1B"
+module_fqns_per_model_part = [["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "layers.4",
+                               "layers.5"], ["layers.6", "layers.7", "layers.8", "layers.9", "layers.10", "layers.11",
+                               "norm", "output"]]
+[activation_checkpoint]
+mode = "full"
+[training]
+local_batch_size = 4
+"""
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda t: t.replace("[parallelism]", "[parallel]"), "no [parallelism] table"),
+        (lambda t: t.replace("= 2\n", "= 0\n", 1), "pipeline_parallel_degree = 0"),
+        (lambda t: t.replace('"1F1B"', '"Fancy"'), "pipeline_parallel_schedule = 'Fancy': expected one of"),
+        (lambda t: t.replace('"layers.3", ', ""), "expected layers.3"),
+        (lambda t: t.replace('"layers.11",', '"layers.11", "layers.12",'), "holds 13 layers: expected 12"),
+        (lambda t: t.replace('"norm", ', '"lm_head", '), "'lm_head': expected tok_embeddings"),
+        (lambda t: t.replace('["tok_embeddings", "layers.0"', '["layers.0", "tok_embeddings"'),
+         "expected the embedding first in part 0"),
+        (lambda t: t.replace('mode = "full"', 'mode = "memory_budget"'), "has no sapptk mode"),
+        (lambda t: t.replace("local_batch_size = 4", "local_batch_size = 4.5"), "local_batch_size = 4.5"),
+        (lambda t: t.replace("[training]", "[training"), "not valid TOML"),
+        (lambda t: t.replace("= 2\n", "= 3\n", 1), "2 model parts on pipeline_parallel_degree = 3"),
+    ],
+)
+def test_bad_files_name_the_key(edit, needle, tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text(edit(BASE), encoding="utf-8")
+    with pytest.raises(ConfigError) as exc:
+        from_torchtitan(tiny(), path)
+    assert needle in str(exc.value) and str(path) in str(exc.value), str(exc.value)
+
+
+def test_the_file_and_the_config_must_agree():
+    assert from_torchtitan(tiny(), BASE).counts[0, FULL].sum() == 12
+    with pytest.raises(ConfigError, match=re.escape("micro_batches = 4 in the file, 6 in the config")):
+        from_torchtitan(tiny(), BASE, PipelineConfig(2, 6, 1, "1f1b"))
+    no_batch = BASE.replace("[training]\nlocal_batch_size = 4\n", "")
+    with pytest.raises(ConfigError, match="pass a config for the micro-batches"):
+        from_torchtitan(tiny(), no_batch)
+    assert from_torchtitan(tiny(), no_batch, PipelineConfig(2, 6, 1, "1f1b")).config.micro_batches == 6
+
+
+def test_a_schedule_csv_next_to_the_file(tmp_path):
+    program = build("zb-v-greedy", stages=2, micro_batches=4, chunks=2)
+    cfg = PipelineConfig.from_program(program)
+    out = even_split(tiny(), cfg, "full").to_torchtitan(csv_name="mine.csv")
+    (tmp_path / "job.toml").write_text(out.toml, encoding="utf-8")
+    with pytest.raises(ConfigError, match="mine.csv: cannot read"):
+        from_torchtitan(tiny(), tmp_path / "job.toml")
+    (tmp_path / "mine.csv").write_text(out.csv, encoding="utf-8")
+    back = from_torchtitan(tiny(), tmp_path / "job.toml")
+    assert back.config.program().units == program.units and back.config.schedule == "csv:mine"
