@@ -1,9 +1,10 @@
 """The ``sapptk`` command: a thin layer over the library.
 
 Commands: ``balance`` (solve a plan, compare with the even splits, optionally write the
-MindFormers YAML and the layout CSV), ``simulate`` (evaluate hand-made MindFormers
-configs), ``sweep`` (a grid of setups to one Parquet table, resumable), ``schedules`` (list
-the schedules).
+plan file, the MindFormers YAML and the layout CSV), ``simulate`` (evaluate hand-made
+MindFormers configs, or a schedule CSV of your own), ``export`` (a saved plan for
+Megatron-LM, torchtitan, MindFormers or as PyTorch's schedule CSV), ``sweep`` (a grid of
+setups to one Parquet table, resumable), ``schedules`` (list the schedules).
 
 Exit codes: 0 success, 1 no plan found (infeasible, or none within the time limit),
 2 bad input (the message goes to stderr, without a traceback).
@@ -30,11 +31,11 @@ __all__ = ["add_pipeline_args", "build_parser", "main", "pipeline_config"]
 
 
 # ------------------------------------------------------------------------ shared helpers
-def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
+def add_pipeline_args(parser: argparse.ArgumentParser, *, sizes_required: bool = True) -> None:
     """The pipeline setup options shared by the commands (one value each)."""
     group = parser.add_argument_group("pipeline")
-    group.add_argument("--stages", "-p", type=int, required=True, help="pipeline stages (devices), p")
-    group.add_argument("--micro-batches", "-m", type=int, required=True, help="micro-batches per step, m")
+    group.add_argument("--stages", "-p", type=int, required=sizes_required, help="pipeline stages (devices), p")
+    group.add_argument("--micro-batches", "-m", type=int, required=sizes_required, help="micro-batches per step, m")
     group.add_argument("--chunks", "-v", type=int, default=1, help="model chunks per device, v (default 1)")
     group.add_argument("--schedule", default="1f1b", help="schedule name, see `sapptk schedules` (default 1f1b)")
     group.add_argument("--splits", "-k", type=int, default=1, help="sequence slices per micro-batch (seq1f1b)")
@@ -153,22 +154,54 @@ def _balance(args: argparse.Namespace) -> int:
 def _add_simulate(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "simulate",
-        help="evaluate hand-made MindFormers configs",
-        description="Simulate each config of a MindFormers YAML (one config or named configs).",
+        help="evaluate hand-made MindFormers configs, or a schedule of your own",
+        description="Simulate each config of a MindFormers YAML (one config or named configs); with "
+        "--schedule-csv, run a schedule of your own (PyTorch's schedule CSV): the setup's sizes come from it, and "
+        "without --config the even splits are simulated on it.",
     )
     parser.add_argument("profile", metavar="PROFILE", help="profile file, or a bundled name (llama2_70b, demo, ...)")
-    parser.add_argument("--config", required=True, type=Path, metavar="YAML", help="MindFormers config file")
+    parser.add_argument("--config", type=Path, default=None, metavar="YAML", help="MindFormers config file")
     parser.add_argument("--name", default=None, help="evaluate only the config with this name")
-    add_pipeline_args(parser)
+    parser.add_argument("--schedule-csv", type=Path, default=None, metavar="CSV",
+                        help="run this op order (PyTorch's schedule CSV, e.g. from Program.to_csv)")
+    add_pipeline_args(parser, sizes_required=False)
     parser.set_defaults(func=_simulate)
 
 
+def _csv_config(args: argparse.Namespace, profile: Profile):  # -> PipelineConfig
+    """The setup running ``--schedule-csv``; sizes given on the command line must agree with it."""
+    from sapptk.config import PipelineConfig
+    from sapptk.schedules import from_csv
+
+    program = from_csv(args.schedule_csv)
+    given = {"stages": args.stages, "micro_batches": args.micro_batches}
+    for name, value in given.items():
+        if value is not None and value != getattr(program, name):
+            raise ConfigError(f"--{name.replace('_', '-')} = {value}: {args.schedule_csv} runs {name} = "
+                              f"{getattr(program, name)}")
+    if args.chunks not in (1, program.chunks):
+        raise ConfigError(f"--chunks = {args.chunks}: {args.schedule_csv} runs chunks = {program.chunks}")
+    config = PipelineConfig.from_program(program, memory_budget=args.memory, constant_memory=args.constant,
+                                         comm=args.comm, recompute=tuple(MODES))
+    config.check(profile)
+    return config
+
+
 def _simulate(args: argparse.Namespace) -> int:
-    from sapptk.plan import from_mindformers, from_mindformers_named
+    from sapptk.plan import even_splits, from_mindformers, from_mindformers_named
 
     profile = resolve_profile(args.profile)
-    config = pipeline_config(args, profile)
-    if args.name is not None:
+    if args.schedule_csv is not None:
+        config = _csv_config(args, profile)
+    elif args.stages is None or args.micro_batches is None:
+        raise ConfigError("--stages and --micro-batches are required (unless --schedule-csv gives them)")
+    else:
+        config = pipeline_config(args, profile)
+    if args.config is None and args.schedule_csv is None:
+        raise ConfigError("nothing to simulate: give --config (MindFormers configs) and/or --schedule-csv")
+    if args.config is None:
+        plans = {plan.source: plan for plan in even_splits(profile, config)}
+    elif args.name is not None:
         plan = from_mindformers(profile, config, args.config, name=args.name)
         plans = {plan.source.removeprefix("mindformers:"): plan}
     else:
@@ -190,6 +223,56 @@ def _simulate(args: argparse.Namespace) -> int:
     print(_setup_line(profile, config))
     print(_table(pd.DataFrame(rows)))
     print("bubble: idle time over busy time, all devices")
+    return 0
+
+
+# ------------------------------------------------------------------------------- export
+EXPORT_FORMATS = ("megatron", "torchtitan", "mindformers", "torch-csv")
+
+
+def _add_export(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "export",
+        help="write a saved plan for another runtime",
+        description="Read a sapptk plan file (sapptk balance --out writes sapptk_plan.yaml; Plan.save) and write it "
+        "as Megatron-LM arguments, a torchtitan TOML fragment, MindFormers lists, or the op order as PyTorch's "
+        "schedule CSV. What a runtime cannot express is listed, with the step time it costs.",
+    )
+    parser.add_argument("plan", metavar="PLAN", type=Path, help="sapptk plan file (YAML)")
+    parser.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="target format")
+    parser.add_argument("--out", type=Path, default=None, metavar="FILE",
+                        help="write there instead of printing (torchtitan: a schedule CSV goes next to it)")
+    parser.set_defaults(func=_export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from sapptk.plan import load_plan
+
+    plan = load_plan(args.plan)
+    extra: dict[Path, str] = {}
+    if args.to == "megatron":
+        text = plan.to_megatron().text()
+    elif args.to == "torchtitan":
+        csv_name = "schedule.csv" if args.out is None else f"{args.out.stem}_schedule.csv"
+        out = plan.to_torchtitan(csv_name=csv_name)
+        text = out.text()
+        if out.csv is not None:
+            target = Path(csv_name) if args.out is None else args.out.parent / csv_name
+            if args.out is None:
+                text += f"\n# ---- {csv_name} ----\n{out.csv}"
+            else:
+                extra[target] = out.csv
+    elif args.to == "mindformers":
+        text = plan.to_yaml()
+    else:
+        text = plan.to_torch_csv()
+    if args.out is None:
+        print(text, end="")
+        return 0
+    args.out.write_text(text, encoding="utf-8")
+    for path, content in extra.items():
+        path.write_text(content, encoding="utf-8")
+    print("wrote " + ", ".join(str(p) for p in (args.out, *extra)))
     return 0
 
 
@@ -395,6 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_balance(commands)
     _add_simulate(commands)
+    _add_export(commands)
     _add_schedules(commands)
     _add_sweep(commands)
     _add_calibrate(commands)
