@@ -100,6 +100,15 @@ def test_remainder_first_differs_only_where_the_rounds_differ(entry):
         assert theirs.peak_live()[0] < rf.peak_live()[0]
 
 
+def test_remainder_first_can_be_faster_when_stages_differ():
+    """Equal rounds win at equal stage costs, not always otherwise: p = 4, m = 10, v = 2 with
+    forwards 3, 3, 1, 1, 1, 1, 3, 1 per virtual stage (backward twice the forward)."""
+    f = [3.0, 3.0, 1.0, 1.0, 1.0, 1.0, 3.0, 1.0]
+    b = [2 * x for x in f]
+    equal, rf = (build(n, stages=4, micro_batches=10, chunks=2) for n in ("interleaved", "interleaved-rf"))
+    assert (simulate(equal, f, b).step_time, simulate(rf, f, b).step_time) == (169.0, 163.0)
+
+
 @pytest.mark.parametrize("entry", INTERLEAVED, ids=[e["file"] for e in INTERLEAVED])
 def test_megatron_grouping_equals_pytorch_on_the_fixture_sizes(entry):
     """Megatron's smallest valid group size gives PyTorch's rounds for every m of the suite

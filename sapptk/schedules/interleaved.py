@@ -19,8 +19,7 @@ disagree on; :func:`micro_batch_groups` is the single place that decides it, by 
     the first group takes p + (m mod p), every later group p (p = 4, m = 10: 6 + 4). With
     equal stage costs never faster than equal rounds, and its peak is higher (p = 4, m = 10,
     v = 2: 13 live chunk activations on device 0 against 12); with unequal stage costs it
-    can be slightly faster (demo profile, p = 4, m = 10, v = 2, one plan: 74610 against
-    74700 ms).
+    can be faster (tests/test_conformance.py has a case).
 ``"megatron"``
     Megatron-LM's ``microbatch_group_size_per_vp_stage`` table: groups of g, the remainder a
     last, smaller group that Megatron requires to be 0 or at least p. g is the smallest
