@@ -677,6 +677,7 @@ def balance(
             source="balance",
         )
 
+    config.validate()  # a ConfigError before anything else
     if config.custom_program is None and get(config.schedule).cost_driven:
         return reorder_until_stable(config, solve_plan, time_limit=time_limit)
     return solve_plan(config, time_limit)

@@ -12,7 +12,8 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("
 
 def test_the_gallery_is_there():
     names = {p.name for p in NOTEBOOKS}
-    for name in ("01_quickstart.ipynb", "02_schedule_gallery.ipynb", "03_manual_vs_auto.ipynb", "04_explorer.ipynb"):
+    for name in ("01_quickstart.ipynb", "02_schedule_gallery.ipynb", "03_manual_vs_auto.ipynb", "04_explorer.ipynb",
+                 "07_other_frameworks.ipynb"):
         assert name in names
 
 
