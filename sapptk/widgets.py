@@ -3,8 +3,9 @@
 ``Explorer(profile)`` shows the controls (schedule, stages, micro-batches, chunks, splits,
 memory budget, recompute modes, time limit, Solve and Cancel), a status line, and after
 solving the plan in tabs: its timeline next to the even split, its per-device table, its
-MindFormers YAML, and its memory and time per device (Bokeh inside the widgets through
-``jupyter_bokeh``). Options the chosen schedule does not allow are disabled.
+MindFormers YAML, its memory and time per device (Bokeh inside the widgets through
+``jupyter_bokeh``), and the plan in every export format (:data:`EXPORT_FORMATS`). Options
+the chosen schedule does not allow are disabled.
 
 Solve runs the search and draws the figures on a background thread, so the kernel stays
 free; Cancel asks the search to stop and show its best plan so far. The status line goes
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from sapptk.plan import Plan
     from sapptk.profile import Profile
 
-__all__ = ["Explorer"]
+__all__ = ["EXPORT_FORMATS", "Explorer", "export_texts"]
 
 _MAX_STAGES = 64
 _MAX_MICRO_BATCHES = 512
@@ -89,7 +90,9 @@ class Explorer:
     ``splits``, ``budget`` (MB, 0 = no limit), ``recompute`` (``{mode: Checkbox}``),
     ``time_limit``, ``solve_button``, ``cancel_button``, ``status``, ``stale_note``,
     ``results`` (the Tab) and its pages ``timeline``, ``table``, ``yaml``, ``bars`` (Boxes
-    holding a ``jupyter_bokeh.BokehModel`` once drawn; ``bars`` when its tab is opened). After a solve, ``plan`` and
+    holding a ``jupyter_bokeh.BokehModel`` once drawn; ``bars`` when its tab is opened),
+    ``exports`` (``export_format``, a Dropdown, and ``export_text``, that format's text; filled
+    when the tab is opened). After a solve, ``plan`` and
     ``baseline`` (the even split) hold the :class:`~sapptk.plan.Plan` objects, ``figure``
     the Bokeh layout of the timeline tab (it belongs to that widget's document: to show it
     elsewhere, build a new one with :mod:`sapptk.viz`) and ``draw_seconds`` the time the
@@ -205,12 +208,31 @@ class Explorer:
             self.figure = None
             self.timeline.children = ()
 
+        self.export_format = w.Dropdown(options=list(EXPORT_FORMATS), description="format", style=_DESC)
+        self.export_text = w.Textarea(layout=w.Layout(width="100%", height="320px"))
+        self.exports = w.VBox([self.export_format, self.export_text])
+        self._exports: dict[str, str] = {}
+
+        def show_export() -> None:
+            self.export_text.value = self._exports.get(self.export_format.value, "")
+
+        def fill_exports(plan: Plan, _baseline: Plan | None) -> None:
+            self._exports = export_texts(plan)
+            show_export()
+
+        def clear_exports() -> None:
+            self._exports = {}
+            show_export()
+
+        self.export_format.observe(lambda _change: show_export(), names="value")
+
         return [
             _Tab("timeline", self.timeline, show_timeline, clear_timeline),
             _Tab("per device", self.table, lambda plan, _b: setattr(self.table, "value", _device_table(plan)),
                  lambda: setattr(self.table, "value", "")),
             _Tab("MindFormers YAML", self.yaml, show_yaml, lambda: setattr(self.yaml, "value", "")),
             _Tab("memory & time", self.bars, show_bars, lambda: setattr(self.bars, "children", ()), lazy=True),
+            _Tab("export", self.exports, fill_exports, clear_exports, lazy=True),
         ]
 
     def _on_tab(self, _change: Any = None) -> None:
@@ -492,6 +514,37 @@ def _result_text(plan: Plan, baseline: Plan | None, seconds: float, *, stopped: 
         fit = "" if baseline.fits else ", over budget"
         text += (f". Even split ({baseline.source.removeprefix('even_split(').rstrip(')')}{fit}): "
                  f"{_ms(baseline.step_time)}, {baseline.step_time / plan.step_time:.2f}x the plan")
+    return text
+
+
+EXPORT_FORMATS: tuple[str, ...] = ("sapptk plan file", "MindFormers", "Megatron-LM", "torchtitan",
+                                   "PyTorch schedule CSV")
+"""The formats of the Explorer's export tab."""
+
+
+def export_texts(plan: Plan) -> dict[str, str]:
+    """The plan in every export format, as text; a format that cannot hold the plan says why."""
+    makers = {
+        "sapptk plan file": plan.save,
+        "MindFormers": plan.to_yaml,
+        "Megatron-LM": lambda: plan.to_megatron().text(),
+        "torchtitan": lambda: _torchtitan_text(plan),
+        "PyTorch schedule CSV": plan.to_torch_csv,
+    }
+    out = {}
+    for label, make in makers.items():
+        try:
+            out[label] = make()
+        except Exception as exc:  # shown in the tab, never a traceback
+            out[label] = f"# no {label} export: {_error_text(exc)}"
+    return out
+
+
+def _torchtitan_text(plan: Plan) -> str:
+    export = plan.to_torchtitan()
+    text = export.text()
+    if export.csv is not None:
+        text += f"\n# ---- {export.csv_name} ----\n{export.csv}"
     return text
 
 

@@ -177,6 +177,26 @@ def test_solve_shows_the_plan_in_every_tab(explorer, fake, llama):
     assert fake.calls[0]["config"] == SETUP.replace(recompute=tuple(explorer.config().recompute))
 
 
+def test_the_export_tab_shows_every_format_when_opened(explorer, fake):
+    plan = explorer.solve()
+    assert explorer.export_text.value == ""  # filled when its tab is opened
+    explorer.results.selected_index = 4
+    assert explorer.export_text.value == plan.save()  # the first format is the plan file
+    explorer.export_format.value = "Megatron-LM"
+    assert explorer.export_text.value.startswith("# Megatron-LM arguments")
+    explorer.export_format.value = "PyTorch schedule CSV"
+    assert explorer.export_text.value == plan.config.program().to_csv()
+
+
+def test_export_texts_say_why_a_format_cannot_hold_a_plan(llama):
+    from sapptk.widgets import EXPORT_FORMATS, export_texts
+
+    texts = export_texts(even_split(llama, PipelineConfig(2, 4, 2, "zb-v"), "none"))
+    assert list(texts) == list(EXPORT_FORMATS)
+    assert texts["Megatron-LM"].startswith("# no Megatron-LM export:") and "in a V" in texts["Megatron-LM"]
+    assert "ZBVZeroBubble" in texts["torchtitan"]
+
+
 def test_the_open_tab_is_drawn_before_the_status_says_so(explorer, fake):
     explorer.results.selected_index = 3
     drawn = []
