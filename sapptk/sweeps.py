@@ -113,11 +113,12 @@ Task = dict[str, Any]
 Result = dict[str, Any]
 Solve = Callable[[Task], Result]
 
-CONFIG_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PipelineConfig))
-"""The :class:`PipelineConfig` fields a grid may sweep."""
+CONFIG_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(PipelineConfig) if f.name != "custom_program")
+"""The :class:`PipelineConfig` fields a grid may sweep (a carried program is not one)."""
 
 _DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in dataclasses.fields(PipelineConfig) if f.default is not dataclasses.MISSING
+    f.name: f.default for f in dataclasses.fields(PipelineConfig)
+    if f.default is not dataclasses.MISSING and f.name in CONFIG_FIELDS
 }
 _REQUIRED: tuple[str, ...] = tuple(f for f in CONFIG_FIELDS if f not in _DEFAULTS)
 
@@ -174,6 +175,9 @@ def _axis(name: str, value: Any) -> list[Any]:
 def _fields_of(item: Any, where: str) -> dict[str, Any]:
     """Config fields of an explicit point (a PipelineConfig or a mapping), defaults filled in."""
     if isinstance(item, PipelineConfig):
+        if item.custom_program is not None:
+            raise ConfigError(f"{where}: a setup carrying its own program ({item.schedule!r}) cannot be swept: sweep "
+                              "registered schedules")
         return {f: getattr(item, f) for f in CONFIG_FIELDS}
     if not isinstance(item, Mapping):
         raise ConfigError(f"{where}: expected a PipelineConfig or a mapping of its fields, got {item!r}")

@@ -97,3 +97,11 @@ def test_the_balancer_reorders_a_cost_driven_schedule(demo):
     assert plan.config.program().units != cfg.program().units
     assert plan.step_time < first.step_time
     assert plan.step_time == pytest.approx(plan.simulate().step_time, abs=1e-6)
+
+
+def test_sweeps_keep_to_registered_schedules():
+    from sapptk.sweeps import CONFIG_FIELDS, expand_grid
+
+    assert "custom_program" not in CONFIG_FIELDS
+    with pytest.raises(ConfigError, match="carrying its own program"):
+        expand_grid([PipelineConfig.from_program(from_csv(CUSTOM))])
