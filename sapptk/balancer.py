@@ -684,6 +684,21 @@ def balance(
 
 
 # ------------------------------------------------------------ cost-driven schedules
+def _same_layout(plan: Plan, config: PipelineConfig) -> Plan | None:
+    """``plan``'s layout on another order of the same setup, or None when it does not fit."""
+    from sapptk.costs import peak_memory, simulate_counts
+    from sapptk.plan import make_plan
+
+    if not plan.solved:
+        return None
+    budget = config.memory_budget
+    if budget is not None and peak_memory(plan.profile, config, plan.counts).max() > budget + 1e-6:
+        return None
+    step = simulate_counts(plan.profile, config, plan.counts).step_time
+    return make_plan(plan.profile, config, plan.counts, status="feasible", step_time=step,
+                     message="the previous layout on the re-built order (its own solve found no better)",
+                     source="balance")
+
 REORDER_ROUNDS = 4
 """At most this many re-orderings of a cost-driven schedule after the first balance."""
 
@@ -696,8 +711,10 @@ def reorder_until_stable(config: PipelineConfig, solve_plan: Callable[[PipelineC
     balance on the order built at unit costs; rebuild the order at the plan's per-stage
     costs (and comm); balance again on that fixed order (a setup carrying the program);
     repeat while the step time improves and the order is new, at most
-    :data:`REORDER_ROUNDS` times. Each solve gets half the time left (the last one all of
-    it), so the whole loop keeps ``time_limit``. The plan returned carries the program it
+    :data:`REORDER_ROUNDS` times. A solve cut short may find less than the layout in hand:
+    then that layout on the new order is kept when it fits and is faster (status
+    ``feasible``, no bound). Each solve gets half the time left, so the whole loop keeps
+    ``time_limit``. The plan returned carries the program it
     was balanced on; its ``bound`` and ``gap`` are for that fixed order. ``solve_plan(config,
     seconds)`` is one balance.
     """
@@ -716,7 +733,11 @@ def reorder_until_stable(config: PipelineConfig, solve_plan: Callable[[PipelineC
         if program.units in orders:
             break  # the order is stable at these costs
         orders.add(program.units)
-        candidate = solve_plan(config.with_program(program), left / 2)
+        reordered = config.with_program(program)
+        candidate = solve_plan(reordered, left / 2)
+        kept = _same_layout(plan, reordered)  # the layout in hand on the new order, if it fits
+        if kept is not None and (not candidate.solved or kept.step_time < candidate.step_time):
+            candidate = kept
         if not candidate.solved or candidate.step_time >= plan.step_time - 1e-9:
             break
         plan = candidate
