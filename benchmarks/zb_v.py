@@ -29,7 +29,8 @@ def table() -> None:
         for f, i, w, comm in COSTS:
             fitted = build("zb-v-greedy", stages=p, micro_batches=m, chunks=2,
                            costs=OpCosts.uniform(2 * p, f, i, w, comm))
-            t_torch, t_unit, t_fit = (simulate(x, f, i, w, comm=comm).step_time for x in (torch_order, unit, fitted))
+            t_torch, t_unit, t_fit = (simulate(x, forward=f, backward=i, weight=w, comm=comm).step_time
+                                      for x in (torch_order, unit, fitted))
             print(f"{p:>2} {m:>3}  {f:g}, {i:g}, {w:g}, {comm:g}{'':<{18 - len(f'{f:g}, {i:g}, {w:g}, {comm:g}')}} "
                   f"{t_torch:7.1f} {t_unit:12.1f} {t_fit:13.1f} {t_unit / t_torch:17.3f} {t_fit / t_torch:18.3f}")
 

@@ -95,7 +95,8 @@ def test_remainder_first_differs_only_where_the_rounds_differ(entry):
     assert same_order(theirs, rf) == (m % p == 0 or m < 2 * p)
     if not same_order(theirs, rf):
         for comm in (0.0, 0.3):
-            assert simulate(theirs, 1, 2, comm=comm).step_time <= simulate(rf, 1, 2, comm=comm).step_time + 1e-9
+            step_equal = simulate(theirs, forward=1, backward=2, comm=comm).step_time
+            assert step_equal <= simulate(rf, forward=1, backward=2, comm=comm).step_time + 1e-9
         assert (theirs.peak_live() <= rf.peak_live()).all()
         assert theirs.peak_live()[0] < rf.peak_live()[0]
 
@@ -106,7 +107,8 @@ def test_remainder_first_can_be_faster_when_stages_differ():
     f = [3.0, 3.0, 1.0, 1.0, 1.0, 1.0, 3.0, 1.0]
     b = [2 * x for x in f]
     equal, rf = (build(n, stages=4, micro_batches=10, chunks=2) for n in ("interleaved", "interleaved-rf"))
-    assert (simulate(equal, f, b).step_time, simulate(rf, f, b).step_time) == (169.0, 163.0)
+    assert simulate(equal, forward=f, backward=b).step_time == 169.0
+    assert simulate(rf, forward=f, backward=b).step_time == 163.0
 
 
 @pytest.mark.parametrize("entry", INTERLEAVED, ids=[e["file"] for e in INTERLEAVED])
@@ -127,7 +129,7 @@ def test_megatron_grouping_differs_where_pytorch_refuses():
     assert not same_order(equal, megatron)
     # device 0 warms up (v - 1)·g + 2(p - 1) forwards and holds one more: g = 5 -> 12, g = 7 -> 14
     assert equal.peak_live()[0] == 12 < megatron.peak_live()[0] == 14
-    assert simulate(equal, 1, 2).step_time <= simulate(megatron, 1, 2).step_time
+    assert simulate(equal, forward=1, backward=2).step_time <= simulate(megatron, forward=1, backward=2).step_time
 
 
 ZBV = [e for e in ENTRIES if e["schedule"] == "ZBVZeroBubble"]

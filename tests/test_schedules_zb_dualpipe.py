@@ -380,14 +380,13 @@ def test_zb_v_greedy_follows_the_costs() -> None:
         costs = OpCosts.uniform(2 * p, forward=1, backward=2, weight=1)
         unit = build_zb_v_greedy(p, m)
         fitted = build("zb-v-greedy", stages=p, micro_batches=m, chunks=2, costs=costs)
-        t_unit, t_fit = (simulate(x, 1, 2, 1).step_time for x in (unit, fitted))
-        t_torch = simulate(build_zb_v(p, m), 1, 2, 1).step_time
+        t_unit, t_fit = (simulate(x, forward=1, backward=2, weight=1).step_time for x in (unit, fitted))
+        t_torch = simulate(build_zb_v(p, m), forward=1, backward=2, weight=1).step_time
         assert t_fit < t_unit
         assert t_fit <= 1.02 * t_torch
         assert fitted.peak_live().max() == 2 * p
-    assert (simulate(build_zb_v(4, 16), 1, 2, 1).step_time, simulate(build_zb_v_greedy(4, 16), 1, 2, 1).step_time) == (
-        134, 175
-    )
+    assert simulate(build_zb_v(4, 16), forward=1, backward=2, weight=1).step_time == 134
+    assert simulate(build_zb_v_greedy(4, 16), forward=1, backward=2, weight=1).step_time == 175
 
 
 def test_zb_v_greedy_with_comm_and_uneven_stages_is_valid_and_deterministic(rng) -> None:

@@ -11,14 +11,15 @@ from sapptk.balancer import balance
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
 from sapptk.plan import even_split, make_plan
-from sapptk.schedules import names
+from sapptk.schedules import get, names
 from sapptk.sensitivity import PERTURBATIONS, perturbed_costs, robust_budget
 from sapptk.simulation import simulate
 
 
 def _setup(schedule: str, rng: np.random.Generator):
     prof = small_profile(rng)
-    chunks = 2 if schedule in ("interleaved", "interleaved-lm", "zb-v", "dualpipe-v") else 1
+    spec = get(schedule)
+    chunks = 2 if spec.chunks is None or 2 in spec.chunks else 1
     m = 8 if schedule == "dualpipe-v" else 5
     cfg = PipelineConfig(3, m, chunks, schedule, splits=2 if schedule == "seq1f1b" else 1, comm=0.013,
                          constant_memory=1.5, memory_budget=1e6)
