@@ -35,3 +35,13 @@ class CalibrationError(SapptkError):
 
 class TraceError(SapptkError):
     """A profiler trace cannot be read, or holds no event that matches the layer names given."""
+
+
+class FileError(SapptkError):
+    """A file cannot be read or written safely: missing, not a regular file, too large, not
+    UTF-8 text, not valid JSON/YAML/TOML, nested too deeply; or a folder is not writable."""
+
+
+class SapptkWarning(UserWarning):
+    """Something the user should know that did not stop the work (e.g. a damaged sweep cache
+    part that was skipped)."""

@@ -26,7 +26,7 @@ import json
 import math
 import numbers
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -35,11 +35,16 @@ from typing import Any, NoReturn
 import yaml
 
 from sapptk.errors import ProfileError
+from sapptk.files import load_document, write_text
 
 __all__ = [
     "DEFAULT_COEFS",
     "FORMAT",
     "GROUP_KINDS",
+    "MAX_COEF",
+    "MAX_LAYERS",
+    "MAX_MB",
+    "MAX_MS",
     "MODES",
     "LayerGroup",
     "ModeCost",
@@ -65,13 +70,19 @@ DEFAULT_COEFS: Mapping[str, float] = MappingProxyType(
 )
 """SAPP defaults: backward of mode r is (1 + coef_r) * 2 * time unless given explicitly."""
 
-MAX_FILE_BYTES = 8 * 1024 * 1024
-"""Profiles are a few KB; anything above this is refused before parsing."""
+MAX_MS = 1e7
+"""Largest time accepted for one layer and one micro-batch, in ms (about 2.8 hours)."""
 
-MAX_YAML_ALIASES = 100
-"""YAML alias (``*name``) uses allowed per document; nested aliases are always refused."""
+MAX_MB = 1e9
+"""Largest memory accepted for one layer, in MB (1 PB)."""
 
-# --- SAPP layer JSON vocabulary (domain.md §2) ---------------------------------------
+MAX_COEF = 1e3
+"""Largest SAPP backward coefficient (``*_coef``) accepted."""
+
+MAX_LAYERS = 1_000_000
+"""Most layers accepted in one layer group."""
+
+# --- SAPP layer JSON vocabulary ---------------------------------------------------------
 _SAPP_MEMORY_KEYS = {
     "none": "memory_activation",
     "select": "memory_select_rec",
@@ -127,24 +138,33 @@ def _fail(where: str, field_name: str | None, value: Any, expected: str) -> NoRe
     raise ProfileError(f"{where}: field {field_name!r} = {_show(value)}: expected {expected}")
 
 
-def _number(value: Any, where: str, field_name: str, *, above: float | None = None) -> float:
-    """A finite real number >= 0 (or > ``above`` when given), as a float. Bools refused."""
+def _number(
+    value: Any, where: str, field_name: str, *, above: float | None = None, limit: float = MAX_MB
+) -> float:
+    """A finite real number >= 0 (or > ``above`` when given) and <= ``limit``, as a float.
+    Bools refused; the magnitude is checked before any conversion (a 400-digit integer
+    gives this error, not an overflow)."""
     expected = "a number >= 0" if above is None else f"a number > {above:g}"
     if value is _MISSING:
         _fail(where, field_name, value, expected)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         _fail(where, field_name, value, expected)
+    if isinstance(value, numbers.Integral) and abs(int(value)) > limit:
+        _fail(where, field_name, value, f"{expected} and at most {limit:g} (the limit for this field)")
     number = float(value)
     if not math.isfinite(number):
         _fail(where, field_name, value, f"a finite {expected[2:]}")
     if (above is None and number < 0) or (above is not None and number <= above):
         _fail(where, field_name, value, expected)
+    if number > limit:
+        _fail(where, field_name, value, f"{expected} and at most {limit:g} (the limit for this field)")
     return number
 
 
 def _count(value: Any, where: str, field_name: str) -> int:
-    """An integer >= 1; integral floats such as ``96.0`` are accepted. Bools refused."""
-    expected = "an integer >= 1"
+    """An integer from 1 to :data:`MAX_LAYERS`; integral floats such as ``96.0`` are accepted.
+    Bools refused."""
+    expected = f"an integer >= 1 and at most {MAX_LAYERS}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         _fail(where, field_name, value, expected)
     if isinstance(value, numbers.Integral):
@@ -154,7 +174,7 @@ def _count(value: Any, where: str, field_name: str) -> int:
         if not math.isfinite(as_float) or not as_float.is_integer():
             _fail(where, field_name, value, expected)
         number = int(as_float)
-    if number < 1:
+    if number < 1 or number > MAX_LAYERS:
         _fail(where, field_name, value, expected)
     return number
 
@@ -230,7 +250,7 @@ class ModeCost:
     activation: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "backward", _number(self.backward, "ModeCost", "backward"))
+        object.__setattr__(self, "backward", _number(self.backward, "ModeCost", "backward", limit=MAX_MS))
         object.__setattr__(
             self, "activation", _number(self.activation, "ModeCost", "activation")
         )
@@ -303,7 +323,7 @@ class LayerGroup:
         if self.kind not in GROUP_KINDS:
             _fail(where, "kind", self.kind, f"one of {', '.join(map(repr, GROUP_KINDS))}")
         object.__setattr__(self, "count", _count(self.count, where, "count"))
-        object.__setattr__(self, "forward", _number(self.forward, where, "forward"))
+        object.__setattr__(self, "forward", _number(self.forward, where, "forward", limit=MAX_MS))
         object.__setattr__(self, "params", _number(self.params, where, "params"))
         if not isinstance(self.modes, Mapping):
             _fail(where, "modes", self.modes, "a mapping of mode name to ModeCost")
@@ -452,7 +472,7 @@ class Profile:
             body = yaml.dump(data, allow_unicode=False, width=100, **options)
         text = header + body
         if path is not None:
-            Path(path).write_text(text, encoding="utf-8")
+            write_text(path, text, what="profile", error=ProfileError)
         return text
 
     def to_sapp_dict(self) -> dict[str, Any]:
@@ -492,7 +512,7 @@ class Profile:
         """The profile as SAPP layer JSON text (:meth:`to_sapp_dict`); also written to ``path`` when given."""
         text = json.dumps(self.to_sapp_dict(), indent=4) + "\n"
         if path is not None:
-            Path(path).write_text(text, encoding="utf-8")
+            write_text(path, text, what="profile", error=ProfileError)
         return text
 
     @classmethod
@@ -649,19 +669,19 @@ def _sapp_group(entry: Any, base: str, where: str) -> LayerGroup:
     if get("nb_layer") is _MISSING:
         _fail(where, "nb_layer", _MISSING, "an integer >= 1")
     count = _count(entry["nb_layer"], where, "nb_layer")
-    time = _number(get("time"), where, "time")
+    time = _number(get("time"), where, "time", limit=MAX_MS)
     params = _number(get("memory_parameter"), where, "memory_parameter")
     forward = time
     if get("forward_time") is not _MISSING:
-        override = _number(entry["forward_time"], where, "forward_time")
+        override = _number(entry["forward_time"], where, "forward_time", limit=MAX_MS)
         if override > 0:
             forward = override
     coefs = {
-        m: DEFAULT_COEFS[m] if get(k) is _MISSING else _number(entry[k], where, k, above=-1)
+        m: DEFAULT_COEFS[m] if get(k) is _MISSING else _number(entry[k], where, k, above=-1, limit=MAX_COEF)
         for m, k in _SAPP_COEF_KEYS.items()
     }
     explicit = {
-        m: 0.0 if get(k) is _MISSING else _number(entry[k], where, k)
+        m: 0.0 if get(k) is _MISSING else _number(entry[k], where, k, limit=MAX_MS)
         for m, k in _SAPP_TIME_KEYS.items()
     }
     modes: dict[str, ModeCost] = {}
@@ -670,6 +690,13 @@ def _sapp_group(entry: Any, base: str, where: str) -> LayerGroup:
             continue
         activation = _number(entry[key], where, key)
         backward = explicit[mode] or round((1.0 + coefs[mode]) * 2.0 * time, 9)
+        if backward > MAX_MS:
+            coef_key = _SAPP_COEF_KEYS[mode]
+            raise ProfileError(
+                f"{where}: mode {mode!r}: backward time (1 + {coef_key} {coefs[mode]:g}) * 2 * time {time:g} = "
+                f"{backward:g} ms: expected at most {MAX_MS:g} ms (give {_SAPP_TIME_KEYS[mode]} or a smaller "
+                f"{coef_key})"
+            )
         modes[mode] = ModeCost(backward=backward, activation=activation)
     if kind == "body" and not modes:
         raise ProfileError(
@@ -730,7 +757,7 @@ def _own_group(entry: Any, base: str, where: str) -> LayerGroup:
     if "count" not in entry:
         _fail(where, "count", _MISSING, "an integer >= 1")
     count = _count(entry["count"], where, "count")
-    forward = _number(entry.get("forward", _MISSING), where, "forward")
+    forward = _number(entry.get("forward", _MISSING), where, "forward", limit=MAX_MS)
     params = _number(entry.get("params", _MISSING), where, "params")
     raw_modes = entry.get("modes", _MISSING)
     modes: dict[str, ModeCost] = {}
@@ -753,7 +780,7 @@ def _own_group(entry: Any, base: str, where: str) -> LayerGroup:
                 if key not in _OWN_MODE_KEYS:
                     _unknown(mode_where, key, _OWN_MODE_KEYS)
             modes[mode] = ModeCost(
-                backward=_number(cost.get("backward", _MISSING), mode_where, "backward"),
+                backward=_number(cost.get("backward", _MISSING), mode_where, "backward", limit=MAX_MS),
                 activation=_number(cost.get("activation", _MISSING), mode_where, "activation"),
             )
     return LayerGroup(
@@ -762,180 +789,25 @@ def _own_group(entry: Any, base: str, where: str) -> LayerGroup:
 
 
 # --- files --------------------------------------------------------------------------------
-class _GuardedLoader(yaml.SafeLoader):
-    """``SafeLoader`` that refuses alias bombs, recursive aliases and duplicate keys.
-
-    A billion-laughs document nests aliases (an anchored node that itself uses aliases,
-    referenced many times), so expanding it is exponential while parsing it is cheap.
-    We refuse any alias to a node that contains an alias, any alias to a node still
-    being built (recursion), and more than :data:`MAX_YAML_ALIASES` aliases in all.
-    """
-
-    def __init__(self, stream: str, source: str) -> None:
-        super().__init__(stream)
-        self._source = source
-        self._alias_count = 0
-        self._frames: list[bool] = []  # per node being composed: "contains an alias"
-        self._anchor_has_alias: dict[str, bool] = {}
-        self._open_anchors: set[str] = set()
-
-    def _refuse(self, mark: Any, why: str) -> NoReturn:
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
-        raise ProfileError(f"{self._source}: unsafe YAML at {where}: {why}")
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            anchor = event.anchor
-            self._alias_count += 1
-            if self._alias_count > MAX_YAML_ALIASES:
-                self._refuse(
-                    event.start_mark,
-                    f"more than {MAX_YAML_ALIASES} aliases: expected a plain profile "
-                    "(possible alias bomb)",
-                )
-            if anchor in self._open_anchors:
-                self._refuse(event.start_mark, f"alias *{anchor} refers to itself")
-            if self._anchor_has_alias.get(anchor):
-                self._refuse(
-                    event.start_mark,
-                    f"alias *{anchor} refers to a node that itself uses aliases: nested "
-                    "aliases are refused (possible alias bomb)",
-                )
-            if self._frames:
-                self._frames[-1] = True
-            return super().compose_node(parent, index)
-        event = self.peek_event()
-        anchor = getattr(event, "anchor", None)
-        if anchor is not None:
-            self._open_anchors.add(anchor)
-        self._frames.append(False)
-        try:
-            node = super().compose_node(parent, index)
-        finally:
-            has_alias = self._frames.pop()
-            if anchor is not None:
-                self._open_anchors.discard(anchor)
-        if has_alias and self._frames:
-            self._frames[-1] = True
-        if anchor is not None:
-            self._anchor_has_alias[anchor] = has_alias
-        return node
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            seen: set[tuple[str, str]] = set()
-            for key_node, _ in node.value:
-                if not isinstance(key_node, yaml.ScalarNode) or key_node.value == "<<":
-                    continue
-                key = (key_node.tag, key_node.value)
-                if key in seen:
-                    self._refuse(
-                        key_node.start_mark,
-                        f"key {key_node.value!r} appears twice in one mapping: expected "
-                        "unique keys",
-                    )
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+_SUFFIXES = (".json", ".yaml", ".yml")
 
 
-class _DuplicateKey(Exception):
-    pass
-
-
-def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _DuplicateKey(key)
-        result[key] = value
-    return result
-
-
-def _read_text(path: Path, source: str) -> str:
-    """The file's text, refusing missing/unreadable/oversized/non-UTF-8 files."""
-    too_big = ProfileError(
-        f"{source}: file is larger than {MAX_FILE_BYTES // (1024 * 1024)} MB: expected a "
-        "layer profile (a few KB)"
-    )
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        with path.open("rb") as handle:
-            if os.fstat(handle.fileno()).st_size > MAX_FILE_BYTES:
-                raise too_big
-            while chunk := handle.read(64 * 1024):  # chunks: never a limit-sized buffer
-                size += len(chunk)
-                if size > MAX_FILE_BYTES:
-                    raise too_big
-                chunks.append(chunk)
-    except FileNotFoundError:
-        raise ProfileError(f"{source}: cannot read the profile: no such file") from None
-    except IsADirectoryError:
-        raise ProfileError(f"{source}: cannot read the profile: it is a directory") from None
-    except OSError as exc:
-        raise ProfileError(f"{source}: cannot read the profile: {exc.strerror or exc}") from None
-    try:
-        return b"".join(chunks).decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ProfileError(
-            f"{source}: not UTF-8 text (bad byte at offset {exc.start}): expected a JSON or "
-            "YAML profile"
-        ) from None
-
-
-def _parse_json(text: str, source: str) -> Any:
-    try:
-        return json.loads(text, object_pairs_hook=_json_pairs)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(
-            f"{source}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-        ) from None
-    except _DuplicateKey as exc:
-        raise ProfileError(
-            f"{source}: invalid JSON: key {exc.args[0]!r} appears twice in one object: "
-            "expected unique keys"
-        ) from None
-    except RecursionError:
-        raise ProfileError(f"{source}: invalid JSON: nested too deeply") from None
-
-
-def _parse_yaml(text: str, source: str) -> Any:
-    loader = _GuardedLoader(text, source)
-    try:
-        return loader.get_single_data()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        what = exc.problem or exc.context or "syntax error"
-        raise ProfileError(f"{source}: invalid YAML{where}: {what}") from None
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{source}: invalid YAML: {exc}") from None
-    except RecursionError:
-        raise ProfileError(f"{source}: invalid YAML: nested too deeply") from None
-    finally:
-        loader.dispose()
-
-
-_PARSERS: dict[str, Callable[[str, str], Any]] = {
-    ".json": _parse_json,
-    ".yaml": _parse_yaml,
-    ".yml": _parse_yaml,
-}
+def _read_document(file: Path, source: str) -> Any:
+    """Parse a profile file with the guards of :mod:`sapptk.files` (size, encoding, depth, aliases)."""
+    return load_document(file, what="profile", error=ProfileError, suffixes=_SUFFIXES)
 
 
 def load_profile(path: str | os.PathLike[str]) -> Profile:
     """Read a profile file (``.json``, ``.yaml`` or ``.yml``) in either format."""
-    source = os.fspath(path)
-    file = Path(source)
-    parser = _PARSERS.get(file.suffix.lower())
-    if parser is None:
-        raise ProfileError(
-            f"{source}: file name ends in {file.suffix or '(nothing)'!r}: expected .json, "
-            ".yaml or .yml"
-        )
-    data = parser(_read_text(file, source), source)
-    return _parse(data, source)
+    source = _path_text(path)
+    return _parse(_read_document(Path(source), source), source)
+
+
+def _path_text(path: Any) -> str:
+    try:
+        return os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise ProfileError(f"profile: expected a file path, got {type(path).__name__} {_show(path)}") from None
 
 
 # --- bundled profiles ---------------------------------------------------------------------
@@ -951,7 +823,7 @@ def _looks_like_profile(file: Path) -> bool:
     ``data/`` also holds other YAML (hand-made MindFormers configs), which are not profiles.
     """
     try:
-        data = _PARSERS[file.suffix.lower()](_read_text(file, str(file)), str(file))
+        data = _read_document(file, str(file))
     except ProfileError:
         return False
     return isinstance(data, Mapping) and (
@@ -966,7 +838,7 @@ def _bundled_files() -> dict[str, Path]:
         if not directory.is_dir():
             continue
         for file in sorted(directory.iterdir()):
-            if file.stem in found or file.suffix.lower() not in _PARSERS or not file.is_file():
+            if file.stem in found or file.suffix.lower() not in _SUFFIXES or not file.is_file():
                 continue
             if _looks_like_profile(file):
                 found[file.stem] = file

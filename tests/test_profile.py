@@ -9,7 +9,6 @@ import json
 import math
 import os
 import pickle
-import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sapptk.files as files_mod
 import sapptk.profile as profile_mod
 from sapptk.errors import ProfileError
 from sapptk.profile import (
@@ -200,14 +200,6 @@ def test_to_yaml_without_path_writes_nothing(tmp_path: Path) -> None:
     before = set(tmp_path.iterdir())
     assert "format: sapptk-profile/1" in bundled_profile("demo").to_yaml()
     assert set(tmp_path.iterdir()) == before
-
-
-def test_shipped_sapp_files_are_the_shared_ones() -> None:
-    shared = Path("/work/shared/data")
-    if not shared.is_dir():
-        pytest.skip("shared data not available")
-    for name in ("llama2_70b.json", "demo.json"):
-        assert (REPO / "data" / name).read_bytes() == (shared / name).read_bytes()
 
 
 # --- SAPP format rules -----------------------------------------------------------------------
@@ -477,8 +469,8 @@ def test_unreadable_file_simulated(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(Path, "open", refuse)
-    raises_with(lambda: load_profile(path), str(path), "cannot read", "Permission denied")
+    monkeypatch.setattr(files_mod.os, "open", refuse)
+    raises_with(lambda: load_profile(path), str(path), "cannot read", "permission denied")
 
 
 def test_unknown_extension(tmp_path: Path) -> None:
@@ -526,13 +518,15 @@ def test_empty_yaml(tmp_path: Path) -> None:
     raises_with(lambda: load_profile(path), str(path), "empty", "layers_description")
 
 
-def test_huge_file_refused_before_parsing(tmp_path: Path) -> None:
+def test_huge_file_refused_before_parsing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "huge.json"
     with path.open("wb") as handle:  # sparse: no real disk use
-        handle.truncate(profile_mod.MAX_FILE_BYTES + 10)
-    start = time.perf_counter()
-    raises_with(lambda: load_profile(path), str(path), "larger than", "MB")
-    assert time.perf_counter() - start < 5
+        handle.truncate(files_mod.MAX_FILE_BYTES + 10)
+    reads: list[int] = []
+    real_read = os.read
+    monkeypatch.setattr(files_mod.os, "read", lambda fd, n: reads.append(n) or real_read(fd, n))
+    raises_with(lambda: load_profile(path), str(path), "larger than", "8 MB")
+    assert not reads  # refused from its size, before a byte is read
 
 
 @pytest.mark.slow
@@ -563,20 +557,18 @@ def test_yaml_bomb_fails_fast_without_eating_memory(tmp_path: Path) -> None:
     path = tmp_path / "bomb.yaml"
     path.write_text(BILLION_LAUGHS, encoding="utf-8")
     tracemalloc.start()
-    start = time.perf_counter()
     try:
         message = raises_with(lambda: load_profile(path), str(path), "alias", "line 3")
     finally:
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-    assert time.perf_counter() - start < 2
-    assert peak < 5 * 1024 * 1024
-    assert "nested" in message
+    assert peak < 5 * 1024 * 1024  # refused at the first nested alias, nothing expanded
+    assert "nested aliases are refused" in message
 
 
 def test_many_flat_aliases_refused(tmp_path: Path) -> None:
     path = tmp_path / "flat.yaml"
-    refs = ", ".join(["*x"] * (profile_mod.MAX_YAML_ALIASES + 1))
+    refs = ", ".join(["*x"] * (files_mod.MAX_YAML_ALIASES + 1))
     path.write_text(f"x: &x [1, 2, 3]\ngroups: [{refs}]\n", encoding="utf-8")
     raises_with(lambda: load_profile(path), str(path), "more than", "aliases")
 
@@ -590,7 +582,8 @@ def test_recursive_alias_refused(tmp_path: Path) -> None:
 def test_yaml_tags_are_not_executed(tmp_path: Path) -> None:
     path = tmp_path / "tag.yaml"
     path.write_text("groups: !!python/object/apply:os.system ['true']\n", encoding="utf-8")
-    raises_with(lambda: load_profile(path), str(path), "invalid YAML")
+    raises_with(lambda: load_profile(path), str(path), "tag 'tag:yaml.org,2002:python/object/apply:os.system'",
+                "not allowed", "line 1")
 
 
 # --- validation: content (SAPP) ------------------------------------------------------------------
