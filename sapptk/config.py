@@ -26,7 +26,27 @@ from sapptk.schedules.program import I_CODE
 if TYPE_CHECKING:
     from sapptk.profile import Profile
 
-__all__ = ["PipelineConfig", "build_program"]
+__all__ = ["MAX_BUDGET_MB", "MAX_COMM_MS", "MAX_PROGRAM_OPS", "PipelineConfig", "build_program", "program_ops"]
+
+MAX_PROGRAM_OPS = 1_000_000
+"""Most ops a schedule's program may have (stages × chunks × micro-batches × splits × 2, or
+× 3 with a split backward). Building and simulating a program takes about 20 µs and 1 KB
+per op, so the limit is about 20 s and 1 GB; larger setups are refused before any work."""
+
+MAX_BUDGET_MB = 1e12
+"""Largest memory budget or constant memory accepted, in MB (1 EB)."""
+
+MAX_COMM_MS = 1e7
+"""Largest point-to-point latency accepted, in ms."""
+
+_MS_PER_OP = 0.02  # what MAX_PROGRAM_OPS is based on: build + simulate, per op
+_KB_PER_OP = 1.0
+
+
+def program_ops(schedule: str, stages: int, micro_batches: int, chunks: int, splits: int) -> int:
+    """How many ops the program of a setup has (exact Python int, any size)."""
+    per_micro_batch = 3 if get(schedule).split_backward else 2
+    return stages * chunks * micro_batches * splits * per_micro_batch
 
 
 @lru_cache(maxsize=256)
@@ -44,7 +64,30 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(float(value))
+    """A finite real number (not a bool); integers too large for a float are not."""
+    if not isinstance(value, Real) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _estimate(ops: int) -> str:
+    if ops >= 10**12:
+        return "more time and memory than any machine has"
+    seconds = ops * _MS_PER_OP / 1e3
+    gigabytes = ops * _KB_PER_OP / 1e6
+    return f"about {seconds:,.0f} s and {gigabytes:,.1f} GB"
+
+
+def _large(n: int) -> str:
+    return f"{n:,}" if n < 10**15 else f"about 10^{len(str(n)) - 1}"
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:40] + f"... ({len(text)} characters)"
 
 
 @dataclass(frozen=True)
@@ -136,12 +179,22 @@ class PipelineConfig:
         for name in ("stages", "micro_batches", "chunks", "splits"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
-                raise ConfigError(f"{name} = {value!r}: expected an integer >= 1")
+                raise ConfigError(f"{name} = {_show(value)}: expected an integer >= 1")
         if self.custom_program is not None:
             self._check_program()
         else:
             if not isinstance(self.schedule, str) or self.schedule not in names():
-                raise ConfigError(f"schedule = {self.schedule!r}: unknown schedule; available: {', '.join(names())}")
+                raise ConfigError(f"schedule = {_show(self.schedule)}: unknown schedule; available: "
+                                  f"{', '.join(names())}")
+            ops = program_ops(self.schedule, self.stages, self.micro_batches, self.chunks, self.splits)
+            if ops > MAX_PROGRAM_OPS:
+                sizes = ("stages", "micro_batches", "chunks", "splits")
+                setup = ", ".join(f"{n} = {_show(getattr(self, n))}" for n in sizes)
+                raise ConfigError(
+                    f"{setup}: the {self.schedule} program would have {_large(ops)} ops, which would need "
+                    f"{_estimate(ops)} to build and simulate: expected at most {MAX_PROGRAM_OPS:,} ops "
+                    "(sapptk.config.MAX_PROGRAM_OPS)"
+                )
             try:
                 get(self.schedule).check(self.stages, self.micro_batches, self.chunks, self.splits)
             except ScheduleError as exc:
@@ -151,12 +204,16 @@ class PipelineConfig:
                 f"micro_batches = {self.micro_batches}: expected at least stages = {self.stages} "
                 "(fewer micro-batches than stages leaves devices idle for the whole step)"
             )
-        if self.memory_budget is not None and (not _is_number(self.memory_budget) or self.memory_budget <= 0):
-            raise ConfigError(f"memory_budget = {self.memory_budget!r}: expected MB > 0, or None for unlimited")
-        if not _is_number(self.constant_memory) or self.constant_memory < 0:
-            raise ConfigError(f"constant_memory = {self.constant_memory!r}: expected MB >= 0")
-        if not _is_number(self.comm) or self.comm < 0:
-            raise ConfigError(f"comm = {self.comm!r}: expected a latency in ms >= 0")
+        if self.memory_budget is not None and (
+            not _is_number(self.memory_budget) or not 0 < self.memory_budget <= MAX_BUDGET_MB
+        ):
+            raise ConfigError(f"memory_budget = {_show(self.memory_budget)}: expected MB > 0 and at most "
+                              f"{MAX_BUDGET_MB:g}, or None for unlimited")
+        if not _is_number(self.constant_memory) or not 0 <= self.constant_memory <= MAX_BUDGET_MB:
+            raise ConfigError(f"constant_memory = {_show(self.constant_memory)}: expected MB >= 0 and at most "
+                              f"{MAX_BUDGET_MB:g}")
+        if not _is_number(self.comm) or not 0 <= self.comm <= MAX_COMM_MS:
+            raise ConfigError(f"comm = {_show(self.comm)}: expected a latency in ms >= 0 and at most {MAX_COMM_MS:g}")
         rec = self.recompute
         if not isinstance(rec, tuple) or not rec or not all(isinstance(r, str) for r in rec):
             raise ConfigError(f"recompute = {rec!r}: expected a non-empty tuple of mode names from {MODES}")

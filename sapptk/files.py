@@ -372,6 +372,8 @@ def load_yaml_text(text: str, *, source: str, error: ErrorType = FileError) -> A
         raise error(f"{source}: invalid YAML: {exc}") from None
     except RecursionError:
         raise _too_deep(source, "YAML", error) from None
+    except SapptkError:  # our own refusals (a ValueError too)
+        raise
     except ValueError as exc:  # an integer literal of more than 4300 digits, ...
         raise error(f"{source}: invalid YAML: {exc}") from None
     finally:

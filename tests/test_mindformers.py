@@ -251,12 +251,38 @@ def test_file_errors(tmp_path):
         from_mindformers(prof, P4V2, tmp_path / "missing.yaml")
     broken = tmp_path / "broken.yaml"
     broken.write_text("a:\n  offset: [0, 0\n  recompute: 1\n")
-    with pytest.raises(ConfigError, match=r"broken.yaml: not valid YAML \(line \d+, column \d+\)"):
+    with pytest.raises(ConfigError, match=r"broken.yaml: invalid YAML at line 3, column \d+"):
         from_mindformers(prof, P4V2, broken)
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing\n")
     with pytest.raises(ConfigError, match="empty.yaml: the file is empty"):
         from_mindformers(prof, P4V2, empty)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("offset: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="deep.yaml: unsafe YAML at line 1, column 108: nested more than 100 levels"):
+        from_mindformers(prof, P4V2, deep)
+    nul = tmp_path / "nul.yaml"
+    nul.write_bytes(b"offset: 0\x00\n")
+    with pytest.raises(ConfigError, match="nul.yaml: NUL byte at offset 9"):
+        from_mindformers(prof, P4V2, nul)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"offset": [[2**62, -(2**62), 0, 0], [0, 0, 0, 0]]},
+         r"offset\[0\]\[0\] = 4611686018427387904: expected an offset between -16 and 16"),
+        ({"offset": [[2**64, 0, 0, 0], [0, 0, 0, 0]]}, r"offset\[0\]\[0\] = 18446744073709551616: expected an offset"),
+        ({"offset": -(2**63)}, r"offset = -9223372036854775808: expected an offset between -16 and 16"),
+        ({"recompute": [[10**30, 0, 0, 0], [0, 0, 0, 0]]},
+         r"recompute\[0\]\[0\] = 1000000000000000000000000000000: expected a layer count from 0 to 16"),
+    ],
+)
+def test_huge_integers_are_refused_before_they_can_wrap(config, message):
+    """Offsets of ±2**62 once wrapped around int64, passed the sum check and gave 4.6e18 layers per cell."""
+    prof = make_profile(("body", 16))
+    with pytest.raises(ConfigError, match=message):
+        from_mindformers(prof, P4V2, config)
 
 
 def test_input_is_not_mutated():

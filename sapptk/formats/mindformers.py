@@ -1,4 +1,4 @@
-"""The MindFormers plan format (domain.md §3): a layer assignment as offset/recompute lists.
+"""The MindFormers plan format: a layer assignment as offset/recompute lists.
 
 Per body group, four lists, each ``v`` rows (chunks) of ``p`` entries (devices); the entry
 ``[c][s]`` describes the virtual stage that device ``s`` runs as its chunk ``c`` (for the
@@ -53,13 +53,12 @@ import numbers
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
-import yaml
 
 from sapptk.errors import ConfigError
+from sapptk.files import load_document
 from sapptk.profile import MODES
 
 if TYPE_CHECKING:
@@ -81,7 +80,6 @@ KEYS: tuple[str, ...] = ("offset", "recompute", "select_recompute", "select_comm
 RECOMPUTE_KEYS: tuple[str, ...] = KEYS[1:]
 
 _NONE, _SELECT, _COMM, _BOTH, _FULL = (MODES.index(m) for m in ("none", "select", "comm", "both", "full"))
-_MAX_FILE_BYTES = 4 * 1024 * 1024
 
 
 # ------------------------------------------------------------------------------ context
@@ -179,9 +177,23 @@ def _index(key: str, c: int, s: int, flat: bool) -> str:
     return f"{key}[{s}]" if flat else f"{key}[{c}][{s}]"
 
 
-def _grid_of(value: Any, key: str, label: str, v: int, p: int, where: _Where) -> tuple[np.ndarray, np.ndarray, bool]:
-    """One list as ``(ints (v, p), all_layers (v, p) bool, flat)``; ``all_layers`` marks ``true`` entries."""
+def _grid_of(
+    value: Any, key: str, label: str, v: int, p: int, where: _Where, limit: int
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """One list as ``(ints (v, p), all_layers (v, p) bool, flat)``; ``all_layers`` marks ``true`` entries.
+
+    Every integer is checked against ``limit`` (the layers of the stack) before it enters an
+    int64 array, so no value can wrap around."""
     is_offset = key == "offset"
+
+    def bounded(x: Any, cell_label: str) -> int:
+        number = int(x)
+        if abs(number) > limit:
+            span = f"between -{limit} and {limit}" if is_offset else f"from 0 to {limit}"
+            where.fail(f"{cell_label} = {number}: expected {'an offset' if is_offset else 'a layer count'} {span} "
+                       f"(the stack has {limit} layers)")
+        return number
+
     if isinstance(value, np.ndarray | np.generic):
         value = value.tolist()
     ints = np.zeros((v, p), dtype=np.int64)
@@ -204,7 +216,7 @@ def _grid_of(value: Any, key: str, label: str, v: int, p: int, where: _Where) ->
     if _is_int(value):
         if not is_offset:
             where.fail(f"{label} = {value!r}: expected {expected}")
-        ints[:] = int(value)
+        ints[:] = bounded(value, label)
         return ints, every, v == 1
     if isinstance(value, Mapping) or (
         isinstance(value, Sequence) and not isinstance(value, str) and any(isinstance(x, str) for x in value)
@@ -252,7 +264,7 @@ def _grid_of(value: Any, key: str, label: str, v: int, p: int, where: _Where) ->
                     where.fail(f"{cell_label} = {x!r}: expected an integer")
                 every[c, s] = x
             elif _is_int(x):
-                ints[c, s] = int(x)
+                ints[c, s] = bounded(x, cell_label)
             else:
                 kind = "an integer" if is_offset else "a layer count, true or false"
                 where.fail(f"{cell_label} = {_show(x)}: expected {kind}")
@@ -264,7 +276,7 @@ def _cell_values(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Layers per cell (v, p) and per-cell mode counts (modes, v, p) of a stack of ``total`` layers."""
     base = total // (v * p)
-    offset, _, oflat = _grid_of(config.get("offset"), "offset", labels["offset"], v, p, where)
+    offset, _, oflat = _grid_of(config.get("offset"), "offset", labels["offset"], v, p, where, total)
     layers = base + offset
     if (layers < 0).any():
         c, s = (int(x) for x in np.argwhere(layers < 0)[0])
@@ -281,7 +293,7 @@ def _cell_values(
         )
     values = {}
     for key in RECOMPUTE_KEYS:
-        ints, every, flat = _grid_of(config.get(key), key, labels[key], v, p, where)
+        ints, every, flat = _grid_of(config.get(key), key, labels[key], v, p, where, total)
         if (ints < 0).any():
             c, s = (int(x) for x in np.argwhere(ints < 0)[0])
             where.fail(f"{_index(labels[key], c, s, flat)} = {int(ints[c, s])}: expected a layer count >= 0")
@@ -468,26 +480,10 @@ def _from_training(profile: Profile, program: Program, data: Mapping[str, Any], 
 
 # --------------------------------------------------------------------------- files, names
 def load(path: str | os.PathLike[str]) -> Any:
-    """Parse a YAML (or JSON) file; a :class:`ConfigError` naming the file if that fails."""
-    source = os.fspath(path)
-    file = Path(source)
-    try:
-        size = file.stat().st_size
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read the file: {exc.strerror or exc}") from None
-    if size > _MAX_FILE_BYTES:
-        raise ConfigError(f"{source}: {size} bytes: expected a config file under {_MAX_FILE_BYTES} bytes")
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{source}: cannot read the file: {exc}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{source}: not valid YAML{at}: {problem}") from None
+    """Parse a YAML (or ``.json``) file with the guards of :mod:`sapptk.files` (size,
+    encoding, nesting depth, aliases, no tags); a :class:`ConfigError` naming the file if
+    that fails."""
+    return load_document(path, what="file", error=ConfigError, suffixes=(".json",), default="yaml")
 
 
 def split_configs(profile: Profile, data: Any, file: str | None = None) -> tuple[bool, dict[str | None, Any]]:
