@@ -29,7 +29,8 @@ import warnings
 import pandas as pd
 
 from sapptk.profile import bundled_profile
-from sapptk.sweeps import _cores, default_workers, sweep
+from sapptk.sweeps import default_workers, sweep
+from sapptk.sweeps.executors import available_cores
 
 SHAPES = [("1f1b", 1), ("interleaved", 2), ("interleaved-lm", 2)]
 
@@ -53,7 +54,7 @@ def main() -> None:
     warnings.simplefilter("ignore")
     profile = bundled_profile(args.profile)
     points = grid([90000.0, 110000.0, 130000.0, 160000.0])
-    cores = _cores()
+    cores = available_cores()
     print(f"{len(points)} points, profile {profile.name}, time limit {args.time_limit:g} s, {cores} cores "
           f"(os.cpu_count() = {os.cpu_count()})")
 

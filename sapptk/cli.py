@@ -7,7 +7,9 @@ Megatron-LM, torchtitan, MindFormers or as PyTorch's schedule CSV), ``sweep`` (a
 setups to one Parquet table, resumable), ``schedules`` (list the schedules).
 
 Exit codes: 0 success, 1 no plan found (infeasible, or none within the time limit),
-2 bad input (the message goes to stderr, without a traceback).
+2 bad input (the message goes to stderr, without a traceback). Output folders are checked
+for writing before any solving starts; paths and names that are not valid UTF-8 are
+printed with backslash escapes rather than failing.
 
 Adding a command: write ``_add_<name>(commands)`` that adds a subparser and sets
 ``func=<handler>`` (a function ``(args) -> int``), and call it in :func:`build_parser`.
@@ -24,11 +26,50 @@ from pathlib import Path
 import pandas as pd
 
 from sapptk.errors import ConfigError, SapptkError
+from sapptk.files import writable_dir, write_text
 from sapptk.profile import MODES, Profile, resolve_profile
 
 __all__ = ["add_pipeline_args", "build_parser", "main", "pipeline_config"]
 
+_MAX_SEED = 2**31 - 1  # OR-Tools takes a 32-bit seed
 
+
+# ------------------------------------------------------------------- argument types
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise ValueError(text)
+    return value
+
+
+_positive_seconds.__name__ = "time limit (seconds > 0)"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+_positive_int.__name__ = "integer >= 1"
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= _MAX_SEED:
+        raise ValueError(text)
+    return value
+
+
+_seed.__name__ = f"seed (0 to {_MAX_SEED})"
+
+
+def _budget(text: str) -> float | None:
+    return None if text.lower() in ("none", "inf") else float(text)
+
+
+_budget.__name__ = "budget (MB, or none)"
 
 # ------------------------------------------------------------------------ shared helpers
 def add_pipeline_args(parser: argparse.ArgumentParser, *, sizes_required: bool = True) -> None:
@@ -109,9 +150,10 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
     add_pipeline_args(parser)
     parser.add_argument("--recompute", nargs="+", choices=MODES, default=None, metavar="MODE",
                         help=f"modes the solver may use (default all: {' '.join(MODES)})")
-    parser.add_argument("--time-limit", type=float, default=30.0, metavar="S", help="solver time limit, s (30)")
-    parser.add_argument("--workers", type=int, default=2, help="solver worker threads (2)")
-    parser.add_argument("--seed", type=int, default=0, help="solver random seed (0)")
+    parser.add_argument("--time-limit", type=_positive_seconds, default=30.0, metavar="S",
+                        help="solver time limit, s (30)")
+    parser.add_argument("--workers", type=_positive_int, default=2, help="solver worker threads (2)")
+    parser.add_argument("--seed", type=_seed, default=0, help="solver random seed (0)")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="write sapptk_plan.yaml (the plan; `sapptk export` reads it), plan.yaml (MindFormers) "
                         "and layout.csv there")
@@ -123,6 +165,8 @@ def _balance(args: argparse.Namespace) -> int:
 
     profile = resolve_profile(args.profile)
     config = pipeline_config(args, profile)
+    if args.out is not None:  # before solving: a bad folder must not cost a solve
+        writable_dir(args.out, what="output folder (--out)")
     from sapptk.balancer import balance  # after validation: OR-Tools loads only when there is work
     print(_setup_line(profile, config))
     plan = balance(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed)
@@ -136,9 +180,8 @@ def _balance(args: argparse.Namespace) -> int:
         print(f"\nno plan: status {plan.status}")
         return 1
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
         layout = args.out / "layout.csv"
-        plan.layout.to_csv(layout, index=False)
+        write_text(layout, plan.layout.to_csv(index=False), what="layout")
         saved = args.out / "sapptk_plan.yaml"
         plan.save(saved)
         try:
@@ -305,8 +348,7 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
     group.add_argument("--chunks", "-v", type=int, nargs="+", default=[1], help="chunks per device, v (1)")
     group.add_argument("--schedule", nargs="+", default=["1f1b"], help="schedule names (1f1b)")
     group.add_argument("--splits", "-k", type=int, nargs="+", default=[1], help="sequence slices (1)")
-    group.add_argument("--memory", nargs="+", default=[None], metavar="MB",
-                       type=lambda s: None if s.lower() in ("none", "inf") else float(s),
+    group.add_argument("--memory", nargs="+", default=[None], metavar="MB", type=_budget,
                        help="memory budgets per device, MB ('none': unlimited; default none)")
     group.add_argument("--constant", type=float, nargs="+", default=[0.0], metavar="MB", help="constant MB")
     group.add_argument("--comm", type=float, nargs="+", default=[0.0], metavar="MS", help="latency, ms")
@@ -316,9 +358,11 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
                         help="Parquet dataset directory (also the cache: finished points are skipped)")
     parser.add_argument("--executor", default="serial",
                         help="serial (default), processes, dask (a local cluster) or dask://HOST:PORT")
-    parser.add_argument("--time-limit", type=float, default=30.0, metavar="S", help="solver limit per point, s (30)")
-    parser.add_argument("--workers", type=int, default=None, help="solver threads per point (default: cores/parallel)")
-    parser.add_argument("--seed", type=int, default=0, help="solver random seed (0)")
+    parser.add_argument("--time-limit", type=_positive_seconds, default=30.0, metavar="S",
+                        help="solver limit per point, s (30)")
+    parser.add_argument("--workers", type=_positive_int, default=None,
+                        help="solver threads per point (default: cores/parallel)")
+    parser.add_argument("--seed", type=_seed, default=0, help="solver random seed (0)")
     parser.add_argument("--deterministic", action="store_true", help="deterministic solver runs")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=_sweep)
@@ -488,6 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 ok, 1 no plan, 2 bad input)."""
+    _escape_unencodable_output()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -501,6 +546,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"sapptk {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _escape_unencodable_output() -> None:
+    """Print what the terminal cannot encode (a file name with bytes that are not UTF-8,
+    which Python holds as lone surrogates) as backslash escapes instead of failing."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
 
 
 if __name__ == "__main__":  # pragma: no cover

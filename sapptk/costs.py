@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from sapptk.profile import LayerGroup, Profile
 
 __all__ = [
+    "MAX_UNITS",
     "MEMORY_UNIT_MB",
     "TIME_UNIT_MS",
     "WEIGHT_SHARE",
@@ -68,6 +69,12 @@ MEMORY_UNIT_MB = 1e-3
 
 WEIGHT_SHARE = 0.5
 """Share of a layer's no-recompute backward that is weight-gradient work (``W`` ops)."""
+
+MAX_UNITS = 2**53
+"""Bound on any total in integer units (a step time in µs, a device's memory in 0.001 MB):
+below it int64 sums cannot overflow and float64 holds every value exactly, so the solver's
+prediction and the simulation stay equal. :func:`layer_coefficients` refuses a profile and
+setup whose worst case could reach it (a step time of about 285 years, 9 EB of memory)."""
 
 
 def time_units(ms: float) -> int:
@@ -189,6 +196,7 @@ def layer_coefficients(profile: Profile, config: PipelineConfig) -> LayerCoeffic
         fixed["a"][vs] += n * memory_units(mc.activation)
         fixed["p"][vs] += n * memory_units(group.params)
         fixed["n"][vs] += n
+    _check_magnitudes(profile, config, forward, backward, weight, activation, params, fixed)
     return LayerCoefficients(
         group_names=tuple(g.name for g in body),
         counts=np.array([int(g.count) for g in body], dtype=np.int64),
@@ -210,6 +218,52 @@ def layer_coefficients(profile: Profile, config: PipelineConfig) -> LayerCoeffic
         constant=memory_units(config.constant_memory),
         split=split,
     )
+
+
+def _check_magnitudes(
+    profile: Profile,
+    config: PipelineConfig,
+    forward: np.ndarray,
+    backward: np.ndarray,
+    weight: np.ndarray,
+    activation: np.ndarray,
+    params: np.ndarray,
+    fixed: Mapping[str, np.ndarray],
+) -> None:
+    """Refuse a profile and setup whose step time or memory could reach :data:`MAX_UNITS`.
+
+    Bounds in exact Python integers: every op of every micro-batch back to back plus a
+    latency per unit (the longest path is never longer), and every parameter plus every
+    layer's activation held for every micro-batch slice at once (no device holds more).
+    """
+    from sapptk.config import program_ops
+
+    counts = [int(g.count) for g in profile.body]
+    per_micro_batch = sum(
+        n * (int(forward[g]) + int(backward[g].max(initial=0)) + int(weight[g])) for g, n in enumerate(counts)
+    )
+    per_micro_batch += int(fixed["f"].sum()) + int(fixed["b"].sum()) + int(fixed["w"].sum())
+    units = program_ops(config.schedule, config.stages, config.micro_batches, config.chunks, config.splits)
+    step = config.micro_batches * per_micro_batch + units * time_units(config.comm)
+    if step >= MAX_UNITS:
+        raise ConfigError(
+            f"profile {profile.name!r} on {config.schedule} p={config.stages} v={config.chunks} "
+            f"m={config.micro_batches}: the step time could reach {step * TIME_UNIT_MS:.3g} ms ({config.micro_batches} "
+            f"micro-batches × {per_micro_batch * TIME_UNIT_MS:.3g} ms of layer work each, plus latencies): expected "
+            f"at most {MAX_UNITS * TIME_UNIT_MS:.3g} ms, where times stay exact (sapptk.costs.MAX_UNITS); check the "
+            "profile's times and the latency"
+        )
+    slices = config.micro_batches * config.splits
+    live = sum(n * int(activation[g].max(initial=0)) for g, n in enumerate(counts)) + int(fixed["a"].sum())
+    static = sum(n * int(params[g]) for g, n in enumerate(counts)) + int(fixed["p"].sum())
+    memory = static + slices * live + memory_units(config.constant_memory) * config.stages
+    if memory >= MAX_UNITS:
+        raise ConfigError(
+            f"profile {profile.name!r} on {config.schedule} p={config.stages} m={config.micro_batches}: memory could "
+            f"reach {memory * MEMORY_UNIT_MB:.3g} MB (parameters {static * MEMORY_UNIT_MB:.3g} MB, activations "
+            f"{live * MEMORY_UNIT_MB:.3g} MB per micro-batch): expected at most {MAX_UNITS * MEMORY_UNIT_MB:.3g} MB, "
+            "where memory stays exact (sapptk.costs.MAX_UNITS); check the profile's memory figures"
+        )
 
 
 @dataclass(frozen=True, eq=False)

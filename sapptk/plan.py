@@ -14,6 +14,7 @@ class, its frames, the even-split baselines and those entry points are one publi
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -24,8 +25,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from sapptk.config import MAX_PROGRAM_OPS
 from sapptk.costs import StageCosts, check_counts, simulate_counts, stage_costs
 from sapptk.errors import ConfigError, SapptkError
+from sapptk.files import write_text
 from sapptk.formats import megatron, mindformers, plan_file, torchtitan
 from sapptk.profile import MODES
 from sapptk.sensitivity import Sensitivity, critical_path, sensitivity
@@ -43,6 +46,7 @@ PLAN_STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown"
 (proved impossible / none found in time); ``given``: fixed by the user or a baseline."""
 
 _SOLVED = ("optimal", "feasible", "given")
+_MAX_EVEN = 2**53  # even_layers: every cell count stays exact
 _FIT_TOLERANCE_MB = 1e-6
 
 
@@ -244,7 +248,7 @@ class Plan:
                           + ", ".join(f"{g.name} N = {g.count}" for g in body))
         text = "\n".join(header) + "\n" + yaml.safe_dump(payload, sort_keys=False, default_flow_style=None, width=1000)
         if path is not None:
-            Path(path).write_text(text, encoding="utf-8")
+            write_text(path, text, what="plan")
         return text
 
     # ------------------------------------------------------------ other runtimes
@@ -385,6 +389,12 @@ def even_layers(total: int, stages: int, chunks: int) -> np.ndarray:
     on 5 stages: ``offset: [0, 1, 1, 1, 0]``). The ends are avoided because they carry the
     head and the tail, and the last chunk because it keeps the fewest micro-batches live.
     """
+    for name, value, low in (("total", total, 0), ("stages", stages, 1), ("chunks", chunks, 1)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= _MAX_EVEN:
+            raise ConfigError(f"even_layers: {name} = {value!r}: expected an integer from {low} to {_MAX_EVEN:,}")
+    if stages * chunks > MAX_PROGRAM_OPS:
+        raise ConfigError(f"even_layers: stages × chunks = {stages * chunks:,} cells: expected at most "
+                          f"{MAX_PROGRAM_OPS:,} (sapptk.config.MAX_PROGRAM_OPS)")
     cells = np.full((chunks, stages), total // (stages * chunks), dtype=np.int64)
     extra = total % (stages * chunks)
     centre = (stages - 1) / 2

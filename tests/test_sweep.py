@@ -15,7 +15,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-import sapptk.sweeps as sweeps_module
+import sapptk.sweeps.executors as executors_module
+import sapptk.sweeps.solving as solving_module
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.profile import MODES, bundled_profile
@@ -23,7 +24,6 @@ from sapptk.sweeps import (
     COLUMNS,
     INPUT_COLUMNS,
     STATUSES,
-    _profile_of,
     best,
     default_workers,
     expand_grid,
@@ -32,6 +32,7 @@ from sapptk.sweeps import (
     solve_point,
     sweep,
 )
+from sapptk.sweeps.solving import profile_of
 
 DEMO = bundled_profile("demo")
 SMALL = {"stages": [4], "micro_batches": [8]}
@@ -45,7 +46,7 @@ def fake_solve(task: dict[str, Any]) -> dict[str, Any]:
     """A solver stand-in: validates like the real one, then a closed-form 'plan'."""
     CALLS.append(task["config"])
     try:
-        profile = _profile_of(task)
+        profile = profile_of(task)
         config = PipelineConfig(**task["config"])
         config.check(profile)
     except SapptkError as exc:
@@ -228,15 +229,15 @@ def test_dead_worker_processes_are_retried_then_give_error_rows(
     mark = str(tmp_path / "died")
     df = sweep({mark: DEMO}, grid, solve=dying_once_solve, executor="processes", progress=False)
     assert df["status"].tolist() == ["optimal", "optimal"] and Path(mark).exists()
-    monkeypatch.setattr(sweeps_module, "MAX_ATTEMPTS", 2)
+    monkeypatch.setattr(executors_module, "MAX_ATTEMPTS", 2)
     df = sweep(DEMO, grid, solve=dying_solve, executor="processes", progress=False)
     assert (df["status"] == "error").all() and df["error"].str.contains("worker process died 2 times").all()
 
 
 NOTEBOOK_CELL = """
 def notebook_solve(task):
-    from sapptk.sweeps import _profile_of
-    profile = _profile_of(task)
+    from sapptk.sweeps.solving import profile_of
+    profile = profile_of(task)
     return {"status": "optimal", "step_time_ms": float(task["config"]["stages"]), "error": profile.name}
 """
 
@@ -248,7 +249,7 @@ def test_notebook_defined_functions_and_profiles_work_in_processes() -> None:
     assert solve.__module__ == "__main__"
     mine = type(DEMO).from_dict({**DEMO.to_dict(), "name": "made-here"})
     df = sweep(mine, {"stages": [4, 8], "micro_batches": [8]}, solve=solve, executor="processes", progress=False)
-    assert df["status"].astype(str).tolist() == ["optimal", "optimal"]
+    assert df["status"].astype(str).tolist() == ["optimal", "optimal"], df["error"].tolist()
     assert df["step_time_ms"].tolist() == [4.0, 8.0] and (df["error"] == "made-here").all()
 
 
@@ -369,7 +370,7 @@ def test_cli_sweep_writes_rows_and_prints_the_best_per_budget(
 ) -> None:
     from sapptk.cli import main
 
-    monkeypatch.setattr(sweeps_module, "solve_point", fake_solve)
+    monkeypatch.setattr(solving_module, "solve_point", fake_solve)
     out = tmp_path / "results.parquet"
     argv = ["sweep", "demo", "--stages", "4", "8", "--micro-batches", "8", "16", "--chunks", "1", "2",
             "--schedule", "1f1b", "interleaved", "--memory", "5000", "40000", "none", "--out", str(out),

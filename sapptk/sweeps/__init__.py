@@ -1,0 +1,49 @@
+"""Sweeps: many pipeline setups balanced and simulated, one row each, as one DataFrame.
+
+The package's modules, one job each:
+
+* :mod:`sapptk.sweeps.grid` — grids into points, and the cache key of a point;
+* :mod:`sapptk.sweeps.frame` — the frame's columns and types, :func:`best`;
+* :mod:`sapptk.sweeps.solving` — one point solved in a worker (:func:`solve_point`);
+* :mod:`sapptk.sweeps.cache` — the cache folder: a journal every finished row reaches at
+  once, Parquet parts, damaged parts skipped with a warning;
+* :mod:`sapptk.sweeps.executors` — serial, process pool, Dask: interrupts, dead workers,
+  workers that exit when the sweeping process dies;
+* :mod:`sapptk.sweeps.driver` — :func:`sweep` itself.
+
+Rows are never lost: a finished row is on disk (with ``cache=``) before the next point is
+awaited; Ctrl-C keeps every finished row; a crash or ``SIGKILL`` of the sweeping process
+loses none, and its worker processes exit with it. See ``docs/limits.md``.
+"""
+
+from __future__ import annotations
+
+from sapptk.sweeps.cache import read_cache
+from sapptk.sweeps.driver import sweep
+from sapptk.sweeps.executors import DASK_CONNECT_SECONDS, MAX_ATTEMPTS, MAX_SOLVER_WORKERS, default_workers
+from sapptk.sweeps.frame import COLUMNS, INPUT_COLUMNS, RESULT_COLUMNS, SOLVED, STATUSES, best
+from sapptk.sweeps.grid import CONFIG_FIELDS, MAX_POINTS, expand_grid, point_key, profile_digest, recompute_label
+from sapptk.sweeps.solving import plan_row, solve_point
+
+__all__ = [
+    "COLUMNS",
+    "CONFIG_FIELDS",
+    "DASK_CONNECT_SECONDS",
+    "INPUT_COLUMNS",
+    "MAX_ATTEMPTS",
+    "MAX_POINTS",
+    "MAX_SOLVER_WORKERS",
+    "RESULT_COLUMNS",
+    "SOLVED",
+    "STATUSES",
+    "best",
+    "default_workers",
+    "expand_grid",
+    "plan_row",
+    "point_key",
+    "profile_digest",
+    "read_cache",
+    "recompute_label",
+    "solve_point",
+    "sweep",
+]

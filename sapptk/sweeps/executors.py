@@ -1,0 +1,331 @@
+"""Executors: run tasks, yield results as they finish, and never leave anything behind.
+
+``serial`` runs in this process. ``processes`` is a local process pool (forkserver where
+available, else spawn: children never inherit the caller's threads or state). Dask runs on
+a local cluster (``"dask"``), a scheduler address (``"dask://HOST:PORT"``) or a
+``distributed.Client``; any :class:`concurrent.futures.Executor` works too.
+
+Guarantees:
+
+* Interrupts (Ctrl-C): finished results are handed to ``rescue`` (and so reach the cache)
+  and the rest are cancelled; with ``processes`` the running solves end at once.
+* A worker process that dies (a native crash in the solver) only fails its points: the
+  pool is rebuilt and they are retried up to :data:`MAX_ATTEMPTS` times. If the caller's
+  main module is a script without an ``if __name__ == "__main__":`` guard (every spawned
+  worker imports it again and dies starting a sweep of its own), the error rows say so at
+  the first death instead of blaming the solver.
+* If the sweeping process itself dies (even ``SIGKILL``), its workers notice within
+  moments (each watches a pipe only the parent holds open) and exit; the fork server and
+  multiprocessing's resource tracker then exit on their own. Nothing keeps solving for a
+  result nobody will read.
+* A Dask scheduler that does not answer within :data:`DASK_CONNECT_SECONDS` is an error
+  at once, naming the address.
+"""
+
+from __future__ import annotations
+
+import ast
+import multiprocessing
+import os
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import as_completed as futures_as_completed
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import ExitStack
+from functools import partial
+from typing import Any, NoReturn
+
+from sapptk.errors import ConfigError, SapptkError
+from sapptk.sweeps.frame import no_plan
+from sapptk.sweeps.solving import Result, Solve, Task, portable, timed
+
+__all__ = ["DASK_CONNECT_SECONDS", "MAX_ATTEMPTS", "MAX_SOLVER_WORKERS", "Runner", "default_workers", "open_executor"]
+
+MAX_ATTEMPTS = 3
+"""How often the ``processes`` executor runs a point whose worker process died."""
+
+MAX_SOLVER_WORKERS = 8
+"""Cap on the default CP-SAT workers per solve (more rarely help models of this size)."""
+
+DASK_CONNECT_SECONDS = 5.0
+"""How long a sweep waits for a Dask scheduler to answer before giving up."""
+
+Rescue = Callable[[Result], None]
+Runner = Callable[[Sequence[Task], Rescue], Iterator[Result]]
+
+
+def available_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_workers(slots: int, cores: int | None = None) -> int:
+    """CP-SAT workers per solve when ``slots`` solves run at once on ``cores`` cores.
+
+    ``slots × workers`` stays within the cores: serial gets them all (at most
+    :data:`MAX_SOLVER_WORKERS`), a pool of one process per core gets 1 each.
+    """
+    cores = cores or available_cores()
+    return max(1, min(MAX_SOLVER_WORKERS, cores // max(1, slots)))
+
+
+# ------------------------------------------------------------------------------ serial
+def _run_serial(tasks: Sequence[Task], solve: Solve) -> Iterator[Result]:
+    for task in tasks:
+        yield timed(solve, task)
+
+
+# ----------------------------------------------------------------------------- futures
+def _future_result(fut: Future, task: Task) -> Result:
+    """A finished future's result, or an ``error`` row if the worker failed."""
+    try:
+        return fut.result()
+    except Exception as exc:  # a dead worker process, a cancelled task, ...
+        return {**no_plan("error", f"{type(exc).__name__}: {exc}"), "key": task["key"]}
+
+
+def _run_futures(
+    tasks: Sequence[Task],
+    submit: Callable[[Task], Any],
+    as_completed: Callable[[list[Any]], Iterable[Any]],
+    cancel: Callable[[list[Any]], None],
+    rescue: Rescue,
+    broken: list[Task] | None = None,
+) -> Iterator[Result]:
+    """Submit every task, yield results as they finish; on interrupt, hand finished results to
+    ``rescue`` and cancel the rest. With ``broken``, tasks lost to a dead process pool go
+    there instead of becoming ``error`` rows (the caller retries them)."""
+    futures = {submit(task): task for task in tasks}
+    done: set[Any] = set()
+    try:
+        for fut in as_completed(list(futures)):
+            done.add(fut)
+            if broken is not None and isinstance(fut.exception(), BrokenProcessPool):
+                broken.append(futures[fut])
+                continue
+            yield _future_result(fut, futures[fut])
+    finally:
+        pending = [f for f in futures if f not in done]
+        if pending:
+            for fut in pending:
+                if fut.done():
+                    result = _future_result(fut, futures[fut])
+                    if result.get("status") != "error":
+                        rescue(result)
+            cancel([f for f in pending if not f.done()])
+
+
+def _cancel(pending: list[Future]) -> None:
+    for f in pending:
+        f.cancel()
+
+
+def _ignore(pending: list[Future]) -> None:
+    """No cancelling: :func:`_terminate` ends the pool as a whole."""
+
+
+def _run_pool(tasks: Sequence[Task], solve: Solve, pool: Executor, rescue: Rescue) -> Iterator[Result]:
+    return _run_futures(tasks, lambda t: pool.submit(timed, solve, t), futures_as_completed, _cancel, rescue)
+
+
+# --------------------------------------------------------------------------- processes
+def _pool_context() -> multiprocessing.context.BaseContext:
+    """forkserver where available, else spawn: children never inherit the caller's threads
+    or state (a notebook's included). The fork server imports the solver stack once, so
+    later pools start in milliseconds rather than seconds."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["sapptk.sweeps", "sapptk.balancer"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def _watch_parent(lifeline: Any) -> None:
+    """Pool initializer: exit this worker when the sweeping process dies.
+
+    ``lifeline`` is the read end of a pipe whose only write end the parent holds: reading
+    it blocks until the parent closes it or dies (even by ``SIGKILL``), and then gives EOF.
+    CP-SAT releases the GIL while it solves, so the watching thread runs meanwhile.
+    """
+
+    def watch() -> None:
+        try:
+            while True:
+                lifeline.recv_bytes()
+        except (EOFError, OSError):
+            os._exit(70)  # no cleanup: the parent is gone, nobody waits for anything we hold
+
+    threading.Thread(target=watch, name="sapptk-lifeline", daemon=True).start()
+
+
+def _terminate(pool: ProcessPoolExecutor) -> None:
+    """End the worker processes now (running solves included) and drop the pool.
+
+    The processes go first: the pool then fails its pending futures itself. (Cancelling
+    them first trips CPython < 3.12, whose pool thread then fails on cancelled futures.)
+    """
+    if hasattr(pool, "terminate_workers"):  # Python >= 3.14
+        pool.terminate_workers()
+        return
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        if proc.is_alive():
+            proc.terminate()
+    pool.shutdown(wait=False)
+
+
+def unguarded_main() -> str | None:
+    """The caller's main script when it has no ``if __name__ == "__main__":`` guard (None when
+    it has one, or when the main module is not a script: a notebook, the REPL, ``-c``)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py") or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.If) and _is_main_test(node.test):
+            return None
+    return path
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    if isinstance(test, ast.BoolOp):
+        return any(_is_main_test(v) for v in test.values)
+    if not isinstance(test, ast.Compare) or len(test.ops) != 1:
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides)
+    main = any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides)
+    return names and main
+
+
+def _death_reason(method: str, attempts: int) -> tuple[str, bool]:
+    """Why worker processes died, and whether retrying can help."""
+    script = unguarded_main() if method in ("spawn", "forkserver") else None
+    if script is not None:
+        return (
+            f"the worker processes died at start: {script} has no `if __name__ == \"__main__\":` guard, and with "
+            f"the {method} start method every worker imports it again (and so starts a sweep of its own). Put the "
+            "code that calls sweep() under that guard",
+            False,
+        )
+    return (f"the worker process died {attempts} times while this point was running (a crash in the solver, or "
+            "the machine ran out of memory?)", True)
+
+
+def _run_processes(tasks: Sequence[Task], solve: Solve, slots: int, rescue: Rescue) -> Iterator[Result]:
+    """A local process pool. If a process dies (a native crash in a solver), the pool breaks:
+    its unfinished points go to a fresh pool, up to :data:`MAX_ATTEMPTS` times each."""
+    ctx = _pool_context()
+    lifeline_r, lifeline_w = ctx.Pipe(duplex=False)  # workers read; only this process writes
+    tries: dict[str, int] = {}
+    queue = list(tasks)
+    try:
+        while queue:
+            pool = ProcessPoolExecutor(max_workers=max(1, min(slots, len(queue))), mp_context=ctx,
+                                       initializer=_watch_parent, initargs=(lifeline_r,))
+            broken: list[Task] = []
+            try:
+                yield from _run_futures(queue, partial(pool.submit, timed, solve), futures_as_completed, _ignore,
+                                        rescue, broken)
+            except BaseException:  # an interrupt: stop the running solves too
+                _terminate(pool)
+                raise
+            pool.shutdown(wait=True)
+            queue = []
+            for task in broken:
+                n = tries[task["key"]] = tries.get(task["key"], 0) + 1
+                reason, retry = _death_reason(ctx.get_start_method(), n)
+                if retry and n < MAX_ATTEMPTS:
+                    queue.append(task)
+                else:
+                    yield {**no_plan("error", reason), "key": task["key"]}
+    finally:
+        lifeline_w.close()
+        lifeline_r.close()
+
+
+# -------------------------------------------------------------------------------- Dask
+def _is_dask_client(executor: Any) -> bool:
+    return type(executor).__name__ == "Client" and type(executor).__module__.startswith("distributed")
+
+
+def _dask_client(executor: str, n: int, stack: ExitStack) -> Any:
+    """A Dask client for ``"dask"`` (a local cluster of ``n`` workers) or ``"dask://HOST:PORT"``."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise ConfigError(f"executor = {executor!r}: Dask is not installed (pip install sapptk[distributed])") from None
+    if executor == "dask":
+        cluster = stack.enter_context(LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                                   dashboard_address=None))
+        return stack.enter_context(Client(cluster))
+    address = executor.removeprefix("dask://")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"executor = {executor!r}: expected 'dask://HOST:PORT' with a port from 1 to 65535")
+    try:
+        return stack.enter_context(Client("tcp://" + address, timeout=DASK_CONNECT_SECONDS))
+    except (OSError, TimeoutError) as exc:
+        raise SapptkError(
+            f"executor = {executor!r}: no Dask scheduler answered at tcp://{address} within {DASK_CONNECT_SECONDS:g} "
+            f"s ({type(exc).__name__}): start one (`dask scheduler`) or check the address"
+        ) from None
+
+
+def _run_dask(tasks: Sequence[Task], solve: Solve, client: Any, rescue: Rescue) -> Iterator[Result]:
+    from distributed import as_completed
+
+    def submit(task: Task) -> Any:
+        return client.submit(timed, solve, task, pure=False, key=f"sapptk-sweep-{task['key']}-{uuid.uuid4().hex[:8]}")
+
+    return _run_futures(tasks, submit, as_completed, client.cancel, rescue)
+
+
+# ---------------------------------------------------------------------------- choosing
+def open_executor(
+    executor: Any, todo: Sequence[Task], solve: Solve, workers: int | None, stack: ExitStack
+) -> tuple[Runner, int]:
+    """A runner for the executor (closed by ``stack``) and how many solves it runs at once.
+
+    Unknown executors and unreachable schedulers raise here, before anything is solved.
+    """
+    n_cores = available_cores()
+    known = isinstance(executor, str) and executor in ("serial", "processes", "dask") or (
+        isinstance(executor, str) and executor.startswith("dask://")
+    )
+    if isinstance(executor, str) and not known:
+        _unknown(executor)
+    if executor == "serial" or not todo:
+        return (lambda tasks, rescue: _run_serial(tasks, solve)), 1
+    if executor == "processes":
+        slots = max(1, min(len(todo), n_cores // workers if workers else n_cores))
+        shipped = portable(solve)
+        return (lambda tasks, rescue: _run_processes(tasks, shipped, slots, rescue)), slots
+    if isinstance(executor, str) and (executor == "dask" or executor.startswith("dask://")):
+        executor = _dask_client(executor, max(1, min(len(todo), n_cores // workers if workers else n_cores)), stack)
+    if _is_dask_client(executor):
+        slots = sum(executor.nthreads().values()) or 1
+        return (lambda tasks, rescue: _run_dask(tasks, solve, executor, rescue)), slots
+    if isinstance(executor, Executor):
+        slots = getattr(executor, "_max_workers", None) or n_cores
+        shipped = portable(solve)
+        return (lambda tasks, rescue: _run_pool(tasks, shipped, executor, rescue)), slots
+    _unknown(executor)
+
+
+def _unknown(executor: Any) -> NoReturn:
+    text = repr(executor)
+    raise ConfigError(
+        f"executor = {text if len(text) < 80 else text[:77] + '...'}: expected 'serial', 'processes', 'dask', "
+        "'dask://HOST:PORT', a distributed.Client or a concurrent.futures.Executor"
+    )
