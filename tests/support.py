@@ -308,3 +308,51 @@ def reference_through(preds: list, duration: list, comm) -> list:
     for u in reversed(order):
         tail[u] = max([(comm if c else 0) + duration[s] + tail[s] for s, c in succs[u]], default=0)
     return [end[u] + tail[u] for u in range(n)]
+
+
+# --------------------------------------------------------------------- processes (POSIX)
+def wait_until(condition, seconds: float = 60.0) -> bool:
+    """Poll ``condition()`` until it holds or ``seconds`` pass: a hang bound, not a timing assert."""
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return bool(condition())
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie waiting for its parent counts as ended)."""
+    import os
+    from pathlib import Path
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (children, their children, ...), read from /proc (Linux)."""
+    from pathlib import Path
+
+    parent_of: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parent_of[int(stat.parent.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parent_of.items() if parent in frontier} - found
+        found |= frontier
+    return found

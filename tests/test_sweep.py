@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from support import descendants, process_gone, wait_until
 
 import sapptk.sweeps.executors as executors_module
 import sapptk.sweeps.solving as solving_module
@@ -77,9 +78,17 @@ def interrupting_solve(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def slow_solve(task: dict[str, Any]) -> dict[str, Any]:
+    """0.3 s, except the point (8 stages, 16 micro-batches, 40000 MB): a minute (it writes its
+    pid when it starts and a marker if it ever ends, in the folder named by the profile name)."""
     import time
 
-    time.sleep(0.5)
+    marks = Path(task["profile_name"])
+    config = task["config"]
+    if (config["stages"], config["micro_batches"], config["memory_budget"]) == (8, 16, 40000):
+        (marks / f"long-{os.getpid()}").touch()
+        time.sleep(60)
+        (marks / "long-done").touch()
+    time.sleep(0.3)
     return fake_solve(task)
 
 
@@ -292,9 +301,10 @@ def test_cache_resumes_after_an_interrupt(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_interrupted_process_sweep_keeps_finished_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import time
-
+@pytest.mark.skipif(executors_module.available_cores() < 2, reason="needs two worker processes")
+def test_interrupted_process_sweep_keeps_finished_rows_and_stops_its_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import tqdm.auto
 
     class InterruptingBar(tqdm.auto.tqdm):
@@ -309,15 +319,20 @@ def test_interrupted_process_sweep_keeps_finished_rows(tmp_path: Path, monkeypat
             return super().update(n)
 
     monkeypatch.setattr(tqdm.auto, "tqdm", InterruptingBar)
-    grid = {"stages": [4, 8], "micro_batches": [8, 16], "chunks": [1], "memory_budget": [40000, 50000]}
-    start = time.perf_counter()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    profiles = {str(marks): DEMO}
+    # the minute-long point comes first: one worker is inside it when Ctrl-C arrives
+    grid = {"stages": [8, 4], "micro_batches": [16, 8], "chunks": [1], "memory_budget": [40000, 50000]}
     with pytest.raises(KeyboardInterrupt):
-        sweep(DEMO, grid, solve=slow_solve, executor="processes", cache=tmp_path, progress=False)
-    assert time.perf_counter() - start < 5  # running solves are stopped, not awaited
-    kept = len(read_cache(tmp_path))
+        sweep(profiles, grid, solve=slow_solve, executor="processes", cache=tmp_path / "c", progress=False)
+    (long_pid,) = [int(m.name.removeprefix("long-")) for m in marks.glob("long-*") if m.name != "long-done"]
+    assert wait_until(lambda: process_gone(long_pid)), "the worker running the long point outlived the interrupt"
+    assert not (marks / "long-done").exists()  # stopped, not awaited
+    kept = len(read_cache(tmp_path / "c"))
     assert 3 <= kept < 8
     monkeypatch.undo()
-    df = sweep(DEMO, grid, solve=fake_solve, cache=tmp_path, progress=False)
+    df = sweep(profiles, grid, solve=fake_solve, cache=tmp_path / "c", progress=False)
     assert len(CALLS) == 8 - kept and df["status"].eq("optimal").all()
 
 
@@ -523,3 +538,251 @@ def test_real_cached_sweep_resumes_without_redoing_points(tmp_path: Path, serial
     df = sweep(DEMO, REAL, solve=counting_solve, cache=tmp_path, **REAL_OPTIONS)
     assert len(CALLS) == 6 and all(c["memory_budget"] == 60000 for c in CALLS)
     _agree(df, serial_frame)
+
+
+# ------------------------------------------------------------------ rows that survive
+def on_disk_solve(task: dict[str, Any]) -> dict[str, Any]:
+    """``fake_solve`` that first checks the cache (named by the profile name) holds one row per
+    point finished before it."""
+    rows = len(read_cache(task["profile_name"]))
+    assert rows == len(CALLS), f"{len(CALLS)} points finished, {rows} rows on disk"
+    return fake_solve(task)
+
+
+def test_every_finished_row_is_on_disk_before_the_next_point_starts(tmp_path: Path) -> None:
+    cache = tmp_path / "c"
+    cache.mkdir()
+    df = sweep({str(cache): DEMO}, GRID, solve=on_disk_solve, cache=cache, progress=False)
+    assert len(CALLS) == 48 and not df["status"].eq("error").any(), df["error"].dropna().tolist()[:1]
+    assert len(read_cache(cache)) == 48
+    assert [p.name for p in cache.iterdir() if p.name.startswith("_journal")] == []  # the journal went with the sweep
+
+
+def _write_part(path: Path, frame: pd.DataFrame) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
+
+
+def test_damaged_and_foreign_parts_are_skipped_with_a_warning(tmp_path: Path) -> None:
+    from sapptk.errors import SapptkWarning
+
+    cache = tmp_path / "c"
+    first = sweep(DEMO, GRID, solve=fake_solve, cache=cache, progress=False)
+    (good,) = cache.glob("part-*.parquet")
+    # split the one good part in two, then damage one half: 24 good rows remain
+    rows = pd.read_parquet(good)
+    _write_part(cache / "part-1-a.parquet", rows.iloc[:24])
+    (cache / "part-2-b.parquet").write_bytes(pd.DataFrame(rows.iloc[24:]).to_parquet()[:300])  # cut short
+    good.unlink()
+    _write_part(cache / "part-3-foreign.parquet", pd.DataFrame({"x": [1, 2]}))  # someone else's table
+    (cache / "part-4-text.parquet").write_text("not parquet at all")
+    (cache / "notes.txt").write_text("a file of the user's")  # ignored: not a part
+    (cache / "part-5-dir.parquet").mkdir()  # ignored: not a file
+    CALLS.clear()
+    with pytest.warns(SapptkWarning) as caught:
+        df = sweep(DEMO, GRID, solve=fake_solve, cache=cache, progress=False)
+    said = " ".join(str(w.message) for w in caught)
+    for name in ("part-2-b.parquet", "part-3-foreign.parquet", "part-4-text.parquet"):
+        assert name in said, name
+    assert "notes.txt" not in said and "part-1-a" not in said and "part-5-dir" not in said
+    assert len(CALLS) == 24  # only the rows of the damaged half are recomputed
+    pd.testing.assert_frame_equal(_outputs(df), _outputs(first))
+    CALLS.clear()
+    with pytest.warns(SapptkWarning):  # the damaged files stay (they are the user's to delete) ...
+        again = sweep(DEMO, GRID, solve=fake_solve, cache=cache, progress=False)
+    assert not CALLS  # ... and every row is cached now
+    pd.testing.assert_frame_equal(_outputs(again), _outputs(first))
+    assert (cache / "notes.txt").read_text() == "a file of the user's"
+
+
+def test_read_cache_of_a_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
+    from sapptk.errors import FileError
+
+    with pytest.raises(FileError, match="no such sweep cache folder"):
+        read_cache(tmp_path / "nope")
+    assert not (tmp_path / "nope").exists()
+
+
+@pytest.fixture
+def read_only_folder(tmp_path: Path):
+    """A folder nobody can write in, for real: chmod, or (as root, who ignores modes) the
+    immutable attribute; skipped where neither holds."""
+    import shutil
+    import subprocess
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    sweep(DEMO, SMALL, solve=fake_solve, cache=folder, progress=False)  # one cached row
+    CALLS.clear()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        undo = ["chmod", "755", str(folder)]
+    elif shutil.which("chattr") and subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0:
+        undo = ["chattr", "-i", str(folder)]
+    else:
+        pytest.skip("cannot make a read-only folder here")
+    try:
+        probe = folder / "probe"
+        try:
+            probe.touch()
+        except OSError:
+            pass
+        else:
+            pytest.skip("the folder is still writable")
+        yield folder
+    finally:
+        subprocess.run(undo, check=False)
+
+
+def test_a_read_only_cache_fails_before_any_solving_but_still_serves_its_rows(read_only_folder: Path) -> None:
+    from sapptk.errors import FileError
+
+    with pytest.raises(FileError, match="cannot write in the sweep cache folder"):
+        sweep(DEMO, {**SMALL, "stages": [4, 2]}, solve=fake_solve, cache=read_only_folder, progress=False)
+    assert not CALLS
+    df = sweep(DEMO, SMALL, solve=fake_solve, cache=read_only_folder, progress=False)  # nothing to compute
+    assert not CALLS and df["status"].tolist() == ["optimal"]
+
+
+def test_a_read_only_cache_simulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sapptk.files as files_module
+    from sapptk.errors import FileError
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(files_module.tempfile, "mkstemp", refuse)
+    with pytest.raises(FileError, match="cannot write in the sweep cache folder: permission denied"):
+        sweep(DEMO, SMALL, solve=fake_solve, cache=tmp_path, progress=False)
+    assert not CALLS
+
+
+def test_a_full_disk_loses_no_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills after 5 rows and frees after 20: every row is returned, and every row is
+    on disk in the end; when it never frees, a warning counts the rows left uncached."""
+    import sapptk.sweeps.cache as cache_module
+    from sapptk.errors import SapptkWarning
+
+    real_write = os.write
+    writes = [0]
+
+    def filling_write(fd: int, data: bytes) -> int:
+        writes[0] += 1
+        if 5 < writes[0] <= 20:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(cache_module.os, "write", filling_write)
+    with pytest.warns(SapptkWarning, match="No space left on device"):
+        df = sweep(DEMO, GRID, solve=fake_solve, cache=tmp_path / "a", progress=False)
+    assert len(df) == 48 and df["status"].ne("error").all()
+    assert len(read_cache(tmp_path / "a")) == 48
+
+    monkeypatch.setattr(cache_module.os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(28, "No space")))
+    monkeypatch.setattr(cache_module.Cache, "_write_rows", lambda self, rows: None)  # parts cannot be written either
+    CALLS.clear()
+    with pytest.warns(SapptkWarning) as caught:
+        df = sweep(DEMO, GRID, solve=fake_solve, cache=tmp_path / "b", progress=False)
+    assert any("48 finished row(s) could not be written" in str(w.message) for w in caught)
+    assert len(df) == 48 and len(CALLS) == 48 and df["status"].ne("error").all()
+
+
+KILLED_SWEEP = """
+import sys, time
+from pathlib import Path
+from sapptk.profile import bundled_profile
+from sapptk.sweeps import sweep
+
+def solve(task):
+    marks = Path(task["profile_name"])
+    (marks / f"started-{task['config']['micro_batches']}").touch()
+    time.sleep(0.6)
+    return {"status": "optimal", "step_time_ms": float(task["config"]["micro_batches"])}
+
+if __name__ == "__main__":
+    marks, cache, executor = sys.argv[1:]
+    sweep({marks: bundled_profile("demo")}, {"stages": [4], "micro_batches": list(range(8, 20))}, solve=solve,
+          executor=executor, cache=cache, progress=False)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+@pytest.mark.parametrize("executor", ["serial", "processes"])
+def test_sigkill_loses_no_finished_row_and_leaves_no_process(tmp_path: Path, executor: str) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    script, marks, cache = tmp_path / "killed.py", tmp_path / "marks", tmp_path / "cache"
+    script.write_text(KILLED_SWEEP)
+    marks.mkdir()
+    proc = subprocess.Popen([sys.executable, str(script), str(marks), str(cache), executor],
+                            stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: len(list(marks.glob("started-*"))) >= 4, 120), "the sweep did not get going"
+        family = descendants(proc.pid)
+        started = len(list(marks.glob("started-*")))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = [pid for pid in family if not wait_until(lambda pid=pid: process_gone(pid), 60)]
+    assert not left, f"processes outlived the killed sweep: {left}"
+    rows = read_cache(cache)
+    if executor == "serial":  # a point starts only after the row before it is on disk
+        assert len(rows) >= started - 1
+    assert len(rows) >= 1 and rows["status"].eq("optimal").all()
+    CALLS.clear()
+    df = sweep({str(marks): DEMO}, {"stages": [4], "micro_batches": list(range(8, 20))}, solve=fake_solve,
+               cache=cache, progress=False)
+    assert len(CALLS) == 12 - len(rows) and len(df) == 12
+    assert not list(cache.glob("_journal-*")) and len(list(cache.glob("part-*"))) == 1  # the journal was merged
+
+
+UNGUARDED_SCRIPT = """
+from sapptk.profile import bundled_profile
+from sapptk.sweeps import sweep
+
+def solve(task):
+    return {"status": "optimal", "step_time_ms": 1.0}
+
+frame = sweep(bundled_profile("demo"), {"stages": [4], "micro_batches": [8, 9]}, solve=solve, executor="processes",
+              progress=False)
+print(frame["error"].iloc[0])
+"""
+
+
+@pytest.mark.slow
+def test_a_script_without_a_main_guard_is_named_as_the_cause(tmp_path: Path) -> None:
+    import multiprocessing
+    import subprocess
+    import sys
+
+    if not {"forkserver", "spawn"} & set(multiprocessing.get_all_start_methods()):
+        pytest.skip("workers are forked here: no guard needed")
+    script = tmp_path / "no_guard.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    message = done.stdout.strip().splitlines()[-1]
+    assert "no_guard.py has no `if __name__ == \"__main__\":` guard" in message
+    assert "solver" not in message
+
+
+@pytest.mark.slow
+def test_an_unreachable_dask_scheduler_fails_at_once(tmp_path: Path) -> None:
+    import socket
+
+    pytest.importorskip("distributed")
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(SapptkError, match=rf"no Dask scheduler answered at tcp://127.0.0.1:{port} within 5 s"):
+        sweep(DEMO, SMALL, solve=fake_solve, executor=f"dask://127.0.0.1:{port}", cache=tmp_path, progress=False)
+    assert not CALLS
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        sweep(DEMO, SMALL, solve=fake_solve, executor="dask://nowhere", progress=False)
