@@ -207,15 +207,15 @@ def _check_tree(data: Any, source: str, error: ErrorType, fmt: str) -> Any:
     """Refuse nesting deeper than :data:`MAX_DEPTH` and strings with unpaired surrogates
     (iteratively: the walk itself cannot overflow the stack)."""
     stack: list[tuple[Any, int]] = [(data, 0)]
-    seen: set[int] = set()  # YAML aliases share nodes: walk each once
+    deepest: dict[int, int] = {}  # YAML aliases share nodes: walk one again only when reached deeper
     while stack:
         node, depth = stack.pop()
         if isinstance(node, str):
             _check_string(node, source, error, fmt)
         elif isinstance(node, Mapping | list | tuple):
-            if id(node) in seen:
+            if deepest.get(id(node), -1) >= depth:
                 continue
-            seen.add(id(node))
+            deepest[id(node)] = depth
             if depth >= MAX_DEPTH:
                 raise error(f"{source}: invalid {fmt}: nested more than {MAX_DEPTH} levels deep: expected plain "
                             "data (profiles and configs nest a few levels)")
