@@ -44,7 +44,10 @@ _KB_PER_OP = 1.0
 
 
 def program_ops(schedule: str, stages: int, micro_batches: int, chunks: int, splits: int) -> int:
-    """How many ops the program of a setup has (exact Python int, any size)."""
+    """The most ops the program of a setup can have (an exact Python int, of any size): an
+    ``F`` and a backward per micro-batch slice and virtual stage, and a ``W`` for each
+    backward a split-backward schedule splits (all of them for ZB-H1 and ZB-V, some for
+    DualPipe-V, so there it is an upper bound)."""
     per_micro_batch = 3 if get(schedule).split_backward else 2
     return stages * chunks * micro_batches * splits * per_micro_batch
 

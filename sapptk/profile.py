@@ -339,6 +339,9 @@ class LayerGroup:
         if not table:
             if self.kind == "body":
                 _fail(where, "modes", dict(self.modes), f"at least one of {', '.join(MODES)}")
+            if 2.0 * self.forward > MAX_MS:
+                _fail(where, "forward", self.forward, f"at most {MAX_MS / 2:g} ms: a {self.kind} without modes gets "
+                      f"a backward of 2 × forward, and backward times are at most {MAX_MS:g} ms")
             table = ModeTable({"none": ModeCost(backward=2.0 * self.forward, activation=0.0)})
         object.__setattr__(self, "modes", table)
 
@@ -703,6 +706,8 @@ def _sapp_group(entry: Any, base: str, where: str) -> LayerGroup:
             f"{where}: no recompute mode: expected at least one of the fields "
             f"{', '.join(_SAPP_MEMORY_KEYS.values())}"
         )
+    if not modes:
+        _check_default_backward(where, "forward_time" if forward != time else "time", forward, kind)
     return LayerGroup(
         name=entry["name"], kind=kind, count=count, forward=forward, params=params, modes=modes
     )
@@ -783,9 +788,18 @@ def _own_group(entry: Any, base: str, where: str) -> LayerGroup:
                 backward=_number(cost.get("backward", _MISSING), mode_where, "backward", limit=MAX_MS),
                 activation=_number(cost.get("activation", _MISSING), mode_where, "activation"),
             )
+    if not modes:
+        _check_default_backward(where, "forward", forward, kind)
     return LayerGroup(
         name=entry["name"], kind=kind, count=count, forward=forward, params=params, modes=modes
     )
+
+
+def _check_default_backward(where: str, field_name: str, forward: float, kind: str) -> None:
+    """A head or tail given no modes gets a backward of 2 × forward, which must stay within :data:`MAX_MS`."""
+    if 2.0 * forward > MAX_MS:
+        _fail(where, field_name, forward, f"at most {MAX_MS / 2:g} ms: a {kind} without recompute modes gets a "
+              f"backward of 2 × forward, and backward times are at most {MAX_MS:g} ms")
 
 
 # --- files --------------------------------------------------------------------------------

@@ -230,8 +230,8 @@ def _grid_of(
     if isinstance(value, str) or not isinstance(value, Sequence):
         where.fail(f"{label} = {_show(value)}: expected {expected}")
 
-    def scalar(x: Any) -> bool:
-        return _is_int(x) or isinstance(x, bool)
+    def scalar(x: Any) -> bool:  # a number (a non-integer one is refused per cell below)
+        return isinstance(x, numbers.Number)
 
     flat = len(value) > 0 and all(scalar(x) for x in value) and not (v > 1 and len(value) == v)
     rows: list[Any]
