@@ -113,7 +113,10 @@ def test_make_plan_validates():
     bad[0, NONE, 0], bad[0, SELECT, 0] = 1, 1
     with pytest.raises(ConfigError, match="does not offer recompute mode 'select'"):
         make_plan(lacking, P4V2, bad, status="given")
-    assert set(PLAN_STATUSES) == {"optimal", "feasible", "infeasible", "unknown", "given"}
+    for status in PLAN_STATUSES:  # every status is accepted; exactly the three with an assignment are solved
+        plan = make_plan(prof, P4V2, good if status in ("optimal", "feasible", "given") else None, status=status,
+                         step_time=1.0)
+        assert plan.status == status and plan.solved == (status in ("optimal", "feasible", "given"))
 
 
 def test_plan_without_assignment():

@@ -108,9 +108,8 @@ def test_bundled_names() -> None:
 def test_llama2_70b_numbers() -> None:
     p = bundled_profile("llama2_70b")
     assert p.name == "llama2_70b_prof"
-    assert p.source is not None and p.source.endswith("llama2_70b.json")
-    assert [g.kind for g in p.groups] == ["head", "body", "tail"]
-    assert p.head is not None and p.tail is not None
+    assert str(p.source).endswith("llama2_70b.json")
+    assert [g.kind for g in p.groups] == ["head", "body", "tail"] and (p.head, p.tail) == (p.groups[0], p.groups[2])
     assert (p.head.name, p.head.forward, p.head.params) == ("LlamaEmbedding", 13, 9236)
     assert p.head.modes == {"none": ModeCost(backward=26, activation=0)}
     (b,) = p.body
@@ -136,8 +135,8 @@ def test_demo_numbers() -> None:
     )
     assert [b.mode(m).activation for m in b.available_modes] == [852, 767, 535, 511]
     assert b.strongest_mode == "both"
-    assert p.head is not None and p.head.mode("none").backward == 180
-    assert p.tail is not None and p.tail.mode("none").backward == 360
+    assert p.head.mode("none").backward == 180
+    assert p.tail.mode("none").backward == 360
     raises_with(lambda: b.mode("full"), "BODY", "'full'")
 
 
@@ -286,7 +285,6 @@ def test_several_body_groups_keep_their_order() -> None:
 
 def test_head_and_tail_defaults() -> None:
     p = Profile.from_dict(sapp(head(), body(), tail(memory_activation=70)))
-    assert p.head is not None and p.tail is not None
     assert p.head.modes == {"none": ModeCost(backward=20, activation=0)}
     assert p.tail.modes == {"none": ModeCost(backward=40, activation=70)}
 
@@ -341,9 +339,9 @@ groups:
         encoding="utf-8",
     )
     p = load_profile(path)
-    assert p.head is not None and p.head.modes == {"none": ModeCost(26, 0)}
+    assert p.head.modes == {"none": ModeCost(26, 0)}
     assert p.body[0].available_modes == ("none", "select")
-    assert p.tail is not None and p.tail.mode("none") == ModeCost(11, 3)
+    assert p.tail.mode("none") == ModeCost(11, 3)
 
 
 def test_own_format_without_format_key() -> None:
@@ -794,6 +792,13 @@ def test_sapp_backward_formula(time_: float, coefs: list[float]) -> None:
         assert b.forward == time_
 
 
-def test_constants() -> None:
-    assert MODES == ("none", "select", "comm", "both", "full")
-    assert GROUP_KINDS == ("head", "body", "tail")
+def test_modes_are_kept_weakest_first_and_only_known_kinds_are_accepted() -> None:
+    given = {m: ModeCost(backward=10 + i, activation=50 - 10 * i) for i, m in reversed(list(enumerate(MODES)))}
+    group = LayerGroup("g", "body", 1, 5, 1, given)
+    assert list(group.modes) == list(MODES) == list(ModeTable(given))  # in MODES order, whatever the input order
+    assert group.strongest_mode == MODES[-1]  # the least activation
+    for kind in GROUP_KINDS:
+        assert LayerGroup("g", kind, 1, 5, 1, given).kind == kind
+    raises_with(lambda: LayerGroup("g", "middle", 1, 5, 1, given), "'kind' = 'middle'", "'head', 'body', 'tail'")
+    sapp_types = [g.kind for g in Profile.from_dict(sapp(head(), body(), tail())).groups]
+    assert sapp_types == list(GROUP_KINDS)  # HEAD, BODY, TAIL in a SAPP file
