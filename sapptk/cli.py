@@ -32,6 +32,7 @@ from sapptk.profile import MODES, Profile, resolve_profile
 __all__ = ["add_pipeline_args", "build_parser", "main", "pipeline_config"]
 
 _MAX_SEED = 2**31 - 1  # OR-Tools takes a 32-bit seed
+_MAX_WORKERS = 1024  # solver threads: far beyond any machine's cores, within OR-Tools' 32-bit field
 
 
 # ------------------------------------------------------------------- argument types
@@ -45,14 +46,14 @@ def _positive_seconds(text: str) -> float:
 _positive_seconds.__name__ = "time limit (seconds > 0)"
 
 
-def _positive_int(text: str) -> int:
+def _workers(text: str) -> int:
     value = int(text)
-    if value < 1:
+    if not 1 <= value <= _MAX_WORKERS:
         raise ValueError(text)
     return value
 
 
-_positive_int.__name__ = "integer >= 1"
+_workers.__name__ = f"worker count (1 to {_MAX_WORKERS})"
 
 
 def _seed(text: str) -> int:
@@ -152,7 +153,7 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
                         help=f"modes the solver may use (default all: {' '.join(MODES)})")
     parser.add_argument("--time-limit", type=_positive_seconds, default=30.0, metavar="S",
                         help="solver time limit, s (30)")
-    parser.add_argument("--workers", type=_positive_int, default=2, help="solver worker threads (2)")
+    parser.add_argument("--workers", type=_workers, default=2, help="solver worker threads (2)")
     parser.add_argument("--seed", type=_seed, default=0, help="solver random seed (0)")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="write sapptk_plan.yaml (the plan; `sapptk export` reads it), plan.yaml (MindFormers) "
@@ -360,7 +361,7 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
                         help="serial (default), processes, dask (a local cluster) or dask://HOST:PORT")
     parser.add_argument("--time-limit", type=_positive_seconds, default=30.0, metavar="S",
                         help="solver limit per point, s (30)")
-    parser.add_argument("--workers", type=_positive_int, default=None,
+    parser.add_argument("--workers", type=_workers, default=None,
                         help="solver threads per point (default: cores/parallel)")
     parser.add_argument("--seed", type=_seed, default=0, help="solver random seed (0)")
     parser.add_argument("--deterministic", action="store_true", help="deterministic solver runs")
