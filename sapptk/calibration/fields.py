@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
-import yaml
 
 from sapptk.errors import CalibrationError
+from sapptk.files import load_document
 
 __all__ = ["fail", "integer", "is_int", "load_yaml", "mapping", "peak_mb", "show"]
 
@@ -48,31 +48,10 @@ def peak_mb(value: Any, source: str, field_name: str) -> float:
 
 
 def load_yaml(path: Path, source: str) -> Any:
-    """A user's YAML file through ``yaml.safe_load``, refusing unreadable, huge or invalid files."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise CalibrationError(f"{source}: cannot read the file: no such file") from None
-    except OSError as exc:
-        raise CalibrationError(f"{source}: cannot read the file: {exc.strerror or exc}") from None
-    if path.is_dir():
-        raise CalibrationError(f"{source}: cannot read the file: it is a directory")
-    if size > _MAX_FILE_BYTES:
-        raise CalibrationError(
-            f"{source}: file is larger than {_MAX_FILE_BYTES // 2**20} MB: expected a calibration file"
-        )
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise CalibrationError(f"{source}: not UTF-8 text (bad byte at offset {exc.start})") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise CalibrationError(f"{source}: invalid YAML{where}: {exc.problem or exc.context}") from None
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise CalibrationError(f"{source}: invalid YAML: {exc}") from None
+    """A user's YAML file through :mod:`sapptk.files` (regular files only, size, encoding, nesting,
+    alias bombs, no tags), every problem a :class:`CalibrationError` naming the file."""
+    return load_document(path, what="file", error=CalibrationError, suffixes=(), default="yaml",
+                         max_bytes=_MAX_FILE_BYTES)
 
 
 def mapping(data: Any, source: str, field_name: str, keys: Sequence[str], required: Sequence[str]) -> Mapping:

@@ -14,10 +14,12 @@ Bad files raise :class:`~sapptk.errors.TraceError` naming the file and what was 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
 import os
+import stat
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -51,6 +53,10 @@ class Trace:
 
 
 def _load(path: Path, source: str) -> Any:
+    with contextlib.suppress(OSError):  # a FIFO or a device would block or never end: refuse it before opening
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            raise TraceError(f"{source}: cannot read the trace: it is not a regular file (a FIFO or a device)")
     try:
         with path.open("rb") as handle:
             head = handle.read(2)
