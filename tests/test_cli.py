@@ -173,3 +173,62 @@ def test_balance_out_when_the_mindformers_lists_cannot_express_the_plan(capsys, 
     assert "plan.yaml not written" in out and "cell [0][1]" in out
     assert (tmp_path / "layout.csv").exists() and not (tmp_path / "plan.yaml").exists()
     assert (tmp_path / "sapptk_plan.yaml").exists()
+
+
+# ------------------------------------------------------------------------ boundaries
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["balance", "demo", *DEMO_SETUP, "--time-limit", "nan"], "invalid time limit (seconds > 0) value: 'nan'"),
+        (["balance", "demo", *DEMO_SETUP, "--time-limit", "-1"], "invalid time limit (seconds > 0) value: '-1'"),
+        (["balance", "demo", *DEMO_SETUP, "--workers", "0"], "invalid worker count (1 to 1024) value: '0'"),
+        (["balance", "demo", *DEMO_SETUP, "--workers", "99999999999"], "worker count (1 to 1024)"),
+        (["balance", "demo", *DEMO_SETUP, "--seed", "4294967296"], "invalid seed (0 to 2147483647)"),
+        (["balance", "demo", "--stages", "1000000000000", "--micro-batches", "8"], "would have"),
+        (["sweep", "demo", "-p", "4", "-m", "8", "--memory", "lots", "--out", "x"], "invalid budget (MB, or none)"),
+        (["simulate", "demo", "--config", str(ROOT / "tests" / "data" / "bad" / "mf_offset_wrap.yaml"), *DEMO_SETUP],
+         "between -96 and 96"),
+        (["balance", str(ROOT / "tests" / "data" / "bad" / "billion_laughs.yaml"), *DEMO_SETUP], "alias bomb"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_balance_out_is_checked_before_solving(capsys, tmp_path, monkeypatch):
+    import sapptk.balancer as balance_module
+
+    def must_not_solve(*args, **kwargs):
+        raise AssertionError("solved before checking --out")
+
+    monkeypatch.setattr(balance_module, "balance", must_not_solve)
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    code, out, err = run(capsys, "balance", "demo", *DEMO_SETUP, "--out", str(a_file))
+    assert code == 2 and "output folder (--out) is a file" in err and "step time" not in out
+
+    import sapptk.files as files_module
+
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(files_module.tempfile, "mkstemp", read_only)
+    code, out, err = run(capsys, "balance", "demo", *DEMO_SETUP, "--out", str(tmp_path / "new"))
+    assert code == 2 and "cannot write in the output folder (--out): the file system is read-only" in err
+
+
+@pytest.mark.slow
+def test_names_that_are_not_utf8_are_printed_escaped(tmp_path):
+    """A profile file and an --out folder whose names are not UTF-8, on a strict UTF-8 terminal."""
+    import os
+
+    profile = tmp_path / os.fsdecode(b"d\xffemo.json")
+    profile.write_bytes((ROOT / "data" / "demo.json").read_bytes())
+    out = tmp_path / os.fsdecode(b"o\xffut")
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    done = subprocess.run([sys.executable, "-m", "sapptk", "balance", str(profile), *DEMO_SETUP, "--time-limit", "5",
+                           "--out", str(out)], capture_output=True, env=env, check=False)
+    assert done.returncode in (0, 1), done.stderr.decode(errors="replace")[-800:]
+    assert b"Traceback" not in done.stderr and b"o\\udcffut" in done.stdout
+    assert (out / "layout.csv").exists()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from support import random_counts, reference_run, reference_through, seed_of, setups, small_profile
 
-from sapptk.config import PipelineConfig
+from sapptk.config import MAX_PROGRAM_OPS, PipelineConfig, program_ops
 from sapptk.costs import (
     MEMORY_UNIT_MB,
     TIME_UNIT_MS,
@@ -50,6 +50,12 @@ def test_config_is_plain_picklable_data_and_caches_its_program():
         ({"stages": 4, "micro_batches": 8, "constant_memory": float("nan")}, "constant_memory"),
         ({"stages": 4, "micro_batches": 8, "recompute": ("none", "half")}, "'half'"),
         ({"stages": 4, "micro_batches": 8, "recompute": ()}, "recompute"),
+        ({"stages": 4, "micro_batches": 8, "memory_budget": 10**400}, "memory_budget = 1000000000"),
+        ({"stages": 4, "micro_batches": 8, "memory_budget": 1e300}, "at most 1e+12"),
+        ({"stages": 4, "micro_batches": 8, "comm": 1e30}, "at most 1e+07"),
+        ({"stages": 64, "micro_batches": 8192, "chunks": 2, "schedule": "interleaved"},
+         "would have 2,097,152 ops, which would need about 42 s and 2.1 GB"),
+        ({"stages": 2**40, "micro_batches": 2**40}, "about 10^24 ops, which would need more time and memory"),
     ],
 )
 def test_config_errors_name_field_and_value(kwargs, needle):
@@ -69,6 +75,36 @@ def test_config_check_against_profile():
     if "dualpipe-v" in names():
         with pytest.raises(ConfigError, match="micro_batches"):
             PipelineConfig(4, 6, 2, "dualpipe-v").check(prof)
+
+
+def test_program_ops_bounds_every_program():
+    for config in setups():
+        ops = program_ops(config.schedule, config.stages, config.micro_batches, config.chunks, config.splits)
+        kinds = config.program().ops["kind"].value_counts()
+        assert kinds["F"] * (3 if config.split_backward else 2) == ops  # one F per slice and virtual stage
+        assert len(config.program().ops) <= ops
+
+
+def test_largest_accepted_program_is_built():
+    """At the limit itself the program is accepted (and one op more is not)."""
+    config = PipelineConfig(2, MAX_PROGRAM_OPS // 4, schedule="1f1b")  # 2 stages x m x 2 ops = the limit
+    config.validate()
+    with pytest.raises(ConfigError, match="would have 1,000,004 ops"):
+        config.replace(micro_batches=config.micro_batches + 1).validate()
+
+
+# ---------------------------------------------------------------- magnitudes
+def test_sizes_that_could_overflow_are_refused_with_the_figures():
+    from sapptk.profile import LayerGroup, ModeCost, Profile
+
+    big = LayerGroup("b", "body", 1_000_000, 1e7, 1e9, {"none": ModeCost(1e7, 1e9)})
+    with pytest.raises(ConfigError, match=r"step time could reach 1\.6e\+14 ms \(8 micro-batches × 2e\+13 ms"):
+        layer_coefficients(Profile("big", (big,)), PipelineConfig(4, 8))
+    heavy = LayerGroup("b", "body", 1_000_000, 1.0, 1e9, {"none": ModeCost(1.0, 1.0)})
+    with pytest.raises(ConfigError, match=r"memory could reach 1e\+15 MB \(parameters 1e\+15 MB"):
+        layer_coefficients(Profile("heavy", (heavy,)), PipelineConfig(4, 8))
+    fine = LayerGroup("b", "body", 1_000, 1e3, 1e5, {"none": ModeCost(2e3, 1e4)})
+    assert layer_coefficients(Profile("fine", (fine,)), PipelineConfig(4, 8)).forward[0] == 10**6  # µs
 
 
 # ---------------------------------------------------------------- coefficients

@@ -247,3 +247,27 @@ def test_layout_on_a_v_placement():
     assert second["stage"].tolist() == [0, 1, 2, 3]  # position along chunk 1's pass
     assert second["device"].tolist() == [3, 2, 1, 0]  # which runs the devices backwards
     assert (layout["virtual_stage"] == layout["chunk"] * 4 + layout["stage"]).all()
+
+
+def test_to_yaml_into_a_missing_folder_is_a_clear_error(tmp_path, mixed):
+    from sapptk.errors import FileError
+
+    with pytest.raises(FileError, match=r"plan.yaml: cannot write the plan: the folder .*nope' does not exist"):
+        mixed.to_yaml(tmp_path / "nope" / "plan.yaml")
+    with pytest.raises(FileError, match="cannot write the plan: it is a directory"):
+        mixed.to_yaml(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((2**70, 4, 1), "total = 1180591620717411303424: expected an integer from 0 to 9,007,199,254,740,992"),
+        ((-1, 4, 1), "total = -1"),
+        ((96, 0, 1), "stages = 0"),
+        ((96, 4, 2.0), "chunks = 2.0"),
+        ((96, 10**6, 10**6), "stages × chunks = 1,000,000,000,000 cells"),
+    ],
+)
+def test_even_layers_refuses_what_it_cannot_hold(args, message):
+    with pytest.raises(ConfigError, match=message):
+        even_layers(*args)
