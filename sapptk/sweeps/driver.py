@@ -26,7 +26,7 @@ from sapptk.errors import ConfigError
 from sapptk.profile import Profile
 from sapptk.sweeps import solving
 from sapptk.sweeps.cache import Cache
-from sapptk.sweeps.executors import default_workers, open_executor
+from sapptk.sweeps.executors import check_executor, default_workers, open_executor
 from sapptk.sweeps.frame import RESULT_COLUMNS, input_row, no_plan, typed
 from sapptk.sweeps.grid import expand_grid, point_key, profile_digest, profiles_of
 from sapptk.sweeps.solving import Result, Solve, Task
@@ -88,6 +88,7 @@ def sweep(
     from tqdm.auto import tqdm
 
     _check_arguments(time_limit, workers, seed)
+    check_executor(executor)
     solve = solve or solving.solve_point
     profiles = profiles_of(profile)
     points = expand_grid(grid)

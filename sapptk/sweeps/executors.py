@@ -42,7 +42,16 @@ from sapptk.errors import ConfigError, SapptkError
 from sapptk.sweeps.frame import no_plan
 from sapptk.sweeps.solving import Result, Solve, Task, portable, timed
 
-__all__ = ["DASK_CONNECT_SECONDS", "MAX_ATTEMPTS", "MAX_SOLVER_WORKERS", "Runner", "default_workers", "open_executor"]
+__all__ = [
+    "DASK_CONNECT_SECONDS",
+    "MAX_ATTEMPTS",
+    "MAX_SOLVER_WORKERS",
+    "Runner",
+    "available_cores",
+    "check_executor",
+    "default_workers",
+    "open_executor",
+]
 
 MAX_ATTEMPTS = 3
 """How often the ``processes`` executor runs a point whose worker process died."""
@@ -300,11 +309,7 @@ def open_executor(
     Unknown executors and unreachable schedulers raise here, before anything is solved.
     """
     n_cores = available_cores()
-    known = isinstance(executor, str) and executor in ("serial", "processes", "dask") or (
-        isinstance(executor, str) and executor.startswith("dask://")
-    )
-    if isinstance(executor, str) and not known:
-        _unknown(executor)
+    check_executor(executor)
     if executor == "serial" or not todo:
         return (lambda tasks, rescue: _run_serial(tasks, solve)), 1
     if executor == "processes":
@@ -321,6 +326,15 @@ def open_executor(
         shipped = portable(solve)
         return (lambda tasks, rescue: _run_pool(tasks, shipped, executor, rescue)), slots
     _unknown(executor)
+
+
+def check_executor(executor: Any) -> None:
+    """Refuse an executor no runner exists for (before anything else is set up)."""
+    if isinstance(executor, str):
+        if executor not in ("serial", "processes", "dask") and not executor.startswith("dask://"):
+            _unknown(executor)
+    elif not (_is_dask_client(executor) or isinstance(executor, Executor)):
+        _unknown(executor)
 
 
 def _unknown(executor: Any) -> NoReturn:
