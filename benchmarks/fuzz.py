@@ -1,6 +1,6 @@
 """A fresh fuzz campaign against sapptk's boundary: profiles (dicts and files), MindFormers
-configs, pipeline configs, ``simulate`` and ``balance`` arguments, sweep caches and
-arguments, and the command line.
+configs, pipeline configs, calibration files, ``simulate`` and ``balance`` arguments, sweep
+caches and arguments, and the command line.
 
 Every input must give a clear sapptk error (a ``SapptkError``, or exit code 2 with a
 message and no traceback from the CLI) or a correct result (checked by an oracle per
@@ -184,6 +184,38 @@ def simulate_args(r: random.Random) -> dict[str, Any]:
             "constant": maybe(r, 1.0, 0.3), "weight_holds": maybe(r, 0.5, 0.3)}
 
 
+def mutate_tree(r: random.Random, data: Any) -> Any:
+    """Nested data with one leaf (or branch) replaced by a weird value, or removed."""
+    data = copy.deepcopy(data)
+    node, parent, key = data, None, None
+    while isinstance(node, dict | list) and node and r.random() < 0.8:
+        parent, key = node, r.choice(list(node) if isinstance(node, dict) else range(len(node)))
+        node = node[key]
+    if parent is None:
+        return weird(r)
+    if isinstance(parent, dict) and r.random() < 0.2:
+        del parent[key]
+    else:
+        parent[key] = weird(r)
+    return data
+
+
+def calibration_case(r: random.Random) -> dict[str, Any]:
+    import yaml
+
+    text = (ROOT / "data" / "calibration" / r.choice(["init_demo.yaml", "init_demo_pp4_rounds.yaml"])).read_bytes()
+    if r.random() < 0.5:
+        return {"bytes": base64.b64encode(mutate(r, text)).decode()}
+    data = yaml.safe_load(text)
+    for _ in range(r.randint(1, 2)):
+        data = mutate_tree(r, data)
+    try:
+        dumped = yaml.safe_dump(data, allow_unicode=True).encode("utf-8", "surrogatepass")
+    except yaml.YAMLError:
+        dumped = json.dumps(data).encode("utf-8", "surrogatepass")
+    return {"bytes": base64.b64encode(dumped).decode()}
+
+
 CACHE_DAMAGE = ["truncated_part", "foreign_parquet", "text_part", "directory_part", "garbage_journal", "foreign_file",
                 "empty_part", "cache_is_file", "missing_columns", "bad_key_types", "nested_missing"]
 
@@ -191,9 +223,9 @@ CACHE_DAMAGE = ["truncated_part", "foreign_parquet", "text_part", "directory_par
 def make_campaign(seed: int, size: int) -> list[dict[str, Any]]:
     """``size`` inputs (at least), by category, replaying from ``seed``."""
     r = random.Random(seed)
-    share = {"profile_dict": 0.17, "profile_file": 0.17, "special_file": 0.05, "mindformers": 0.14,
-             "mindformers_file": 0.05, "pipeline": 0.12, "simulate": 0.06, "cache": 0.07, "cli": 0.1,
-             "balance": 0.03, "sweep": 0.04}
+    share = {"profile_dict": 0.15, "profile_file": 0.15, "special_file": 0.05, "mindformers": 0.13,
+             "mindformers_file": 0.05, "pipeline": 0.12, "calibration": 0.05, "simulate": 0.06, "cache": 0.07,
+             "cli": 0.1, "balance": 0.03, "sweep": 0.04}
     cases: list[dict[str, Any]] = []
     for cat, part in share.items():
         for _ in range(max(1, round(size * part))):
@@ -214,6 +246,8 @@ def make_campaign(seed: int, size: int) -> list[dict[str, Any]]:
                                                                     else text).decode()}
             elif cat == "pipeline":
                 data = pipeline_fields(r)
+            elif cat == "calibration":
+                data = calibration_case(r)
             elif cat == "simulate":
                 data = simulate_args(r)
             elif cat == "cache":
@@ -446,6 +480,13 @@ def run_case(case: dict[str, Any]) -> None:  # noqa: C901 - one branch per categ
             from sapptk.plan import even_baseline
 
             check_plan(even_baseline(bundled_profile("llama2_70b"), config))
+        elif cat == "calibration":
+            from sapptk.calibration import calibrate
+
+            path = folder / "calibration.yaml"
+            path.write_bytes(base64.b64decode(data["bytes"]))
+            result = calibrate(path)
+            check_profile(result.profile)
         elif cat == "simulate":
             from sapptk.simulation import simulate
 
