@@ -30,8 +30,9 @@ __all__ = ["MAX_BUDGET_MB", "MAX_COMM_MS", "MAX_PROGRAM_OPS", "PipelineConfig", 
 
 MAX_PROGRAM_OPS = 1_000_000
 """Most ops a schedule's program may have (stages × chunks × micro-batches × splits × 2, or
-× 3 with a split backward). Building and simulating a program takes about 20 µs and 1 KB
-per op, so the limit is about 20 s and 1 GB; larger setups are refused before any work."""
+× 3 with a split backward; :func:`program_ops`). Larger setups are refused before any work,
+with an estimate of the time and memory they would need (``docs/limits.md`` gives the
+measured cost per op)."""
 
 MAX_BUDGET_MB = 1e12
 """Largest memory budget or constant memory accepted, in MB (1 EB)."""
@@ -39,7 +40,7 @@ MAX_BUDGET_MB = 1e12
 MAX_COMM_MS = 1e7
 """Largest point-to-point latency accepted, in ms."""
 
-_MS_PER_OP = 0.02  # what MAX_PROGRAM_OPS is based on: build + simulate, per op
+_MS_PER_OP = 0.02  # the estimate in the refusal: build + simulate, per op (docs/limits.md)
 _KB_PER_OP = 1.0
 
 
