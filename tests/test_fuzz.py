@@ -338,9 +338,6 @@ def simulate_arguments(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-@pytest.mark.slow  # a failing hypothesis test shrinks its examples: seconds
-@pytest.mark.xfail(reason="simulate()'s argument validation belongs to the kernel developer (issue 13); "
-                          "benchmarks/fuzz.py reports what still fails", strict=False)
 @FUZZ
 @given(simulate_arguments())
 def test_simulate_arguments_give_a_clear_error_or_finite_figures(kw: dict[str, Any]) -> None:
