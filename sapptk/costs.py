@@ -243,7 +243,10 @@ def _check_magnitudes(
         n * (int(forward[g]) + int(backward[g].max(initial=0)) + int(weight[g])) for g, n in enumerate(counts)
     )
     per_micro_batch += int(fixed["f"].sum()) + int(fixed["b"].sum()) + int(fixed["w"].sum())
-    units = program_ops(config.schedule, config.stages, config.micro_batches, config.chunks, config.splits)
+    if config.custom_program is not None:  # a carried program: its own ops
+        units = config.custom_program.num_ops
+    else:
+        units = program_ops(config.schedule, config.stages, config.micro_batches, config.chunks, config.splits)
     step = config.micro_batches * per_micro_batch + units * time_units(config.comm)
     if step >= MAX_UNITS:
         raise ConfigError(

@@ -176,18 +176,19 @@ def _line_col(text: str, index: int) -> str:
 def decode_text(data: bytes, *, source: str, what: str = "file", error: ErrorType = FileError) -> str:
     """UTF-8 bytes as text (a leading byte-order mark dropped); clear errors for binary data,
     UTF-16/32 and other encodings."""
+    cannot = f"{source}: cannot read the {what}"
     if data.startswith((b"\xff\xfe", b"\xfe\xff")) or data[:4] in (b"\x00\x00\xfe\xff", b"\xff\xfe\x00\x00"):
-        raise error(f"{source}: the {what} is UTF-16 or UTF-32 text: expected UTF-8 (save it as UTF-8)")
+        raise error(f"{cannot}: it is UTF-16 or UTF-32 text: expected UTF-8 (save it as UTF-8)")
     nul = data.find(b"\x00")
     if nul >= 0:
-        raise error(f"{source}: NUL byte at offset {nul}: expected a text {what} (is this a binary file?)")
+        raise error(f"{cannot}: NUL byte at offset {nul} (is this a binary file?): expected text")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         head = data[: exc.start].decode("utf-8", errors="replace")
         raise error(
-            f"{source}: not UTF-8 text (byte 0x{data[exc.start]:02x} at {_line_col(head, len(head))}, offset "
-            f"{exc.start}): expected a UTF-8 {what}"
+            f"{cannot}: not UTF-8 text (byte 0x{data[exc.start]:02x} at {_line_col(head, len(head))}, offset "
+            f"{exc.start}): expected UTF-8"
         ) from None
 
 

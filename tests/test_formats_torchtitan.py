@@ -156,7 +156,7 @@ local_batch_size = 4
          "expected the embedding first in part 0"),
         (lambda t: t.replace('mode = "full"', 'mode = "memory_budget"'), "has no sapptk mode"),
         (lambda t: t.replace("local_batch_size = 4", "local_batch_size = 4.5"), "local_batch_size = 4.5"),
-        (lambda t: t.replace("[training]", "[training"), "not valid TOML"),
+        (lambda t: t.replace("[training]", "[training"), "invalid TOML"),
         (lambda t: t.replace("= 2\n", "= 3\n", 1), "2 model parts on pipeline_parallel_degree = 3"),
     ],
 )

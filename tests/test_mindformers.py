@@ -263,7 +263,7 @@ def test_file_errors(tmp_path):
         from_mindformers(prof, P4V2, deep)
     nul = tmp_path / "nul.yaml"
     nul.write_bytes(b"offset: 0\x00\n")
-    with pytest.raises(ConfigError, match="nul.yaml: NUL byte at offset 9"):
+    with pytest.raises(ConfigError, match="nul.yaml: cannot read the file: NUL byte at offset 9"):
         from_mindformers(prof, P4V2, nul)
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from sapptk.errors import ConfigError
+from sapptk.files import load_toml_text, read_text
 from sapptk.formats.expressible import FIT_TOLERANCE_MB, closest, counts_from_layers, modes_used
 from sapptk.profile import MODES
 
@@ -193,10 +193,7 @@ def _fail(source: str, message: str) -> ConfigError:
 
 def read(text: str, source: str = "<toml>") -> TorchtitanConfig:
     """Parse a torchtitan job file (or fragment) and check the pipeline keys."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise _fail(source, f"not valid TOML: {exc}") from None
+    data = load_toml_text(text, source=source, error=ConfigError)  # nesting and Unicode guards of sapptk.files
     par = data.get("parallelism")
     if not isinstance(par, dict):
         raise _fail(source, "no [parallelism] table: expected pipeline_parallel_degree, pipeline_parallel_schedule, "
@@ -366,10 +363,7 @@ def decode(profile: Any, source: Any, config: Any = None, *,
     if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source and "=" not in source):
         where = os.fspath(source)
         base = Path(where).parent
-        try:
-            text = Path(where).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{where}: cannot read the file: {exc}") from None
+        text = read_text(where, what="torchtitan file", error=ConfigError)
     if not isinstance(text, str):
         raise ConfigError(f"source = {source!r}: expected a TOML file path or TOML text")
     tt = read(text, where)

@@ -29,6 +29,7 @@ import re
 from pathlib import Path
 
 from sapptk.errors import DeadlockError, ScheduleError
+from sapptk.files import read_text
 from sapptk.schedules.program import Op, Program, make_program
 
 __all__ = ["from_csv", "from_csv_text"]
@@ -199,12 +200,6 @@ def from_csv(path: str | os.PathLike[str], *, name: str | None = None) -> Progra
     """
     source = os.fspath(path)
     file = Path(source)
-    try:
-        size = file.stat().st_size
-        if size > _MAX_BYTES:
-            raise ScheduleError(f"{source}: {size} bytes: expected a schedule CSV under {_MAX_BYTES} bytes")
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScheduleError(f"{source}: cannot read the schedule CSV: {exc}") from None
+    text = read_text(source, what="schedule CSV", error=ScheduleError, max_bytes=_MAX_BYTES)  # sapptk.files guards
     return from_csv_text(text, source=source, name=name if name is not None else f"csv:{file.stem}")
 
