@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "validate": "sapptk.calibration.validation",
     "CalibrationError": "sapptk.errors",
     "TraceError": "sapptk.errors",
+    "SearchOptions": "sapptk.solver.settings",
     "sweep": "sapptk.sweeps",
 }
 _MODULES = ("schedules", "calibration")
@@ -71,6 +72,7 @@ __all__ = [
     "SapptkError",
     "SapptkWarning",
     "ScheduleError",
+    "SearchOptions",
     "Simulation",
     "TraceError",
     "balance",
@@ -123,6 +125,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     )
     from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile, bundled_profiles, load_profile
     from sapptk.simulation import Bubble, Simulation, simulate
+    from sapptk.solver.settings import SearchOptions
     from sapptk.sweeps import sweep
 
 

@@ -38,8 +38,9 @@ if TYPE_CHECKING:
     from sapptk.profile import Profile
     from sapptk.simulation import Simulation
 
-__all__ = ["PLAN_STATUSES", "Plan", "even_baseline", "even_layers", "even_split", "even_splits", "from_megatron",
-           "from_mindformers", "from_mindformers_named", "from_torchtitan", "load_plan", "make_plan"]
+__all__ = ["PLAN_STATUSES", "Plan", "even_baseline", "even_layers", "even_split", "even_split_counts",
+           "even_split_modes", "even_splits", "from_megatron", "from_mindformers", "from_mindformers_named",
+           "from_torchtitan", "load_plan", "make_plan"]
 
 PLAN_STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown", "given")
 """``optimal``/``feasible``: solver results; ``infeasible``/``unknown``: no assignment
@@ -406,13 +407,8 @@ def even_layers(total: int, stages: int, chunks: int) -> np.ndarray:
     return cells
 
 
-def even_split(profile: Profile, config: PipelineConfig, recompute: str = "none") -> Plan:
-    """The naive baseline: layers spread evenly (see :func:`even_layers`), every layer in one mode.
-
-    ``recompute`` is a mode name, or ``"strongest"`` for each group's
-    :attr:`~sapptk.profile.LayerGroup.strongest_mode`. Body groups follow each other in
-    model order over the virtual stages. The step time is simulated; status ``"given"``.
-    """
+def even_split_counts(profile: Profile, config: PipelineConfig, recompute: str = "none") -> np.ndarray:
+    """The layer assignment of :func:`even_split` (not simulated, not validated as a plan)."""
     body = tuple(profile.body)
     if recompute != "strongest" and recompute not in MODES:
         raise ConfigError(f"even_split: recompute = {recompute!r}: expected one of {', '.join(MODES)} or 'strongest'")
@@ -437,19 +433,34 @@ def even_split(profile: Profile, config: PipelineConfig, recompute: str = "none"
         lo, hi = start, start + group.count
         counts[g, modes[g]] = np.clip(np.minimum(bounds[1:], hi) - np.maximum(bounds[:-1], lo), 0, None)
         start = hi
+    return counts
+
+
+def even_split(profile: Profile, config: PipelineConfig, recompute: str = "none") -> Plan:
+    """The naive baseline: layers spread evenly (see :func:`even_layers`), every layer in one mode.
+
+    ``recompute`` is a mode name, or ``"strongest"`` for each group's
+    :attr:`~sapptk.profile.LayerGroup.strongest_mode`. Body groups follow each other in
+    model order over the virtual stages. The step time is simulated; status ``"given"``.
+    """
+    counts = even_split_counts(profile, config, recompute)
     return make_plan(profile, config, counts, status="given", source=f"even_split({recompute})")
+
+
+def even_split_modes(profile: Profile) -> list[str]:
+    """The ``recompute`` arguments of :func:`even_splits`: every mode that every body group
+    offers (in :data:`MODES` order, weakest first), then ``"strongest"``."""
+    return [m for m in MODES if all(m in g.modes for g in profile.body)] + ["strongest"]
 
 
 def even_splits(profile: Profile, config: PipelineConfig) -> list[Plan]:
     """Every distinct even split: one per recompute mode that every body group offers (in
     :data:`MODES` order, weakest first), then each group's strongest mode if that differs."""
     plans: list[Plan] = []
-    for mode in (*MODES, "strongest"):
-        if mode != "strongest" and not all(mode in g.modes for g in profile.body):
-            continue
-        plan = even_split(profile, config, mode)
-        if not any(np.array_equal(plan.counts, other.counts) for other in plans):
-            plans.append(plan)
+    for mode in even_split_modes(profile):
+        counts = even_split_counts(profile, config, mode)
+        if not any(np.array_equal(counts, other.counts) for other in plans):
+            plans.append(make_plan(profile, config, counts, status="given", source=f"even_split({mode})"))
     return plans
 
 

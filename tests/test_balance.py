@@ -19,8 +19,8 @@ from support import (
     two_mode_profile,
 )
 
-import sapptk.balancer as balance_module
-from sapptk.balancer import balance, solve
+import sapptk.solver.search as search_module
+from sapptk.balancer import balance
 from sapptk.config import PipelineConfig
 from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients, simulate_counts
 from sapptk.errors import ConfigError
@@ -28,6 +28,8 @@ from sapptk.plan import from_mindformers
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
 from sapptk.schedules import names
 from sapptk.solver.paths import path_model, stage_cost_vector
+from sapptk.solver.search import search
+from sapptk.solver.settings import SearchOptions
 
 
 # ------------------------------------------------------------ prediction = simulation
@@ -42,7 +44,7 @@ def test_prediction_equals_simulation_on_random_problems(schedule):
         samples = [peaks_mb(cfg, prof, random_counts(rng, prof, cfg)).max() for _ in range(8)]
         budget = float(rng.uniform(0.6, 1.1) * np.median(samples))
         cfg = cfg.replace(memory_budget=budget)
-        res = solve(prof, cfg, time_limit=20, deterministic=True)
+        res = search(prof, cfg, time_limit=20, deterministic=True)
         assert res.status in ("optimal", "infeasible"), (schedule, trial, res.message)
         if res.status == "infeasible":
             assert "device" in res.message and "MB" in res.message
@@ -97,7 +99,7 @@ def test_optimum_equals_exhaustive_search(schedule, p, m, v, k):
     steps = np.array([fast_step(cfg, prof, c) if pk <= budget + 1e-9 else np.inf for c, pk in zip(candidates, peaks,
                                                                                                   strict=True)])
     best = steps.min()
-    res = solve(prof, cfg, time_limit=30, deterministic=True)
+    res = search(prof, cfg, time_limit=30, deterministic=True)
     assert res.status == "optimal", res.message
     assert res.step_time == pytest.approx(best, abs=1e-6)
     assert simulate_counts(prof, cfg, res.counts).step_time == pytest.approx(best, abs=1e-6)
@@ -131,7 +133,7 @@ def test_joint_shortfall_is_explained_with_the_least_possible_peak():
     least = min(peaks_mb(base, prof, c).max()
                 for c in all_assignments(prof, base, (MODES.index("none"), MODES.index("full"))))
     budget = round(least - 0.5, 3)
-    res = solve(prof, base.replace(memory_budget=budget), time_limit=20)
+    res = search(prof, base.replace(memory_budget=budget), time_limit=20)
     assert res.status == "infeasible"
     assert f"{least:.6g} MB on device" in res.message
     assert f"{least - budget:.6g} MB over the budget" in res.message
@@ -152,7 +154,7 @@ def test_config_errors_raise_before_solving(cfg, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("the solver should not have started")
 
-    monkeypatch.setattr(balance_module._Search, "__init__", boom)
+    monkeypatch.setattr(search_module, "make_problem", boom)
     with pytest.raises(ConfigError):
         balance(two_mode_profile((3, 5)), cfg)
 
@@ -162,8 +164,8 @@ def test_deterministic_runs_give_the_same_plan():
     rng = np.random.default_rng(9)
     prof = small_profile(rng, layers=(4, 8))
     cfg = PipelineConfig(3, 6, 2, "interleaved", memory_budget=None)
-    a = solve(prof, cfg, time_limit=20, deterministic=True)
-    b = solve(prof, cfg, time_limit=20, deterministic=True)
+    a = search(prof, cfg, time_limit=20, deterministic=True)
+    b = search(prof, cfg, time_limit=20, deterministic=True)
     assert a.status == b.status == "optimal"
     assert np.array_equal(a.counts, b.counts)
 
@@ -175,16 +177,13 @@ def test_time_units():
 @pytest.mark.slow
 def test_layer_count_fallback_gives_the_same_optimum(monkeypatch):
     """When enumeration is too large the layer-count master takes over; same optimum."""
-    import sapptk.solver.options as options
-
     prof = two_mode_profile((3, 5))
     cfg = PipelineConfig(2, 3, 2, "interleaved", comm=0.01)
     candidates = list(all_assignments(prof, cfg, (MODES.index("none"), MODES.index("full"))))
     peaks = np.array([peaks_mb(cfg, prof, c).max() for c in candidates])
     cfg = cfg.replace(memory_budget=float(np.quantile(peaks, 0.3)))
-    reference = solve(prof, cfg, time_limit=30, deterministic=True)
-    monkeypatch.setattr(options, "MAX_CANDIDATES", 1)
-    fallback = solve(prof, cfg, time_limit=30, deterministic=True)
+    reference = search(prof, cfg, time_limit=30, deterministic=True)
+    fallback = search(prof, cfg, time_limit=30, deterministic=True, options=SearchOptions(max_partial_layouts=1))
     assert fallback.layouts == 0 and reference.layouts > 0
     assert fallback.status == reference.status == "optimal"
     assert fallback.step_time == pytest.approx(reference.step_time, abs=1e-9)
@@ -206,32 +205,31 @@ def test_first_plan_when_no_even_split_fits():
     cfg = cfg.replace(memory_budget=budget)
     assert not any(even_split(prof, cfg, mode).fits for mode in ("none", "full"))
     best = min(fast_step(cfg, prof, c) for c in candidates if peaks_mb(cfg, prof, c).max() <= budget + 1e-9)
-    res = solve(prof, cfg, time_limit=30, deterministic=True)
+    res = search(prof, cfg, time_limit=30, deterministic=True)
     assert res.status == "optimal" and res.step_time == pytest.approx(best, abs=1e-6)
 
 
 def test_a_first_solve_cut_short_is_not_called_infeasible(monkeypatch):
     """Only a proof makes a plan infeasible: a capped solve that ends without an answer
     (as under load) doubles its cap and searches on."""
-    from ortools.sat.python import cp_model
-
     from sapptk.plan import even_split
+    from sapptk.solver.cpsat import MasterSolve
 
     prof = two_mode_profile((3, 5))
     cfg = PipelineConfig(3, 4, 1, "1f1b")
     strongest = even_split(prof, cfg, "full").simulation.peak_memory.max()
     cfg = cfg.replace(memory_budget=strongest - 1e-3)  # no even split fits
-    real = balance_module._Search.solve
+    real = search_module.run_master
     caps: list[float | None] = []
 
-    def first_one_times_out(self, time_cap=None):
-        caps.append(time_cap)
+    def first_one_times_out(master, clock, **kw):
+        caps.append(kw["time_cap"])
         if len(caps) == 1:
-            return cp_model.UNKNOWN, None, []
-        return real(self, time_cap)
+            return MasterSolve("unknown")
+        return real(master, clock, **kw)
 
-    monkeypatch.setattr(balance_module._Search, "solve", first_one_times_out)
-    res = solve(prof, cfg, time_limit=30)
+    monkeypatch.setattr(search_module, "run_master", first_one_times_out)
+    res = search(prof, cfg, time_limit=30)
     assert res.status in ("optimal", "feasible"), res.message
     assert caps[1] == pytest.approx(2 * caps[0])
 
@@ -240,8 +238,8 @@ def test_empty_stages_when_allowed():
     prof = two_mode_profile((2, 2))
     cfg = PipelineConfig(4, 4, 2, "interleaved")  # 8 virtual stages, 4 body layers
     with pytest.raises(ConfigError):
-        solve(prof, cfg)
-    res = solve(prof, cfg, time_limit=20, allow_empty_stages=True, deterministic=True)
+        search(prof, cfg)
+    res = search(prof, cfg, time_limit=20, allow_empty_stages=True, deterministic=True)
     assert res.status == "optimal"
     assert (res.counts.sum(axis=(0, 1)) == 0).any()
     assert res.step_time == pytest.approx(simulate_counts(prof, cfg, res.counts).step_time, abs=1e-9)

@@ -11,14 +11,16 @@ import numpy as np
 import pytest
 from support import EXHAUSTIVE, all_assignments, fast_step, peaks_mb, two_mode_profile
 
-from sapptk.balancer import _Search
 from sapptk.config import PipelineConfig
 from sapptk.costs import TIME_UNIT_MS, layer_coefficients
 from sapptk.profile import MODES
 from sapptk.schedules import names
-from sapptk.solver.options import device_layouts, stage_options
+from sapptk.solver.layouts import device_layouts, stage_options
+from sapptk.solver.masters import LayoutMaster
 from sapptk.solver.paths import path_model, stage_cost_vector
+from sapptk.solver.problem import make_problem
 from sapptk.solver.relaxation import lagrangian_bound, relax
+from sapptk.solver.settings import SearchOptions
 
 
 def setup(schedule: str, p: int, m: int, v: int, k: int, quantile: float = 0.3):
@@ -33,13 +35,23 @@ def setup(schedule: str, p: int, m: int, v: int, k: int, quantile: float = 0.3):
     return prof, cfg, fitting
 
 
-def search_for(prof, cfg) -> _Search:
-    s = _Search(prof, cfg, time_limit=30, workers=1, seed=0, deterministic=True, allow_empty=False)
-    s.build_master()
-    return s
+class Built:
+    """The problem and the layout master the search would build (no incumbent bound)."""
+
+    def __init__(self, prof, cfg) -> None:
+        self.problem = make_problem(prof, cfg, allow_empty=False, options=SearchOptions())
+        self.coef, self.paths, self.program = self.problem.coef, self.problem.paths, self.problem.program
+        self.comm_ticks = self.problem.comm_ticks
+        layouts = device_layouts(self.coef, self.program, stage_options(self.coef, self.coef.counts), ub=None,
+                                 budget=self.problem.budget, allow_empty=False)
+        self.master = LayoutMaster(self.coef, self.program, self.comm_ticks, layouts)
 
 
-def seeds(s: _Search) -> list[tuple[np.ndarray, int]]:
+def search_for(prof, cfg) -> Built:
+    return Built(prof, cfg)
+
+
+def seeds(s: Built) -> list[tuple[np.ndarray, int]]:
     return [(s.paths.device_sig[d], 0) for d in range(s.program.stages)]
 
 

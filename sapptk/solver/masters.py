@@ -1,12 +1,12 @@
 """The two CP-SAT master problems of the balancer.
 
 Both describe the same set of plans and expose the same small interface to the search
-(:mod:`sapptk.balancer`): a ``model``, the step-time variable ``z`` (in ticks), ``variables``
+(:mod:`sapptk.solver.search`): a ``model``, the step-time variable ``z`` (in ticks), ``variables``
 to read a solution from, ``counts_of`` to turn a solution into a layer assignment,
 ``hint``, ``add_cut`` for a path, and linear expressions of the two tie-break objectives.
 
 * :class:`LayoutMaster` (the default) picks one enumerated layout per device
-  (:mod:`sapptk.solver.options`); memory is implicit in the layouts.
+  (:mod:`sapptk.solver.layouts`); memory is implicit in the layouts.
 * :class:`LayerMaster` has the layer counts ``x[g, r, vs]`` as variables and one memory row
   per device and live point; it needs no enumeration, so it is the fallback when there are
   too many layouts (many chunks per device), and it finds a first plan when no even split
@@ -21,7 +21,7 @@ from ortools.sat.python import cp_model
 from sapptk.costs import LayerCoefficients
 from sapptk.profile import MODES
 from sapptk.schedules.program import Program
-from sapptk.solver.options import DeviceLayouts, path_lengths
+from sapptk.solver.layouts import DeviceLayouts, path_lengths
 from sapptk.solver.paths import memory_model, path_key
 
 __all__ = ["LayerMaster", "LayoutMaster", "Master"]

@@ -1,7 +1,9 @@
 """Integer views of a :class:`~sapptk.schedules.Program` for the solver: paths and live points.
 
 Both depend on the program alone (never on durations), so they are built once per program
-and cached.
+and cached. Unit signatures are stored sparse (a unit holds at most two ops, each adding to
+at most two columns): a dense (units × 3·nvs) table would take 0.8 GB at 64 stages,
+256 micro-batches and 4 chunks.
 """
 
 from __future__ import annotations
@@ -19,7 +21,75 @@ from sapptk.schedules.program import B_CODE, F_CODE, I_CODE, W_CODE, Program
 from sapptk.schedules.timing import critical_path, longest_path, path_sums
 from sapptk.simulation import WEIGHT_HOLDS
 
-__all__ = ["MemoryModel", "PathModel", "memory_model", "path_key", "path_model", "stage_cost_vector"]
+__all__ = [
+    "MemoryModel",
+    "PathModel",
+    "UnitSignatures",
+    "memory_model",
+    "path_key",
+    "path_model",
+    "stage_cost_vector",
+]
+
+
+# ----------------------------------------------------------- unit signatures
+@dataclass(frozen=True, eq=False)
+class UnitSignatures:
+    """How many forward, backward and weight op durations of each virtual stage every unit adds up.
+
+    A sparse (units × ``width``) integer matrix: row ``u`` is ``Σ_k vals[u, k] · e(cols[u, k])``,
+    padded with column ``width`` (a zero column) and value 0. It answers the few operations
+    the path model needs as a dense matrix would: ``sig[u]`` and ``sig[units]`` (dense rows),
+    ``sig @ costs`` (costs of shape (width,) or (width, batch)), ``sig.sum(axis=0)``,
+    ``sig.shape`` and ``np.asarray(sig)``.
+    """
+
+    cols: np.ndarray  # (n_units, K) int64
+    vals: np.ndarray  # (n_units, K) int64
+    width: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self.cols), self.width)
+
+    def __getitem__(self, index: int | np.integer | np.ndarray) -> np.ndarray:
+        # a row's real columns are distinct (built so); padding entries all write 0 to column `width`
+        cols, vals = self.cols[index], self.vals[index]
+        if cols.ndim == 1:
+            row = np.zeros(self.width + 1, dtype=np.int64)
+            row[cols] = vals
+            return row[: self.width]
+        rows = np.zeros((len(cols), self.width + 1), dtype=np.int64)
+        rows[np.arange(len(cols))[:, None], cols] = vals
+        return rows[:, : self.width]
+
+    def __matmul__(self, costs: np.ndarray) -> np.ndarray:
+        costs = np.asarray(costs)
+        padded = np.concatenate([costs, np.zeros((1, *costs.shape[1:]), dtype=costs.dtype)])
+        out = padded[self.cols[:, 0]] * (self.vals[:, 0, None] if costs.ndim == 2 else self.vals[:, 0])
+        for k in range(1, self.cols.shape[1]):
+            out += padded[self.cols[:, k]] * (self.vals[:, k, None] if costs.ndim == 2 else self.vals[:, k])
+        return out
+
+    def sum(self, axis: int = 0) -> np.ndarray:
+        """Column sums (``axis=0``, the signature of all units together) or row sums."""
+        if axis == 0:
+            out = np.zeros(self.width + 1, dtype=np.int64)
+            np.add.at(out, self.cols.ravel(), self.vals.ravel())
+            return out[: self.width]
+        return self.vals.sum(axis=1)
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:  # noqa: ARG002
+        dense = self[np.arange(len(self.cols))]
+        return dense if dtype is None else dense.astype(dtype)
+
+    def device_sums(self, unit_ptr: np.ndarray) -> np.ndarray:
+        """Signature of each run of units ``unit_ptr[d]:unit_ptr[d+1]`` (a device's whole chain)."""
+        n_dev = len(unit_ptr) - 1
+        owner = np.repeat(np.arange(n_dev), np.diff(unit_ptr))
+        out = np.zeros((n_dev, self.width + 1), dtype=np.int64)
+        np.add.at(out, (np.repeat(owner, self.cols.shape[1]), self.cols.ravel()), self.vals.ravel())
+        return out[:, : self.width]
 
 
 # ----------------------------------------------------------------- the time model
@@ -35,16 +105,25 @@ class PathModel:
     """
 
     program: Program
-    unit_sig: np.ndarray  # (n_units, 3*nvs) int64: ops per (kind class, vs) in each unit
-    device_sig: np.ndarray  # (p, 3*nvs): the whole op chain of each device (a path)
+    unit_sig: UnitSignatures  # (n_units, 3*nvs), sparse: ops per (kind class, vs) in each unit
+    device_sig: np.ndarray  # (p, 3*nvs) int64: the whole op chain of each device (a path)
 
     @property
     def nvs(self) -> int:
         return self.program.num_virtual_stages
 
     def durations(self, costs: np.ndarray) -> np.ndarray:
-        """Unit durations in ticks for cost vectors ``costs`` of shape (batch, 3·nvs)."""
-        return self.unit_sig @ costs.T  # (n_units, batch)
+        """Unit durations in ticks for cost vectors ``costs`` of shape (batch, 3·nvs): (n_units, batch).
+
+        Integer costs give exact integers (int64); fractional costs give floats.
+        """
+        return self.unit_sig @ np.asarray(costs).T
+
+    def batch_size(self, max_bytes: int) -> int:
+        """How many cost vectors one call to :meth:`steps` or :meth:`longest` may take within
+        ``max_bytes`` of working memory (at least 1): each vector needs a few arrays of one
+        integer per unit."""
+        return max(1, int(max_bytes) // (32 * (self.program.graph.n_units + 1)))
 
     def longest(self, costs: np.ndarray, comm: int) -> tuple[np.ndarray, list[tuple[np.ndarray, int]]]:
         """Exact step time (ticks) and one critical path per cost vector.
@@ -105,26 +184,40 @@ def path_key(sig: np.ndarray, crossings: int) -> bytes:
     return np.asarray(sig, dtype=np.int64).tobytes() + int(crossings).to_bytes(8, "little")
 
 
-def _unit_signatures(program: Program) -> np.ndarray:
+def _unit_signatures(program: Program) -> UnitSignatures:
+    """Sparse unit signatures: an ``F`` adds its stage's forward; ``B`` its backward and weight;
+    ``I`` its backward; ``W`` its weight."""
     g = program.graph
     nvs = program.num_virtual_stages
-    sig = np.zeros((g.n_units, 3 * nvs), dtype=np.int64)
-    vs = g.op_virtual_stage
-    u = g.op_unit
-    kind = g.op_kind
-    for code, cls in ((F_CODE, (0,)), (B_CODE, (1, 2)), (I_CODE, (1,)), (W_CODE, (2,))):
+    width = 3 * nvs
+    vs = np.asarray(g.op_virtual_stage, dtype=np.int64)
+    unit = np.asarray(g.op_unit, dtype=np.int64)
+    kind = np.asarray(g.op_kind)
+    units, cols = [], []
+    for code, classes in ((F_CODE, (0,)), (B_CODE, (1, 2)), (I_CODE, (1,)), (W_CODE, (2,))):
         sel = kind == code
-        for c in cls:
-            np.add.at(sig, (u[sel], c * nvs + vs[sel]), 1)
-    return sig
+        for c in classes:
+            units.append(unit[sel])
+            cols.append(c * nvs + vs[sel])
+    u = np.concatenate(units)
+    col = np.concatenate(cols)
+    key, count = np.unique(u * (width + 1) + col, return_counts=True)
+    u, col = key // (width + 1), key % (width + 1)
+    per_unit = np.bincount(u, minlength=g.n_units)
+    k = max(1, int(per_unit.max(initial=0)))
+    slot = np.arange(len(u)) - np.repeat(np.cumsum(per_unit) - per_unit, per_unit)
+    cols_arr = np.full((g.n_units, k), width, dtype=np.int64)
+    vals_arr = np.zeros((g.n_units, k), dtype=np.int64)
+    cols_arr[u, slot] = col
+    vals_arr[u, slot] = count
+    return UnitSignatures(cols=cols_arr, vals=vals_arr, width=width)
 
 
 @lru_cache(maxsize=64)
 def path_model(program: Program) -> PathModel:
     """The :class:`PathModel` of a program (cached; programs are immutable)."""
     sig = _unit_signatures(program)
-    g = program.graph
-    device_sig = np.stack([sig[g.unit_ptr[d] : g.unit_ptr[d + 1]].sum(axis=0) for d in range(program.stages)])
+    device_sig = sig.device_sums(np.asarray(program.graph.unit_ptr))
     return PathModel(program=program, unit_sig=sig, device_sig=device_sig)
 
 

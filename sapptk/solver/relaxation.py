@@ -27,20 +27,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 from ortools.linear_solver import pywraplp
 
 from sapptk.costs import LayerCoefficients
-from sapptk.solver.options import DeviceLayouts, path_lengths
+from sapptk.solver.layouts import DeviceLayouts, path_lengths
 from sapptk.solver.paths import PathModel, path_key
 
 __all__ = ["Relaxation", "lagrangian_bound", "relax"]
-
-MAX_DP_STATES = 2_000_000
-"""Most states of the dynamic program over per-group layer counts; above it, only the total counts."""
-
 
 @dataclass
 class Relaxation:
@@ -72,12 +69,15 @@ def lagrangian_bound(
     crossings: np.ndarray,
     comm_ticks: int,
     weights: np.ndarray,
+    *,
+    max_states: int = 2_000_000,
 ) -> float:
     """``min over integer plans of Σ_P w_P len_P / Σ_P w_P``: a lower bound on the step time (ticks).
 
     A plan picks one layout per device with the layers of each group adding up to
     ``counts`` (group contiguity is relaxed). Returns ``inf`` when no such plan exists
-    among ``layouts``, and 0 when the weights are all zero.
+    among ``layouts``, and 0 when the weights are all zero. Above ``max_states`` states of
+    per-group layer counts, only the total layer count is tracked (still a lower bound).
     """
     w = np.clip(np.asarray(weights, dtype=np.float64), 0.0, None)
     total_w = float(w.sum())
@@ -88,7 +88,7 @@ def lagrangian_bound(
     lengths = path_lengths(layouts, sigs)
     totals = _totals(layouts)
     counts = np.asarray(counts, dtype=np.int64)
-    if int(np.prod(counts + 1)) > MAX_DP_STATES:  # only the total layers: still a relaxation
+    if math.prod(int(c) + 1 for c in counts) > max_states:  # only the total layers: still a relaxation
         counts = np.array([int(counts.sum())])
         totals = [t.sum(axis=1, keepdims=True) for t in totals]
     shape = tuple(int(c) + 1 for c in counts)
@@ -117,14 +117,17 @@ def relax(
     seed_paths: list[tuple[np.ndarray, int]],
     *,
     until: float,
+    stopped: Callable[[], bool] | None = None,
     max_iterations: int = 1000,
+    max_dp_states: int = 2_000_000,
 ) -> Relaxation:
     """Row generation on the LP relaxation of the layout master, then its Lagrangian bound.
 
     ``seed_paths`` start the LP (device chains and the paths seen so far); ``until`` is a
-    :func:`time.perf_counter` deadline. The bound is the best Lagrangian bound from the duals
-    of the last LP solved and of every tenth one before it (so a loop cut short by time, or
-    by a failed LP solve, still returns a valid bound).
+    :func:`time.perf_counter` deadline (each LP solve is capped by it), ``stopped`` a
+    function that says the caller wants the answer now. The bound is the best Lagrangian
+    bound from the duals of the last LP solved and of every tenth one before it (so a loop
+    cut short by time, or by a failed LP solve, still returns a valid bound).
     """
     t0 = time.perf_counter()
     out = Relaxation()
@@ -184,10 +187,13 @@ def relax(
 
     def bound_now() -> float:
         duals = np.array([row.dual_value() for row in rows])
-        return lagrangian_bound(layouts, coef.counts, np.stack(sigs), np.asarray(crossings), comm_ticks, duals)
+        return lagrangian_bound(layouts, coef.counts, np.stack(sigs), np.asarray(crossings), comm_ticks, duals,
+                                max_states=max_dp_states)
 
     best = 0.0
     while True:
+        # at least 0.1 s, so that a call with no time left still solves one (small) LP
+        solver.SetTimeLimit(max(100, int(1000 * (until - time.perf_counter()))))
         status = solver.Solve()
         out.iterations += 1
         if status != pywraplp.Solver.OPTIMAL:
@@ -202,7 +208,8 @@ def relax(
             cost[2 * nvs + st] += yd @ lay.weight
         steps, found = paths.longest(cost[None, :], coef.comm)
         converged = float(steps[0]) <= out.lp * (1 + 1e-9) + 1e-6
-        if converged or time.perf_counter() >= until or out.iterations >= max_iterations:
+        out_of_time = time.perf_counter() >= until or (stopped is not None and stopped())
+        if converged or out_of_time or out.iterations >= max_iterations:
             out.converged = converged
             best = max(best, bound_now())  # the duals of this LP solution, before any row changes it
             break

@@ -21,6 +21,7 @@ n layers minus any one layer is a Pareto-optimal mix of n − 1 layers.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,14 +29,22 @@ import numpy as np
 from sapptk.costs import LayerCoefficients
 from sapptk.profile import MODES
 from sapptk.schedules.program import Program
-from sapptk.solver.paths import memory_model, path_model
+from sapptk.solver.paths import PathModel, memory_model, path_model
 
-MAX_CANDIDATES = 3_000_000
-"""Most partial layouts one device may have during enumeration before we give up on it."""
+__all__ = [
+    "DeviceLayouts",
+    "StageOptions",
+    "TooManyLayouts",
+    "device_layouts",
+    "group_fronts",
+    "layer_caps",
+    "path_lengths",
+    "stage_options",
+]
 
 
 class TooManyLayouts(Exception):
-    """Enumeration would be too large; the caller falls back to the layer-count model."""
+    """Enumeration would be too large or too slow; the caller falls back to the layer-count model."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,49 +127,108 @@ def _fronts(
     return fronts
 
 
-def stage_options(coef: LayerCoefficients, n_max: np.ndarray) -> StageOptions:
+def _add_fronts(
+    left: tuple[np.ndarray, np.ndarray, np.ndarray], right: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The Pareto front of the sums of two fronts of (backward, activation, mix (k, G, R)).
+
+    Exact: a sum is dominated whenever one of its terms is, so filtering after each addition
+    loses nothing.
+    """
+    lb, la, lm = left
+    rb, ra, rm = right
+    b = (lb[:, None] + rb[None, :]).ravel()
+    a = (la[:, None] + ra[None, :]).ravel()
+    keep = _pareto_2d(b, a)
+    i, j = np.divmod(keep, len(rb))
+    return b[keep], a[keep], lm[i] + rm[j]
+
+
+def stage_options(
+    coef: LayerCoefficients,
+    n_max: np.ndarray,
+    *,
+    work_cap: int | None = None,
+    max_options: int | None = None,
+    deadline: float | None = None,
+) -> StageOptions:
     """All Pareto body contents of a virtual stage with at most ``n_max[g]`` layers of group g.
 
-    Groups in a stage are consecutive in model order (a stage may end one group and start
-    the next); the empty content is included.
+    Groups in a stage are consecutive in model order: a stage holds the end of one group
+    (or a part of it), every group after it whole, and the start of the last one; a group
+    in the middle is always whole (the master's contiguity rule would reject anything
+    else), so the number of compositions is polynomial in the groups. ``work_cap`` bounds
+    ``Σ_g layers_g · (forward_g + cheapest backward_g + weight_g)`` (a stage's op chain per
+    micro-batch). The empty content is included. Raises :class:`TooManyLayouts` above
+    ``max_options`` options or past ``deadline`` (a ``time.perf_counter`` time).
     """
     G, R = coef.allowed.shape
-    fronts = [group_fronts(coef, g, int(n_max[g])) for g in range(G)]
-    comps: list[tuple[int, ...]] = [tuple([0] * G)]
+    n_max = np.minimum(np.asarray(n_max, dtype=np.int64), coef.counts)
+    cheapest = [int(coef.forward[g]) + int(coef.backward[g][coef.allowed[g]].min()) + int(coef.weight[g])
+                for g in range(G)]
+    cap = None if work_cap is None else int(work_cap)
+
+    def fronts_of(g: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        out = []
+        for b, a, m in group_fronts(coef, g, int(n_max[g])):
+            mix = np.zeros((len(b), G, R), np.int64)
+            mix[:, g, :] = m
+            out.append((b, a, mix))
+        return out
+
+    fronts = [fronts_of(g) for g in range(G)]
+    comps: list[np.ndarray] = [np.zeros(G, np.int64)]
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [
+        (np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros((1, G, R), np.int64))
+    ]
+    total = 1
+
+    def keep(comp: np.ndarray, front: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        nonlocal total
+        comps.append(comp.copy())
+        found.append(front)
+        total += len(front[0])
+        if max_options is not None and total > max_options:
+            raise TooManyLayouts(f"more than {max_options} stage contents")
+        if deadline is not None and time.perf_counter() > deadline:
+            raise TooManyLayouts("out of time enumerating stage contents")
+
     for lo in range(G):
-        for hi in range(lo, G):
-            ranges = [range(1, int(n_max[g]) + 1) for g in range(lo, hi + 1)]
-            for ns in np.array(np.meshgrid(*ranges, indexing="ij")).reshape(hi - lo + 1, -1).T if all(ranges) else []:
-                comp = [0] * G
-                comp[lo : hi + 1] = ns.tolist()
-                comps.append(tuple(comp))
-    out: dict[str, list[np.ndarray]] = {k: [] for k in ("comp", "mix", "b", "a")}
-    for comp in comps:
-        b = np.zeros(1, np.int64)
-        a = np.zeros(1, np.int64)
-        mix = np.zeros((1, G, R), np.int64)
-        for g in range(G):
-            fb, fa, fm = fronts[g][comp[g]]
-            b = (b[:, None] + fb[None, :]).ravel()
-            a = (a[:, None] + fa[None, :]).ravel()
-            new = np.repeat(mix, len(fb), axis=0)
-            new[:, g, :] = np.tile(fm, (len(mix), 1))
-            mix = new
-        keep = _pareto_2d(b, a)
-        out["comp"].append(np.repeat(np.array(comp, np.int64)[None, :], len(keep), axis=0))
-        out["mix"].append(mix[keep])
-        out["b"].append(b[keep])
-        out["a"].append(a[keep])
-    comp = np.concatenate(out["comp"])
+        for n_lo in range(1, int(n_max[lo]) + 1):
+            work = n_lo * cheapest[lo]
+            if cap is not None and work > cap:
+                break
+            comp = np.zeros(G, np.int64)
+            comp[lo] = n_lo
+            front = fronts[lo][n_lo]
+            keep(comp, front)
+            # the stage may end group lo here (its last n_lo layers) and go on over the following
+            # groups: the last one partly, the ones between whole
+            for hi in range(lo + 1, G):
+                for n_hi in range(1, int(n_max[hi]) + 1):
+                    if cap is not None and work + n_hi * cheapest[hi] > cap:
+                        break
+                    comp[hi] = n_hi
+                    keep(comp, _add_fronts(front, fronts[hi][n_hi]))
+                comp[hi] = 0
+                if n_max[hi] < coef.counts[hi]:
+                    break  # group hi cannot be whole here
+                work += int(coef.counts[hi]) * cheapest[hi]
+                if cap is not None and work > cap:
+                    break
+                front = _add_fronts(front, fronts[hi][int(coef.counts[hi])])
+                comp[hi] = coef.counts[hi]
+    comp = np.repeat(np.stack(comps), [len(f[0]) for f in found], axis=0)
+    mix = np.concatenate([f[2] for f in found])
     return StageOptions(
         comp=comp,
-        mix=np.concatenate(out["mix"]),
+        mix=mix,
         forward=comp @ coef.forward,
-        backward=np.concatenate(out["b"]),
+        backward=np.concatenate([f[0] for f in found]),
         weight=comp @ coef.weight,
-        activation=np.concatenate(out["a"]),
+        activation=np.concatenate([f[1] for f in found]),
         params=comp @ coef.params,
-        overhead=np.einsum("kgr,gr->k", np.concatenate(out["mix"]), coef.overhead),
+        overhead=np.einsum("kgr,gr->k", mix, coef.overhead),
     )
 
 
@@ -250,15 +318,24 @@ def device_layouts(
     ub: int | None,
     budget: int | None,
     allow_empty: bool,
+    max_partial: int = 1_000_000,
+    max_layouts: int | None = None,
+    deadline: float | None = None,
 ) -> list[DeviceLayouts]:
     """Every device's layouts that fit ``budget`` (memory units × live-point scale), op chain at most
-    ``ub`` ticks, Pareto-reduced per composition. Raises :class:`TooManyLayouts`."""
+    ``ub`` ticks, Pareto-reduced per composition.
+
+    Raises :class:`TooManyLayouts` when one device would have more than ``max_partial``
+    partial layouts, when more than ``max_layouts`` are kept over all devices, or past
+    ``deadline`` (a ``time.perf_counter`` time).
+    """
     paths = path_model(program)
     mem = memory_model(program)
     V = len(coef.fixed_forward)
     total = int(coef.counts.sum())
     n_body = options.comp.sum(axis=1)
     out = []
+    kept = 0
     for d, stages in enumerate(program.device_stages):
         sig = paths.device_sig[d]
         chunk = []
@@ -288,8 +365,10 @@ def device_layouts(
         p_act = np.zeros((1, 0), dtype=np.int64)
         for c, ch in enumerate(chunk):
             idx = ch["idx"]
-            if len(sel) * len(idx) > MAX_CANDIDATES:
-                raise TooManyLayouts(f"device {d}: more than {MAX_CANDIDATES} partial layouts")
+            if len(sel) * len(idx) > max_partial:
+                raise TooManyLayouts(f"device {d}: more than {max_partial} partial layouts")
+            if deadline is not None and time.perf_counter() > deadline:
+                raise TooManyLayouts("out of time enumerating layouts")
             left = slice(c + 1, nc)
             sel = np.concatenate([np.repeat(sel, len(idx), axis=0), np.tile(idx, len(sel))[:, None]], axis=1)
             p_chain = np.repeat(p_chain, len(idx)) + np.tile(ch["chain"][idx], len(p_chain))
@@ -329,4 +408,30 @@ def device_layouts(
             deviation=np.abs(V * n_c - total).sum(axis=1),
             chain=p_chain[keep],
         ))
+        kept += len(keep)
+        if max_layouts is not None and kept > max_layouts:
+            raise TooManyLayouts(f"more than {max_layouts} layouts")
     return out
+
+
+def layer_caps(
+    coef: LayerCoefficients, paths: PathModel, ub: int | None, *, allow_empty: bool
+) -> tuple[np.ndarray, int | None]:
+    """Most layers of each group one virtual stage can hold, and the most work
+    ``Σ_g layers_g · (forward_g + cheapest backward_g + weight_g)`` it can hold, in a plan
+    whose step time is at most ``ub`` ticks (``None``: no incumbent, no work cap).
+
+    The other stages without head or tail need a layer each (unless ``allow_empty``); a
+    stage's ops all run on its device, one after another (a path), at least ``fewest``
+    forwards and backwards of it, where ``fewest`` is the least over stages.
+    """
+    required = 0 if allow_empty else int((coef.fixed_layers == 0).sum()) - 1
+    caps = np.minimum(coef.counts, max(0, int(coef.counts.sum()) - max(required, 0)))
+    if ub is None:
+        return caps, None
+    V = len(coef.fixed_forward)
+    sig = paths.device_sig
+    fewest = min(int(sig[:, vs].max()) for vs in range(V)) if V else 1
+    if fewest <= 0:
+        return caps, None
+    return caps, int(ub) // fewest

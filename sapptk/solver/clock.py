@@ -1,0 +1,57 @@
+"""The search's sense of time: the caller's deadline and the caller's stop event, in one place.
+
+Every phase asks the same :class:`Clock` whether it may go on, so a time limit and a
+``stop`` request end the search the same way: the phase returns what it has, and the
+search returns its best plan so far.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["Clock"]
+
+
+@dataclass
+class Clock:
+    """A wall-clock deadline (``time.perf_counter`` seconds) and an optional stop event.
+
+    ``deterministic`` searches count their work instead of reading this clock where they
+    can; the deadline still holds for them (it is a promise to the caller).
+    """
+
+    limit: float
+    stop: threading.Event | None = None
+    start: float = field(default_factory=time.perf_counter)
+
+    @property
+    def deadline(self) -> float:
+        return self.start + self.limit
+
+    @staticmethod
+    def now() -> float:
+        return time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def remaining(self) -> float:
+        """Seconds left (0 once stopped or past the deadline)."""
+        if self.stopped:
+            return 0.0
+        return max(0.0, self.deadline - time.perf_counter())
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the caller asked the search to stop."""
+        return self.stop is not None and self.stop.is_set()
+
+    def expired(self) -> bool:
+        """Past the deadline, or stopped."""
+        return self.stopped or time.perf_counter() >= self.deadline
+
+    def until(self, share: float) -> float:
+        """The ``perf_counter`` time at which ``share`` of the time left now is used up."""
+        return time.perf_counter() + share * self.remaining()

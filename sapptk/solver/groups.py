@@ -1,0 +1,91 @@
+"""Consecutive identical body groups, merged: an exact reduction of the problem.
+
+A profile where every layer is its own group (a calibrated or traced one often is) has
+tens of groups whose integer costs are equal (every decoder layer of a dense model, every
+MoE layer). Layers of equal cost are interchangeable: a plan places *how many* of them on
+each virtual stage in each mode, and which of the equal layers they are changes no time
+and no memory. So the search works on the merged groups, and a merged plan is spread back
+over the original groups by position (each virtual stage takes the next layers in model
+order, and the modes of a cell in :data:`~sapptk.profile.MODES` order): the same costs on
+every virtual stage, so the same step time and peaks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from sapptk.costs import LayerCoefficients
+
+__all__ = ["GroupMap", "merge_groups"]
+
+
+@dataclass(frozen=True, eq=False)
+class GroupMap:
+    """Which original body groups each merged group stands for (``members[i]``, consecutive),
+    and the original layer counts."""
+
+    members: tuple[tuple[int, ...], ...]
+    counts: np.ndarray  # (G_original,)
+
+    @property
+    def identity(self) -> bool:
+        return all(len(m) == 1 for m in self.members)
+
+    def merge(self, counts: np.ndarray) -> np.ndarray:
+        """Original counts (G, R, V) → merged counts (layers of the members added up)."""
+        if self.identity:
+            return counts
+        return np.stack([counts[list(m)].sum(axis=0) for m in self.members])
+
+    def spread(self, merged: np.ndarray) -> np.ndarray:
+        """Merged counts → original counts: each virtual stage takes the next layers of the
+        merged group in model order, its modes in order."""
+        if self.identity:
+            return merged
+        _, R, V = merged.shape
+        out = np.zeros((len(self.counts), R, V), dtype=np.int64)
+        for i, members in enumerate(self.members):
+            ends = np.cumsum(self.counts[list(members)])
+            starts = ends - self.counts[list(members)]
+            pos = 0  # layers of the merged group placed so far (model order)
+            for vs in range(V):
+                for r in range(R):
+                    n = int(merged[i, r, vs])
+                    lo, hi = pos, pos + n
+                    for g, a, b in zip(members, starts.tolist(), ends.tolist(), strict=True):
+                        take = min(hi, b) - max(lo, a)
+                        if take > 0:
+                            out[g, r, vs] += take
+                    pos = hi
+        return out
+
+
+_PER_GROUP = ("available", "allowed", "forward", "backward", "weight", "overhead", "activation", "params")
+
+
+def merge_groups(coef: LayerCoefficients) -> tuple[LayerCoefficients, GroupMap]:
+    """Merge runs of consecutive body groups whose integer costs and allowed modes are equal."""
+    G = len(coef.counts)
+    members: list[list[int]] = []
+    for g in range(G):
+        if members and all(np.array_equal(getattr(coef, f)[g], getattr(coef, f)[members[-1][0]]) for f in _PER_GROUP):
+            members[-1].append(g)
+        else:
+            members.append([g])
+    groups = GroupMap(members=tuple(tuple(m) for m in members), counts=coef.counts.copy())
+    if groups.identity:
+        return coef, groups
+    first = [m[0] for m in members]
+    merged = dataclasses.replace(
+        coef,
+        group_names=tuple(
+            coef.group_names[m[0]] if len(m) == 1 else f"{coef.group_names[m[0]]}..{coef.group_names[m[-1]]}"
+            for m in members
+        ),
+        counts=np.array([int(coef.counts[m].sum()) for m in members], dtype=np.int64),
+        **{f: getattr(coef, f)[first] for f in _PER_GROUP},
+    )
+    return merged, groups

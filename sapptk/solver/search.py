@@ -1,0 +1,449 @@
+"""The search: layers and recompute modes per virtual stage, exactly as simulated. Its phases, in order:
+
+1. **Seed incumbents** — the caller's start plan (when it fits this budget and its modes are
+   allowed) and every even split that fits: a plan at once whenever one exists.
+2. **First plan** — only when nothing fits yet: the layer-count master looks for one (each
+   capped solve that ends without an answer doubles the cap; only a proof says "infeasible").
+3. **Master** — enumerate every device's layouts (:mod:`sapptk.solver.layouts`) for the
+   layout master, or, when that would be too large or too slow, the layer-count master
+   (:mod:`sapptk.solver.masters`).
+4. **Local search** (:mod:`sapptk.solver.local_search`) — better incumbents, fast.
+5. **Relaxation** (:mod:`sapptk.solver.relaxation`) — the LP bound over all paths, and the
+   paths it needed, handed to the master.
+6. **Minimise the step** — path generation around capped CP-SAT solves
+   (:mod:`sapptk.solver.cpsat`): every solution is timed exactly, its critical path becomes a
+   cut; the master's optimum is a lower bound, every solution an upper bound; they meet at
+   the proven optimum.
+7. **Tie-breaks** — with the step time held at its optimum: the least recompute overhead,
+   then the smallest deviation from the even split.
+
+Why it is exact: memory is the live-point rows of the program (the simulator walks the
+same rows) and time is the longest path through the program's dependency graph with op
+durations linear in the assignment (:mod:`sapptk.solver.paths`); every path P gives
+``z ≥ len_P``, and the master holds the paths that matter. Every phase asks the same
+:class:`~sapptk.solver.clock.Clock` whether to go on, so the time limit and a stop request
+end the search alike, with the best plan so far. The knobs are in
+:class:`~sapptk.solver.settings.SearchOptions`; ``docs/solver.md`` explains the whole.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sapptk.costs import TIME_UNIT_MS
+from sapptk.solver.clock import Clock
+from sapptk.solver.cpsat import run_master
+from sapptk.solver.diagnosis import explain_infeasible
+from sapptk.solver.incumbent import Incumbent
+from sapptk.solver.layouts import TooManyLayouts, device_layouts, layer_caps, stage_options
+from sapptk.solver.local_search import LocalSearch
+from sapptk.solver.masters import LayerMaster, LayoutMaster, Master
+from sapptk.solver.problem import Problem, make_problem
+from sapptk.solver.relaxation import Relaxation, relax
+from sapptk.solver.settings import SearchOptions
+
+if TYPE_CHECKING:
+    from sapptk.config import PipelineConfig
+    from sapptk.profile import Profile
+
+__all__ = ["SearchResult", "search"]
+
+
+@dataclass
+class SearchResult:
+    """What the search found, before it becomes a :class:`~sapptk.plan.Plan`.
+
+    ``step_ticks``/``bound_ticks`` are in ticks (``ticks_ms`` ms each); ``counts`` (in the
+    :mod:`sapptk.costs` layout, the profile's own groups) is None when no plan was found.
+    ``overhead`` (time units per micro-batch) and ``deviation`` are the tie-break objectives
+    of the returned counts. ``iterations`` counts CP-SAT solves, ``cuts`` the paths in the
+    final master, ``layouts`` the enumerated device layouts (0 when the layer-count model was
+    used); ``first_plan_seconds`` is when the first plan was in hand; ``stopped`` says the
+    caller's stop event ended the search; ``history`` lists (seconds, step ticks, bound
+    ticks) at every improvement of either (None before the first).
+    """
+
+    status: str
+    counts: np.ndarray | None = None
+    step_ticks: int | None = None
+    bound_ticks: int | None = None
+    overhead: int | None = None
+    deviation: int | None = None
+    ticks_ms: float = TIME_UNIT_MS
+    seconds: float = 0.0
+    first_plan_seconds: float | None = None
+    iterations: int = 0
+    cuts: int = 0
+    layouts: int = 0
+    stopped: bool = False
+    message: str = ""
+    notes: list[str] = field(default_factory=list)
+    history: list[tuple[float, int | None, int | None]] = field(default_factory=list)
+
+    @property
+    def step_time(self) -> float | None:
+        """Predicted (= simulated) step time in ms."""
+        return None if self.step_ticks is None else self.step_ticks * self.ticks_ms
+
+    @property
+    def bound(self) -> float | None:
+        """Proven lower bound on the optimal step time in ms."""
+        return None if self.bound_ticks is None else self.bound_ticks * self.ticks_ms
+
+    @property
+    def gap(self) -> float | None:
+        """(step − bound) / step, 0 when proven optimal."""
+        if self.step_ticks is None or self.bound_ticks is None:
+            return None
+        if self.step_ticks <= 0:
+            return 0.0
+        return max(0.0, (self.step_ticks - self.bound_ticks) / self.step_ticks)
+
+
+def search(
+    profile: Profile,
+    config: PipelineConfig,
+    *,
+    time_limit: float = 30.0,
+    workers: int = 2,
+    seed: int = 0,
+    deterministic: bool = False,
+    allow_empty_stages: bool = False,
+    start: np.ndarray | None = None,
+    stop: threading.Event | None = None,
+    options: SearchOptions | None = None,
+) -> SearchResult:
+    """Run the search and return its raw result. The arguments are those of
+    :func:`sapptk.balance` (checked there); ``start`` is a layer assignment (counts) for this
+    profile and program, or None. Validates ``config`` against ``profile`` first
+    (:class:`~sapptk.errors.ConfigError`).
+    """
+    clock = Clock(float(time_limit), stop)
+    config.check(profile, allow_empty_stages=allow_empty_stages)
+    problem = make_problem(profile, config, allow_empty=allow_empty_stages, options=options or SearchOptions())
+    phases = _Phases(problem, clock, workers=workers, seed=seed, deterministic=deterministic)
+    res = phases.run(start)
+    if res.status == "infeasible":
+        res.message = explain_infeasible(problem, clock, workers=workers, seed=seed)
+    elif res.status == "unknown":
+        res.message = ("stopped before any plan was found" if res.stopped
+                       else f"no plan found within the time limit of {time_limit:g} s")
+    elif res.status == "feasible":
+        why = "stopped" if res.stopped else f"time limit of {time_limit:g} s reached"
+        res.message = (
+            f"{why}: step time {res.step_time:.6g} ms, best bound {res.bound:.6g} ms, "
+            f"gap {100 * (res.gap or 0.0):.3g} %; not proven optimal"
+        )
+    else:
+        res.message = f"optimal step time {res.step_time:.6g} ms (proven)"
+    if res.notes:
+        res.message += "; " + "; ".join(res.notes)
+    if res.counts is not None:
+        res.counts = problem.groups.spread(res.counts)
+    res.seconds = clock.elapsed()
+    return res
+
+
+class _Phases:
+    """The search's state between phases: the problem, the clock, the incumbent, the master."""
+
+    def __init__(self, problem: Problem, clock: Clock, *, workers: int, seed: int, deterministic: bool) -> None:
+        self.problem = problem
+        self.clock = clock
+        self.options = problem.options
+        self.workers, self.seed, self.deterministic = workers, seed, deterministic
+        self.incumbent = Incumbent(problem, clock)
+        self.master: Master | None = None
+        self.relaxation = Relaxation()
+        self.iterations = 0
+        self.first_plan_at: float | None = None
+        self.notes: list[str] = []
+        self.bounds: list[tuple[float, int]] = []  # (seconds, proven bound) at each improvement
+
+    # ------------------------------------------------------------- the driver
+    def run(self, start: np.ndarray | None) -> SearchResult:
+        self.seed_incumbents(start)  # 1
+        if self.incumbent.counts is None:
+            found = self.first_plan()  # 2
+            if found != "found":
+                return self.result(found, None)
+        layouts = self.build_master()  # 3
+        if isinstance(self.master, LayoutMaster):
+            self.local_search(self.master)  # 4
+            self.relax(self.master)  # 5
+        status, lower = self.minimise_step()  # 6
+        if status == "optimal":
+            self.tie_breaks()  # 7
+        return self.result(status, lower, layouts=layouts)
+
+    # ---------------------------------------------------------------- helpers
+    def offer_all(self, solutions: list[np.ndarray], cap: int | None = None) -> list[int]:
+        """Time every solution exactly (critical paths join the pool and the master), keep the best."""
+        steps = self.incumbent.evaluate(solutions, cap=cap)
+        for counts, ticks in zip(solutions, steps, strict=True):
+            if self.incumbent.offer(counts, ticks) and self.first_plan_at is None:
+                self.first_plan_at = self.clock.elapsed()
+        return steps
+
+    def solve_master(self, time_cap: float | None):  # noqa: ANN201 - MasterSolve
+        assert self.master is not None
+        self.iterations += 1
+        return run_master(self.master, self.clock, workers=self.workers, seed=self.seed,
+                          deterministic=self.deterministic, time_cap=time_cap)
+
+    def lower_bound(self) -> int:
+        """The best proven bound without a master: the relaxation's, or the average device's work."""
+        return max(self.relaxation.bound, _work_bound(self.problem))
+
+    def proven(self, lower: int) -> int:
+        """Record a proven lower bound (ticks) when it improves; returns it."""
+        if not self.bounds or lower > self.bounds[-1][1]:
+            self.bounds.append((self.clock.elapsed(), int(lower)))
+        return lower
+
+    # ------------------------------------------------------------------ phases
+    def seed_incumbents(self, start: np.ndarray | None) -> None:
+        """Phase 1: the start plan (if it fits) and every even split that fits."""
+        problem = self.problem
+        candidates = []
+        if start is not None:
+            merged = problem.groups.merge(np.asarray(start, dtype=np.int64))
+            if not problem.valid(merged):
+                self.notes.append("the start plan uses a recompute mode this setup does not allow (not used)")
+            elif not problem.fits(merged):
+                self.notes.append("the start plan does not fit this memory budget (not used)")
+            else:
+                candidates.append(merged)
+        candidates += [c for c in _even_split_counts(problem) if problem.valid(c) and problem.fits(c)]
+        if candidates:
+            self.offer_all(candidates)
+
+    def first_plan(self) -> str:
+        """Phase 2: no even split fits; find a plan with the layer-count model.
+
+        Returns "found", "infeasible" (CP-SAT proved that no assignment fits) or "unknown"
+        (the time limit ran out first). A capped solve that ends without an answer proves
+        nothing: the cap doubles and the search goes on until the deadline.
+        """
+        p = self.problem
+        if self.clock.expired():
+            return "unknown"
+        master = LayerMaster(p.coef, p.program, p.comm_ticks, budget=p.budget, allow_empty=p.allow_empty)
+        self.use(master)
+        master.model.minimize(master.z)
+        cap = max(1.0, self.options.first_plan_share * self.clock.remaining())
+        while self.incumbent.counts is None and not self.clock.expired():
+            solved = self.solve_master(cap)
+            self.offer_all(solved.solutions)
+            if solved.status == "infeasible":
+                return "infeasible"
+            if solved.status == "unknown":
+                cap *= 2
+        return "found" if self.incumbent.counts is not None else "unknown"
+
+    def build_master(self) -> int:
+        """Phase 3: the layout master if enumeration is small and quick enough, else the
+        layer-count one. Returns the number of layouts (0 for the layer-count master)."""
+        p, opts = self.problem, self.options
+        if self.clock.expired():
+            return 0
+        # enumeration may use at most half the time left: the layer-count master is the fallback
+        deadline = self.clock.until(0.5)
+        try:
+            caps, work_cap = layer_caps(p.coef, p.paths, self.incumbent.ticks, allow_empty=p.allow_empty)
+            options = stage_options(p.coef, caps, work_cap=work_cap, max_options=opts.max_partial_layouts,
+                                    deadline=deadline)
+            layouts = device_layouts(
+                p.coef, p.program, options, ub=self.incumbent.ticks, budget=p.budget, allow_empty=p.allow_empty,
+                max_partial=opts.max_partial_layouts, max_layouts=opts.max_layouts, deadline=deadline,
+            )
+        except TooManyLayouts:
+            if self.clock.expired():
+                return 0
+            self.use(LayerMaster(p.coef, p.program, p.comm_ticks, budget=p.budget, allow_empty=p.allow_empty))
+            return 0
+        durations = p.config.chunks == 1
+        self.use(LayoutMaster(p.coef, p.program, p.comm_ticks, layouts, durations=durations))
+        return sum(len(lay) for lay in layouts)
+
+    def use(self, master: Master) -> None:
+        self.master = master
+        self.incumbent.attach(master)
+
+    def local_search(self, master: LayoutMaster) -> None:
+        """Phase 4: iterated local search over the layouts (a share of the time left)."""
+        if self.incumbent.counts is None or self.clock.expired():
+            return
+        search = LocalSearch(self.problem, self.incumbent, master.layouts, clock=self.clock, seed=self.seed,
+                             deterministic=self.deterministic)
+        search.run(until=self.clock.until(self.options.local_search_share))
+
+    def relax(self, master: LayoutMaster) -> None:
+        """Phase 5: the LP relaxation's proven bound; its paths join the pool and the master."""
+        if self.clock.expired():
+            return
+        p = self.problem
+        seed = [(p.paths.device_sig[d], 0) for d in range(p.program.stages)] + list(self.incumbent.paths.values())
+        self.relaxation = relax(
+            p.coef, p.paths, master.layouts, p.comm_ticks, seed, until=self.clock.until(self.options.relaxation_share),
+            stopped=lambda: self.clock.stopped, max_iterations=self.options.max_relaxation_iterations,
+            max_dp_states=self.options.max_dp_states,
+        )
+        for sig, crossings in self.relaxation.cuts:
+            self.incumbent.paths.setdefault(_key(sig, crossings), (sig, crossings))
+            master.add_cut(sig, crossings)
+        self.proven(self.lower_bound())
+
+    def minimise_step(self) -> tuple[str, int]:
+        """Phase 6: the step time. Returns (status, lower bound in ticks).
+
+        Each master solve is capped (at first ``master_cap_share`` of the time limit, doubled
+        whenever a capped solve brings no new path), so that on hard instances many rounds of
+        paths reach the master instead of one long solve on a stale path set.
+        """
+        inc = self.incumbent
+        lower = self.lower_bound()
+        if inc.ticks is not None:
+            lower = min(lower, inc.ticks)
+        self.proven(lower)
+        m = self.master
+        if m is None:
+            return ("feasible" if inc.ticks is not None else "unknown"), lower
+        m.model.minimize(m.z)
+        cap = max(1.0, self.options.master_cap_share * self.clock.limit)
+        while True:
+            if inc.ticks is not None and inc.ticks <= lower:
+                return "optimal", inc.ticks
+            if self.clock.expired():
+                return ("feasible" if inc.ticks is not None else "unknown"), lower
+            if inc.ticks is not None:
+                m.set_domain(m.z, lower, inc.ticks - 1)
+            m.hint(inc.counts)
+            cuts_before = len(m.cuts)
+            solved = self.solve_master(cap)
+            self.offer_all(solved.solutions)
+            if solved.status == "infeasible":
+                # nothing beats the incumbent (or, without one, nothing fits)
+                if inc.ticks is None:
+                    return "infeasible", 0
+                lower = inc.ticks
+            elif solved.status == "optimal":
+                lower = max(lower, int(round(solved.objective)))
+            elif solved.bound is not None and math.isfinite(solved.bound):
+                lower = max(lower, int(math.ceil(solved.bound - 1e-9)))
+            self.proven(lower)
+            if inc.ticks is not None and inc.ticks <= lower:
+                return "optimal", inc.ticks
+            if solved.status in ("feasible", "unknown") and len(m.cuts) == cuts_before:
+                cap *= 2  # the cap cut the solve short and taught nothing new: give it longer
+
+    def tie_breaks(self) -> None:
+        """Phase 7: least recompute overhead, then smallest deviation from the even split, at the optimum."""
+        m, inc = self.master, self.incumbent
+        assert m is not None and inc.ticks is not None
+        m.set_domain(m.z, inc.ticks, inc.ticks)
+        # a share of the time left for the first (all of it when deterministic: reproducible)
+        first = self.clock.deadline if self.deterministic else self.clock.until(self.options.tie_break_share)
+        if not self._minimise(m.overhead_var, self.problem.overhead, first):
+            self.notes.append("the least recompute overhead at this step time was not proven in time")
+        elif not self._minimise(m.deviation_var, self.problem.deviation, self.clock.deadline):
+            self.notes.append("the smallest deviation from the even split was not proven in time")
+
+    def _minimise(self, var, value: Callable[[np.ndarray], int], until: float) -> bool:  # noqa: ANN001
+        """Minimise ``var`` (``value(counts)`` computes it exactly) with the step time held at the
+        incumbent's, until ``until``. True when its least value is proven."""
+        m, inc = self.master, self.incumbent
+        assert m is not None and inc.counts is not None and inc.ticks is not None
+        cap_ticks = inc.ticks
+        m.model.minimize(var)
+        best_v = value(inc.counts)
+        while self.clock.now() < until and not self.clock.expired():
+            if best_v <= 0:  # both tie-break objectives are >= 0
+                m.set_domain(var, 0, 0)
+                return True
+            m.set_domain(var, 0, best_v - 1)
+            m.hint(inc.counts)
+            solved = self.solve_master(None if self.deterministic else until - self.clock.now())
+            steps = self.incumbent.evaluate(solved.solutions, cap=cap_ticks)
+            for counts, ticks in zip(solved.solutions, steps, strict=True):
+                v = value(counts)
+                if ticks <= cap_ticks and v < best_v:
+                    inc.counts, best_v = counts, v
+            if solved.status == "infeasible":
+                m.set_domain(var, best_v, best_v)
+                return True
+            if solved.status == "unknown":
+                break
+        m.set_domain(var, 0, best_v)
+        return False
+
+    def result(self, status: str, lower: int | None, *, layouts: int = 0) -> SearchResult:
+        inc, p = self.incumbent, self.problem
+        res = SearchResult(status=status, ticks_ms=p.ticks_ms, layouts=layouts, iterations=self.iterations,
+                           cuts=len(self.master.cuts) if self.master is not None else 0,
+                           first_plan_seconds=self.first_plan_at, stopped=self.clock.stopped)
+        res.notes = list(self.notes)
+        res.history = _history(inc.trace, self.bounds)
+        if status in ("optimal", "feasible") and inc.counts is not None:
+            res.counts, res.step_ticks = inc.counts, inc.ticks
+            res.bound_ticks = min(lower if lower is not None else 0, inc.ticks)
+            res.overhead, res.deviation = p.overhead(inc.counts), p.deviation(inc.counts)
+        return res
+
+
+def _history(
+    steps: list[tuple[float, int]], bounds: list[tuple[float, int]]
+) -> list[tuple[float, int | None, int | None]]:
+    """Both traces merged in time: (seconds, best step so far, best bound so far)."""
+    events = sorted([(t, 0, v) for t, v in steps] + [(t, 1, v) for t, v in bounds])
+    step: int | None = None
+    bound: int | None = None
+    out: list[tuple[float, int | None, int | None]] = []
+    for t, kind, v in events:
+        if kind == 0:
+            step = v
+        else:
+            bound = v
+        out.append((t, step, None if bound is None else (bound if step is None else min(bound, step))))
+    return out
+
+
+def _key(sig: np.ndarray, crossings: int) -> bytes:
+    from sapptk.solver.paths import path_key
+
+    return path_key(sig, crossings)
+
+
+def _even_split_counts(problem: Problem) -> list[np.ndarray]:
+    """Every distinct even split (:func:`sapptk.plan.even_split_counts`), merged groups."""
+    from sapptk.plan import even_split_counts, even_split_modes
+
+    out: list[np.ndarray] = []
+    for mode in even_split_modes(problem.profile):
+        counts = problem.groups.merge(even_split_counts(problem.profile, problem.config, mode))
+        if not any(np.array_equal(counts, c) for c in out):
+            out.append(counts)
+    return out
+
+
+def _work_bound(problem: Problem) -> int:
+    """A bound any plan meets: some device works at least the average of all the work, each
+    layer in its cheapest allowed mode, wherever it is placed."""
+    coef, paths = problem.coef, problem.paths
+    V = problem.num_virtual_stages
+    ops = paths.unit_sig.sum(axis=0)  # ops of each (class, vs)
+    f_ops, b_ops, w_ops = ops[:V], ops[V : 2 * V], ops[2 * V :]
+    fixed = int(f_ops @ coef.fixed_forward + b_ops @ coef.fixed_backward + w_ops @ coef.fixed_weight)
+    cheapest_b = np.where(coef.allowed, coef.backward, np.iinfo(np.int64).max).min(axis=1)
+    body = 0
+    for g in range(len(coef.counts)):
+        # a layer costs the fewest ops of any stage, whichever stage it is on
+        per_stage = f_ops * int(coef.forward[g]) + b_ops * int(cheapest_b[g]) + w_ops * int(coef.weight[g])
+        body += int(coef.counts[g]) * int(per_stage.min())
+    return (fixed + body) // problem.program.stages

@@ -1,0 +1,109 @@
+"""Every tuning knob of the search in one frozen object, with its default and what it does.
+
+``balance(..., options=SearchOptions(...))`` changes them for one call; the defaults are
+what the benchmarks (``benchmarks/balance.py``) were measured with. None of them changes
+what a plan *is* (exact memory, exact step time); they change how the time is spent and so
+how good a plan the time limit buys, and how large a problem is handled by which method.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from sapptk.errors import ConfigError
+
+__all__ = ["SearchOptions"]
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Knobs of :func:`sapptk.solver.search.search` (and so of :func:`sapptk.balance`).
+
+    Time shares (fractions of the time left when a phase starts)
+    ----------------------------------------------------------------
+    local_search_share: 0.5 — the local search may use this much; it stops earlier on its
+        own when kicks stop improving (on hard two-chunk instances the incumbent, not the
+        master, is what improves).
+    relaxation_share: 0.25 — the LP relaxation's row generation (the proven bound).
+    first_plan_share: 0.25 — first cap of a layer-count solve looking for a first plan when
+        no even split (and no start plan) fits; doubled after every solve that ends without
+        an answer.
+    master_cap_share: 0.05 — first cap of a master solve, as a share of the *whole* time
+        limit; doubled when a capped solve brings no new path.
+    tie_break_share: 0.5 — the least-recompute tie-break may use this much of what is left
+        once the step time is proven (the rest goes to the smallest deviation from the even
+        split).
+    diagnosis_seconds: 10.0 — most seconds spent explaining why nothing fits; never more
+        than what the time limit leaves.
+
+    Local search
+    ------------
+    kick_moves: (2, 4) — a kick moves between this many layers (inclusive) at random.
+    sample_per_stage: 4 — after a kick, each climbing round tries this many random layer
+        moves per virtual stage (instead of all of them).
+    idle_kicks_per_stage: 0.5 — the iterated local search stops after this many kicks per
+        virtual stage without an improvement.
+    batch: 64 — neighbours timed together; after each batch without an improvement the
+        critical paths of its nearest misses rule out more of the rest.
+    deterministic_evaluations_per_second: 2000 — with ``deterministic=True`` the local
+        search's work is counted in evaluated plans, not seconds: this many per second of
+        the time limit (times ``local_search_share``), so the same input gives the same plan.
+
+    Sizes (above them a cheaper method takes over, never a larger allocation)
+    ---------------------------------------------------------------------------
+    max_partial_layouts: 1,000,000 — layouts one device may have during enumeration;
+        above it the layer-count master is used instead of the layout master.
+    max_layouts: 200,000 — layouts kept over all devices for the layout master.
+    max_dp_states: 2,000,000 — states of the relaxation's dynamic program over per-group
+        layer counts; above it only the total layer count is tracked (still a bound).
+    evaluation_bytes: 64 MB — working memory of one batch of exact step-time evaluations.
+    max_relaxation_iterations: 1000 — LP solves of the relaxation's row generation.
+    """
+
+    local_search_share: float = 0.5
+    relaxation_share: float = 0.25
+    first_plan_share: float = 0.25
+    master_cap_share: float = 0.05
+    tie_break_share: float = 0.5
+    diagnosis_seconds: float = 10.0
+    kick_moves: tuple[int, int] = (2, 4)
+    sample_per_stage: int = 4
+    idle_kicks_per_stage: float = 0.5
+    batch: int = 64
+    deterministic_evaluations_per_second: int = 2000
+    max_partial_layouts: int = 1_000_000
+    max_layouts: int = 200_000
+    max_dp_states: int = 2_000_000
+    evaluation_bytes: int = 64 * 2**20
+    max_relaxation_iterations: int = 1000
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_share"):
+                if not _real(value) or not 0 < value <= 1:
+                    raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected a fraction in (0, 1]")
+            elif f.name == "diagnosis_seconds":
+                if not _real(value) or value < 0:
+                    raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected seconds >= 0")
+            elif f.name == "idle_kicks_per_stage":
+                if not _real(value) or value < 0:
+                    raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected a number >= 0")
+            elif f.name == "kick_moves":
+                ok = (isinstance(value, tuple) and len(value) == 2 and all(_int(v) for v in value)
+                      and 1 <= value[0] <= value[1])
+                if not ok:
+                    raise ConfigError(
+                        f"SearchOptions.kick_moves = {value!r}: expected a pair (low, high), 1 <= low <= high"
+                    )
+            elif not _int(value) or value < 1:
+                raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected an integer >= 1")
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
