@@ -1,4 +1,5 @@
-"""Consecutive identical body groups, merged: an exact reduction of the problem.
+"""Consecutive identical body groups, merged: an exact reduction of the problem; and nearly
+identical ones, coarsened: a restriction that finds good plans fast.
 
 A profile where every layer is its own group (a calibrated or traced one often is) has
 tens of groups whose integer costs are equal (every decoder layer of a dense model, every
@@ -8,6 +9,12 @@ and no memory. So the search works on the merged groups, and a merged plan is sp
 over the original groups by position (each virtual stage takes the next layers in model
 order, and the modes of a cell in :data:`~sapptk.profile.MODES` order): the same costs on
 every virtual stage, so the same step time and peaks.
+
+:func:`coarsen` goes further for profiles whose per-layer figures differ a little (measured
+ones do): runs of consecutive groups whose figures are all within a tolerance become one
+group with the *largest* figure of each kind. Every plan of the coarse problem, spread back,
+is a plan of the real one that is no slower and needs no more memory than the coarse one
+says: the coarse problem is a restriction, so its plans are real incumbents (never bounds).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import numpy as np
 
 from sapptk.costs import LayerCoefficients
 
-__all__ = ["GroupMap", "merge_groups"]
+__all__ = ["GroupMap", "coarsen", "merge_groups"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,3 +96,45 @@ def merge_groups(coef: LayerCoefficients) -> tuple[LayerCoefficients, GroupMap]:
         **{f: getattr(coef, f)[first] for f in _PER_GROUP},
     )
     return merged, groups
+
+
+def coarsen(coef: LayerCoefficients, tolerance: float) -> tuple[LayerCoefficients, GroupMap]:
+    """Runs of consecutive groups with the same allowed modes whose every figure is within
+    ``tolerance`` (relative, plus one unit) of the run's smallest, as one group each with the
+    largest figures (see the module docstring)."""
+    G = len(coef.counts)
+    fields = ("forward", "backward", "weight", "activation", "params", "overhead")
+    compared = fields[:-1]  # the overhead (a tie-break) is a difference of figures: not compared
+    members: list[list[int]] = []
+    lo: dict[str, np.ndarray] = {}
+    hi: dict[str, np.ndarray] = {}
+    for g in range(G):
+        if members and np.array_equal(coef.allowed[g], coef.allowed[members[-1][0]]):
+            mask = coef.allowed[g]
+            new_lo = {f: np.minimum(lo[f], getattr(coef, f)[g]) for f in fields}
+            new_hi = {f: np.maximum(hi[f], getattr(coef, f)[g]) for f in fields}
+            close = all(
+                np.all((new_hi[f] <= (1 + tolerance) * new_lo[f] + 1)[mask] if new_hi[f].ndim else
+                       new_hi[f] <= (1 + tolerance) * new_lo[f] + 1)
+                for f in compared
+            )
+            if close:
+                members[-1].append(g)
+                lo, hi = new_lo, new_hi
+                continue
+        members.append([g])
+        lo = {f: getattr(coef, f)[g].copy() for f in fields}
+        hi = {f: getattr(coef, f)[g].copy() for f in fields}
+    groups = GroupMap(members=tuple(tuple(m) for m in members), counts=coef.counts.copy())
+    if groups.identity:
+        return coef, groups
+    largest = {f: np.stack([getattr(coef, f)[m].max(axis=0) for m in members]) for f in fields}
+    coarse = dataclasses.replace(
+        coef,
+        group_names=tuple(f"{coef.group_names[m[0]]}..{coef.group_names[m[-1]]}" for m in members),
+        counts=np.array([int(coef.counts[m].sum()) for m in members], dtype=np.int64),
+        available=np.stack([coef.available[m].all(axis=0) for m in members]),
+        allowed=np.stack([coef.allowed[m[0]] for m in members]),
+        **largest,
+    )
+    return coarse, groups

@@ -51,10 +51,12 @@ class TooManyLayouts(Exception):
 class StageOptions:
     """Body contents one virtual stage may hold (head/tail excluded), Pareto in (backward, activation).
 
-    Arrays over options: ``comp`` (k, G) layers per group; ``mix`` (k, G, R) layers per group
-    and mode; ``forward``, ``backward``, ``weight``, ``activation``, ``params``, ``overhead`` (k,).
+    Arrays over options: ``comp`` (k, G) layers per group and ``comp_id`` (k,) its number
+    (options with the same composition share it); ``mix`` (k, G, R) layers per group and
+    mode; ``forward``, ``backward``, ``weight``, ``activation``, ``params``, ``overhead`` (k,).
     """
 
+    comp_id: np.ndarray
     comp: np.ndarray
     mix: np.ndarray
     forward: np.ndarray
@@ -150,6 +152,7 @@ def stage_options(
     *,
     work_cap: int | None = None,
     max_options: int | None = None,
+    max_bytes: int | None = None,
     deadline: float | None = None,
 ) -> StageOptions:
     """All Pareto body contents of a virtual stage with at most ``n_max[g]`` layers of group g.
@@ -160,7 +163,8 @@ def stage_options(
     else), so the number of compositions is polynomial in the groups. ``work_cap`` bounds
     ``Σ_g layers_g · (forward_g + cheapest backward_g + weight_g)`` (a stage's op chain per
     micro-batch). The empty content is included. Raises :class:`TooManyLayouts` above
-    ``max_options`` options or past ``deadline`` (a ``time.perf_counter`` time).
+    ``max_options`` options, when their mode mixes would take more than ``max_bytes``, or
+    past ``deadline`` (a ``time.perf_counter`` time).
     """
     G, R = coef.allowed.shape
     n_max = np.minimum(np.asarray(n_max, dtype=np.int64), coef.counts)
@@ -190,6 +194,8 @@ def stage_options(
         total += len(front[0])
         if max_options is not None and total > max_options:
             raise TooManyLayouts(f"more than {max_options} stage contents")
+        if max_bytes is not None and total * G * R * 8 > max_bytes:
+            raise TooManyLayouts(f"stage contents would take more than {max_bytes} bytes")
         if deadline is not None and time.perf_counter() > deadline:
             raise TooManyLayouts("out of time enumerating stage contents")
 
@@ -218,9 +224,11 @@ def stage_options(
                     break
                 front = _add_fronts(front, fronts[hi][int(coef.counts[hi])])
                 comp[hi] = coef.counts[hi]
-    comp = np.repeat(np.stack(comps), [len(f[0]) for f in found], axis=0)
+    sizes = [len(f[0]) for f in found]
+    comp = np.repeat(np.stack(comps), sizes, axis=0)
     mix = np.concatenate([f[2] for f in found])
     return StageOptions(
+        comp_id=np.repeat(np.arange(len(comps)), sizes),
         comp=comp,
         mix=mix,
         forward=comp @ coef.forward,
@@ -320,20 +328,22 @@ def device_layouts(
     allow_empty: bool,
     max_partial: int = 1_000_000,
     max_layouts: int | None = None,
+    max_bytes: int | None = None,
     deadline: float | None = None,
 ) -> list[DeviceLayouts]:
     """Every device's layouts that fit ``budget`` (memory units × live-point scale), op chain at most
     ``ub`` ticks, Pareto-reduced per composition.
 
     Raises :class:`TooManyLayouts` when one device would have more than ``max_partial``
-    partial layouts, when more than ``max_layouts`` are kept over all devices, or past
-    ``deadline`` (a ``time.perf_counter`` time).
+    partial layouts, when more than ``max_layouts`` are kept over all devices or they would
+    take more than ``max_bytes``, or past ``deadline`` (a ``time.perf_counter`` time).
     """
     paths = path_model(program)
     mem = memory_model(program)
     V = len(coef.fixed_forward)
     total = int(coef.counts.sum())
     n_body = options.comp.sum(axis=1)
+    G, R = coef.allowed.shape
     out = []
     kept = 0
     for d, stages in enumerate(program.device_stages):
@@ -387,14 +397,18 @@ def device_layouts(
                 if not len(rows):
                     keep &= scale * (p_par + rest_par) <= budget
             sel, p_chain, p_par, p_act = sel[keep], p_chain[keep], p_par[keep], p_act[keep]
-        comp = options.comp[sel]  # (k, c, G)
         back = np.stack([chunk[c]["b"][sel[:, c]] for c in range(nc)], axis=1).reshape(len(sel), nc)
         if len(sel):
-            _, key = np.unique(comp.reshape(len(sel), -1), axis=0, return_inverse=True)
+            _, key = np.unique(options.comp_id[sel], axis=0, return_inverse=True)  # the device's composition
             keep = _pareto_groups(key.ravel(), back)
         else:
             keep = np.zeros(0, dtype=np.int64)
         sel = sel[keep]
+        kept += len(keep)
+        if max_layouts is not None and kept > max_layouts:
+            raise TooManyLayouts(f"more than {max_layouts} layouts")
+        if max_bytes is not None and kept * nc * G * (R + 1) * 8 > max_bytes:
+            raise TooManyLayouts(f"layouts would take more than {max_bytes} bytes")
         n_c = options.comp[sel].sum(axis=2)  # (k, c)
         out.append(DeviceLayouts(
             device=d,
@@ -408,9 +422,6 @@ def device_layouts(
             deviation=np.abs(V * n_c - total).sum(axis=1),
             chain=p_chain[keep],
         ))
-        kept += len(keep)
-        if max_layouts is not None and kept > max_layouts:
-            raise TooManyLayouts(f"more than {max_layouts} layouts")
     return out
 
 

@@ -125,6 +125,7 @@ class LocalSearch:
         self.stages = [np.asarray(lay.stages) for lay in layouts]
         self.comps = _Compositions(layouts, coef.counts)
         self.moves = np.array([(a, b) for a in range(self.V) for b in range(self.V) if a != b], dtype=np.int64)
+        self.shifts = self._range_shifts()
         self.batch = min(self.options.batch, problem.paths.batch_size(self.options.evaluation_bytes))
         # the known paths (rows: signature over [F; BI; W] of every vs; length adds crossings · comm)
         known = [(problem.paths.device_sig[d], 0) for d in range(problem.program.stages)]
@@ -212,6 +213,31 @@ class LocalSearch:
         vecs[rows, moves[:, 1]] += 1
         return self.rebuild(pick, vecs)
 
+    def _range_shifts(self) -> np.ndarray:
+        """Layer-vector changes (n, V) that move one layer from chunk c1 to chunk c2 on every
+        device of a range (i..j): the coordinated moves that single layer moves cannot make
+        one at a time (each alone unbalances its chunk's stages)."""
+        per_device = [len(st) for st in self.stages]
+        chunks = min(per_device, default=0)
+        rows = []
+        for c1 in range(chunks):
+            for c2 in range(chunks):
+                if c1 == c2:
+                    continue
+                for i in range(self.D):
+                    delta = np.zeros(self.V, dtype=np.int64)
+                    for j in range(i, self.D):
+                        delta[self.stages[j][c1]] -= 1
+                        delta[self.stages[j][c2]] += 1
+                        if j > i:  # a range of one device is a plain layer move
+                            rows.append(delta.copy())
+        return np.array(rows, dtype=np.int64).reshape(-1, self.V)
+
+    def range_shifts(self, pick: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """States one range shift (rows of :attr:`shifts`) away, where every stage keeps its floor."""
+        vecs = self.layers(pick)[None, :] + self.shifts[rows]
+        return self.rebuild(pick, vecs[(vecs >= self.floor[None, :]).all(axis=1)])
+
     def switches(self, pick: np.ndarray) -> np.ndarray:
         """States with one device on another layout of the same composition."""
         out = []
@@ -282,7 +308,12 @@ class LocalSearch:
                 moves = self.moves[self.rng.permutation(len(self.moves))]
             else:
                 moves = self.moves[self.rng.choice(len(self.moves), min(sample, len(self.moves)), replace=False)]
-            candidates = np.concatenate([self.switches(pick), self.layer_moves(pick, moves)])
+            if sample is None:
+                shifts = np.arange(len(self.shifts))
+            else:
+                shifts = self.rng.choice(len(self.shifts), min(sample, len(self.shifts)), replace=False)
+            candidates = np.concatenate([self.switches(pick), self.layer_moves(pick, moves),
+                                         self.range_shifts(pick, shifts)])
             if not len(candidates):
                 break
             better, better_z = self.best_neighbour(z, candidates)

@@ -6,7 +6,9 @@
    capped solve that ends without an answer doubles the cap; only a proof says "infeasible").
 3. **Master** — enumerate every device's layouts (:mod:`sapptk.solver.layouts`) for the
    layout master, or, when that would be too large or too slow, the layer-count master
-   (:mod:`sapptk.solver.masters`).
+   (:mod:`sapptk.solver.masters`); then first a *coarse incumbent*: nearly identical
+   consecutive groups coarsened into one (:func:`sapptk.solver.groups.coarsen`), that
+   problem solved by layouts and local search, its plan spread back.
 4. **Local search** (:mod:`sapptk.solver.local_search`) — better incumbents, fast.
 5. **Relaxation** (:mod:`sapptk.solver.relaxation`) — the LP bound over all paths, and the
    paths it needed, handed to the master.
@@ -28,6 +30,7 @@ end the search alike, with the best plan so far. The knobs are in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Callable
@@ -40,6 +43,7 @@ from sapptk.costs import TIME_UNIT_MS
 from sapptk.solver.clock import Clock
 from sapptk.solver.cpsat import run_master
 from sapptk.solver.diagnosis import explain_infeasible
+from sapptk.solver.groups import GroupMap, coarsen
 from sapptk.solver.incumbent import Incumbent
 from sapptk.solver.layouts import TooManyLayouts, device_layouts, layer_caps, stage_options
 from sapptk.solver.local_search import LocalSearch
@@ -153,8 +157,11 @@ def search(
 class _Phases:
     """The search's state between phases: the problem, the clock, the incumbent, the master."""
 
-    def __init__(self, problem: Problem, clock: Clock, *, workers: int, seed: int, deterministic: bool) -> None:
+    def __init__(
+        self, problem: Problem, clock: Clock, *, workers: int, seed: int, deterministic: bool, coarse: bool = False
+    ) -> None:
         self.problem = problem
+        self.coarse = coarse  # this is the coarsened problem of another search (no further coarsening)
         self.clock = clock
         self.options = problem.options
         self.workers, self.seed, self.deterministic = workers, seed, deterministic
@@ -258,12 +265,16 @@ class _Phases:
         try:
             caps, work_cap = layer_caps(p.coef, p.paths, self.incumbent.ticks, allow_empty=p.allow_empty)
             options = stage_options(p.coef, caps, work_cap=work_cap, max_options=opts.max_partial_layouts,
-                                    deadline=deadline)
+                                    max_bytes=opts.max_layout_bytes, deadline=deadline)
             layouts = device_layouts(
                 p.coef, p.program, options, ub=self.incumbent.ticks, budget=p.budget, allow_empty=p.allow_empty,
-                max_partial=opts.max_partial_layouts, max_layouts=opts.max_layouts, deadline=deadline,
+                max_partial=opts.max_partial_layouts, max_layouts=opts.max_layouts,
+                max_bytes=opts.max_layout_bytes, deadline=deadline,
             )
         except TooManyLayouts:
+            if self.clock.expired():
+                return 0
+            self.coarse_incumbent()
             if self.clock.expired():
                 return 0
             self.use(LayerMaster(p.coef, p.program, p.comm_ticks, budget=p.budget, allow_empty=p.allow_empty))
@@ -271,6 +282,34 @@ class _Phases:
         durations = p.config.chunks == 1
         self.use(LayoutMaster(p.coef, p.program, p.comm_ticks, layouts, durations=durations))
         return sum(len(lay) for lay in layouts)
+
+    def coarse_incumbent(self) -> None:
+        """Phase 3, when the real groups have too many layouts: solve the coarsened problem
+        (a restriction: its plans are real, and no slower than it says) by layouts and local
+        search in a share of the time left, and offer its best plan, spread back."""
+        p, opts = self.problem, self.options
+        if self.coarse:
+            return
+        coef, coarse_map = coarsen(p.coef, opts.coarsen_tolerance)
+        if coarse_map.identity:
+            return
+        # the coarse problem's groups, in terms of the profile's own groups
+        members = tuple(tuple(g for j in m for g in p.groups.members[j]) for m in coarse_map.members)
+        coarse = dataclasses.replace(p, coef=coef, groups=GroupMap(members=members, counts=p.groups.counts))
+        clock = Clock(opts.local_search_share * self.clock.remaining(), self.clock.stop)
+        sub = _Phases(coarse, clock, workers=self.workers, seed=self.seed, deterministic=self.deterministic,
+                      coarse=True)
+        start = None
+        if self.incumbent.counts is not None:
+            start = p.groups.spread(self.incumbent.counts)
+        sub.seed_incumbents(start)
+        if sub.incumbent.counts is None:
+            return
+        sub.build_master()
+        if isinstance(sub.master, LayoutMaster):
+            sub.local_search(sub.master)
+        if sub.incumbent.counts is not None:
+            self.offer_all([coarse_map.spread(sub.incumbent.counts)])
 
     def use(self, master: Master) -> None:
         self.master = master

@@ -50,11 +50,16 @@ class SearchOptions:
         search's work is counted in evaluated plans, not seconds: this many per second of
         the time limit (times ``local_search_share``), so the same input gives the same plan.
 
+    coarsen_tolerance: 0.05 — when the layouts of a profile's groups are too many, runs of
+        consecutive groups whose figures differ by at most this (relative) are solved as one
+        group with their largest figures, for a first good plan.
+
     Sizes (above them a cheaper method takes over, never a larger allocation)
     ---------------------------------------------------------------------------
     max_partial_layouts: 1,000,000 — layouts one device may have during enumeration;
         above it the layer-count master is used instead of the layout master.
     max_layouts: 200,000 — layouts kept over all devices for the layout master.
+    max_layout_bytes: 64 MB — memory the stage contents and the kept layouts may take.
     max_dp_states: 2,000,000 — states of the relaxation's dynamic program over per-group
         layer counts; above it only the total layer count is tracked (still a bound).
     evaluation_bytes: 64 MB — working memory of one batch of exact step-time evaluations.
@@ -72,8 +77,10 @@ class SearchOptions:
     idle_kicks_per_stage: float = 0.5
     batch: int = 64
     deterministic_evaluations_per_second: int = 2000
+    coarsen_tolerance: float = 0.05
     max_partial_layouts: int = 1_000_000
     max_layouts: int = 200_000
+    max_layout_bytes: int = 64 * 2**20
     max_dp_states: int = 2_000_000
     evaluation_bytes: int = 64 * 2**20
     max_relaxation_iterations: int = 1000
@@ -84,6 +91,9 @@ class SearchOptions:
             if f.name.endswith("_share"):
                 if not _real(value) or not 0 < value <= 1:
                     raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected a fraction in (0, 1]")
+            elif f.name == "coarsen_tolerance":
+                if not _real(value) or value < 0:
+                    raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected a fraction >= 0")
             elif f.name == "diagnosis_seconds":
                 if not _real(value) or value < 0:
                     raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected seconds >= 0")
