@@ -9,9 +9,9 @@
    (:mod:`sapptk.solver.masters`); then first a *coarse incumbent*: nearly identical
    consecutive groups coarsened into one (:func:`sapptk.solver.groups.coarsen`), that
    problem solved by layouts and local search, its plan spread back.
-4. **Local search** (:mod:`sapptk.solver.local_search`) — better incumbents, fast.
-5. **Relaxation** (:mod:`sapptk.solver.relaxation`) — the LP bound over all paths, and the
-   paths it needed, handed to the master.
+4. **Relaxation** (:mod:`sapptk.solver.relaxation`) — the LP bound over all paths, and the
+   paths it needed, handed to the master (and to the local search, whose filter they sharpen).
+5. **Local search** (:mod:`sapptk.solver.local_search`) — better incumbents, fast.
 6. **Minimise the step** — path generation around capped CP-SAT solves
    (:mod:`sapptk.solver.cpsat`): every solution is timed exactly, its critical path becomes a
    cut; the master's optimum is a lower bound, every solution an upper bound; they meet at
@@ -182,8 +182,8 @@ class _Phases:
                 return self.result(found, None)
         layouts = self.build_master()  # 3
         if isinstance(self.master, LayoutMaster):
-            self.local_search(self.master)  # 4
-            self.relax(self.master)  # 5
+            self.relax(self.master)  # 4
+            self.local_search(self.master)  # 5
         status, lower = self.minimise_step()  # 6
         if status == "optimal":
             self.tie_breaks()  # 7
@@ -316,7 +316,7 @@ class _Phases:
         self.incumbent.attach(master)
 
     def local_search(self, master: LayoutMaster) -> None:
-        """Phase 4: iterated local search over the layouts (a share of the time left)."""
+        """Phase 5: iterated local search over the layouts (a share of the time left)."""
         if self.incumbent.counts is None or self.clock.expired():
             return
         search = LocalSearch(self.problem, self.incumbent, master.layouts, clock=self.clock, seed=self.seed,
@@ -324,15 +324,19 @@ class _Phases:
         search.run(until=self.clock.until(self.options.local_search_share))
 
     def relax(self, master: LayoutMaster) -> None:
-        """Phase 5: the LP relaxation's proven bound; its paths join the pool and the master."""
+        """Phase 4: the LP relaxation's proven bound; its paths join the pool and the master."""
         if self.clock.expired():
             return
-        p = self.problem
+        p, opts = self.problem, self.options
         seed = [(p.paths.device_sig[d], 0) for d in range(p.program.stages)] + list(self.incumbent.paths.values())
+        iterations = opts.max_relaxation_iterations
+        if self.deterministic:  # counted, not timed: the same paths every run
+            share = opts.deterministic_relaxation_iterations_per_second * self.clock.limit * opts.relaxation_share
+            iterations = min(iterations, max(1, int(share)))
         self.relaxation = relax(
-            p.coef, p.paths, master.layouts, p.comm_ticks, seed, until=self.clock.until(self.options.relaxation_share),
-            stopped=lambda: self.clock.stopped, max_iterations=self.options.max_relaxation_iterations,
-            max_dp_states=self.options.max_dp_states,
+            p.coef, p.paths, master.layouts, p.comm_ticks, seed,
+            until=self.clock.deadline if self.deterministic else self.clock.until(opts.relaxation_share),
+            stopped=lambda: self.clock.stopped, max_iterations=iterations, max_dp_states=opts.max_dp_states,
         )
         for sig, crossings in self.relaxation.cuts:
             self.incumbent.paths.setdefault(_key(sig, crossings), (sig, crossings))

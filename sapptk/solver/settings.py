@@ -22,10 +22,11 @@ class SearchOptions:
 
     Time shares (fractions of the time left when a phase starts)
     ----------------------------------------------------------------
-    local_search_share: 0.5 — the local search may use this much; it stops earlier on its
+    relaxation_share: 0.15 — the LP relaxation's row generation (the proven bound; its
+        paths also sharpen the local search's filter, so it runs first).
+    local_search_share: 0.6 — the local search may use this much; it stops earlier on its
         own when kicks stop improving (on hard two-chunk instances the incumbent, not the
         master, is what improves).
-    relaxation_share: 0.25 — the LP relaxation's row generation (the proven bound).
     first_plan_share: 0.25 — first cap of a layer-count solve looking for a first plan when
         no even split (and no start plan) fits; doubled after every solve that ends without
         an answer.
@@ -46,9 +47,12 @@ class SearchOptions:
         virtual stage without an improvement.
     batch: 64 — neighbours timed together; after each batch without an improvement the
         critical paths of its nearest misses rule out more of the rest.
-    deterministic_evaluations_per_second: 2000 — with ``deterministic=True`` the local
+    deterministic_evaluations_per_second: 1200 — with ``deterministic=True`` the local
         search's work is counted in evaluated plans, not seconds: this many per second of
         the time limit (times ``local_search_share``), so the same input gives the same plan.
+    deterministic_relaxation_iterations_per_second: 10 — likewise, the relaxation's LP
+        solves with ``deterministic=True``: this many per second of the time limit (times
+        ``relaxation_share``; at least one).
 
     coarsen_tolerance: 0.05 — when the layouts of a profile's groups are too many, runs of
         consecutive groups whose figures differ by at most this (relative) are solved as one
@@ -66,8 +70,8 @@ class SearchOptions:
     max_relaxation_iterations: 1000 — LP solves of the relaxation's row generation.
     """
 
-    local_search_share: float = 0.5
-    relaxation_share: float = 0.25
+    relaxation_share: float = 0.15
+    local_search_share: float = 0.6
     first_plan_share: float = 0.25
     master_cap_share: float = 0.05
     tie_break_share: float = 0.5
@@ -76,7 +80,8 @@ class SearchOptions:
     sample_per_stage: int = 4
     idle_kicks_per_stage: float = 0.5
     batch: int = 64
-    deterministic_evaluations_per_second: int = 2000
+    deterministic_evaluations_per_second: int = 1200
+    deterministic_relaxation_iterations_per_second: int = 10
     coarsen_tolerance: float = 0.05
     max_partial_layouts: int = 1_000_000
     max_layouts: int = 200_000
