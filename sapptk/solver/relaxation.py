@@ -37,7 +37,7 @@ from sapptk.costs import LayerCoefficients
 from sapptk.solver.layouts import DeviceLayouts, path_lengths
 from sapptk.solver.paths import PathModel, path_key
 
-__all__ = ["Relaxation", "lagrangian_bound", "relax"]
+__all__ = ["LinearRelaxation", "Relaxation", "lagrangian_bound", "relax"]
 
 @dataclass
 class Relaxation:
@@ -109,6 +109,134 @@ def lagrangian_bound(
     return float(best[tuple(int(c) for c in counts)]) + const
 
 
+class LinearRelaxation:
+    """The LP relaxation of the layout master, solved by row generation in as many calls to
+    :meth:`run` as the caller likes (the LP and its rows are kept between them).
+
+    ``add`` puts a path in the LP (device chains, the paths seen so far); ``run`` adds the
+    most violated path of each LP solution until none is violated, the time is up, or
+    ``max_iterations`` LP solves were made, and returns the :class:`Relaxation` so far. Its
+    ``bound`` is the best Lagrangian bound from the duals of the last LP solved in each run
+    and of every tenth one before it (so a run cut short by time, or by a failed LP solve,
+    still gives a valid bound); ``cuts`` the paths row generation added, over all runs.
+    """
+
+    def __init__(
+        self,
+        coef: LayerCoefficients,
+        paths: PathModel,
+        layouts: list[DeviceLayouts],
+        comm_ticks: int,
+        *,
+        max_dp_states: int = 2_000_000,
+    ) -> None:
+        self.coef, self.paths, self.layouts, self.comm_ticks = coef, paths, layouts, comm_ticks
+        self.max_dp_states = max_dp_states
+        self.out = Relaxation()
+        self.best = 0.0  # the best Lagrangian bound so far (ticks, floating point)
+        self.sigs: list[np.ndarray] = []
+        self.crossings: list[int] = []
+        self.rows: list[pywraplp.Constraint] = []
+        self.seen: set[bytes] = set()
+        self.generated: set[bytes] = set()
+        self.solver = pywraplp.Solver.CreateSolver("GLOP")
+        if self.solver is None:  # GLOP ships with OR-Tools; guard anyway
+            return
+        solver = self.solver
+        # each new row cuts the last solution off while its basis stays dual feasible: dual simplex
+        # restarts from there (measured about 20 % faster than the default on the benchmarks)
+        solver.SetSolverSpecificParametersAsString("use_dual_simplex: true")
+        self.y = [[solver.NumVar(0.0, 1.0, f"y_{d}_{o}") for o in range(len(lay))] for d, lay in enumerate(layouts)]
+        for ys in self.y:
+            row = solver.Constraint(1.0, 1.0)
+            for var in ys:
+                row.SetCoefficient(var, 1.0)
+        totals = _totals(layouts)
+        for g, n in enumerate(coef.counts.tolist()):
+            row = solver.Constraint(float(n), float(n))
+            for d in range(len(layouts)):
+                for o in np.flatnonzero(totals[d][:, g]):
+                    row.SetCoefficient(self.y[d][o], float(totals[d][o, g]))
+        # lengths are normalised by the longest device chain so that the LP's numbers are near 1
+        self.norm = float(max(int(lay.chain.max()) for lay in layouts) or 1)
+        self.z = solver.NumVar(0.0, solver.infinity(), "z")
+        objective = solver.Objective()
+        objective.SetCoefficient(self.z, 1.0)
+        objective.SetMinimization()
+
+    def add(self, sig: np.ndarray, cross: int) -> bool:
+        """Add the row ``z ≥ length of the path (sig, cross)``; False if it is there already."""
+        key = path_key(sig, cross)
+        if key in self.seen or self.solver is None:
+            return False
+        self.seen.add(key)
+        solver, D = self.solver, len(self.layouts)
+        lengths = path_lengths(self.layouts, sig[None, :])
+        const = cross * self.comm_ticks
+        for d in range(D):
+            const += int(lengths[d].min())
+        row = solver.Constraint(const / self.norm, solver.infinity())
+        row.SetCoefficient(self.z, 1.0)
+        for d in range(D):
+            rel = lengths[d][0] - int(lengths[d].min())
+            for o in np.flatnonzero(rel):
+                row.SetCoefficient(self.y[d][o], -float(rel[o]) / self.norm)
+        self.sigs.append(np.asarray(sig, dtype=np.int64))
+        self.crossings.append(int(cross))
+        self.rows.append(row)
+        return True
+
+    def _bound_now(self) -> float:
+        duals = np.array([row.dual_value() for row in self.rows])
+        return lagrangian_bound(self.layouts, self.coef.counts, np.stack(self.sigs), np.asarray(self.crossings),
+                                self.comm_ticks, duals, max_states=self.max_dp_states)
+
+    def run(self, *, until: float, stopped: Callable[[], bool] | None = None, max_iterations: int = 1000) -> Relaxation:
+        """Row generation until converged, ``until`` (a ``perf_counter`` time; each LP solve is
+        capped by it, but gets at least 0.1 s), ``stopped()`` or ``max_iterations`` LP solves."""
+        t0 = time.perf_counter()
+        out, solver = self.out, self.solver
+        if solver is None or not self.rows:
+            return out
+        nvs = self.paths.nvs
+        for i in range(max_iterations):
+            solver.SetTimeLimit(max(100, int(1000 * (until - time.perf_counter()))))
+            status = solver.Solve()
+            out.iterations += 1
+            if status != pywraplp.Solver.OPTIMAL:
+                break
+            out.lp = self.z.solution_value() * self.norm
+            cost = np.zeros(3 * nvs)
+            for d, lay in enumerate(self.layouts):
+                yd = np.array([var.solution_value() for var in self.y[d]])
+                st = np.asarray(lay.stages)
+                cost[st] += yd @ lay.forward
+                cost[nvs + st] += yd @ lay.backward
+                cost[2 * nvs + st] += yd @ lay.weight
+            steps, found = self.paths.longest(cost[None, :], self.coef.comm)
+            converged = float(steps[0]) <= out.lp * (1 + 1e-9) + 1e-6
+            out_of_time = time.perf_counter() >= until or (stopped is not None and stopped())
+            if converged or out_of_time or i == max_iterations - 1:
+                out.converged = converged
+                self.best = max(self.best, self._bound_now())  # these duals, before any row changes them
+                break
+            if out.iterations % 10 == 0:  # kept in case a later LP solve fails
+                self.best = max(self.best, self._bound_now())
+            sig, cross = found[0]
+            if not self.add(sig, cross):  # a path already in the LP: tolerances; stop with what we have
+                self.best = max(self.best, self._bound_now())
+                break
+            self.generated.add(path_key(sig, cross))
+            out.cuts.append((self.sigs[-1], self.crossings[-1]))
+        if math.isfinite(self.best):
+            # the DP's sums are floating point: step down by a relative 1e-9 before rounding up to a tick
+            out.bound = max(0, math.ceil(self.best - 1e-9 * abs(self.best) - 1e-6))
+        else:
+            out.bound = 2**62  # no integer plan among these layouts at all
+        out.seconds += time.perf_counter() - t0
+        return out
+
+
 def relax(
     coef: LayerCoefficients,
     paths: PathModel,
@@ -121,108 +249,9 @@ def relax(
     max_iterations: int = 1000,
     max_dp_states: int = 2_000_000,
 ) -> Relaxation:
-    """Row generation on the LP relaxation of the layout master, then its Lagrangian bound.
-
-    ``seed_paths`` start the LP (device chains and the paths seen so far); ``until`` is a
-    :func:`time.perf_counter` deadline (each LP solve is capped by it), ``stopped`` a
-    function that says the caller wants the answer now. The bound is the best Lagrangian
-    bound from the duals of the last LP solved and of every tenth one before it (so a loop
-    cut short by time, or by a failed LP solve, still returns a valid bound).
-    """
-    t0 = time.perf_counter()
-    out = Relaxation()
-    solver = pywraplp.Solver.CreateSolver("GLOP")
-    if solver is None:  # GLOP ships with OR-Tools; guard anyway
-        return out
-    # each new row cuts the last solution off while its basis stays dual feasible: dual simplex
-    # restarts from there (measured about 20 % faster than the default on the benchmarks)
-    solver.SetSolverSpecificParametersAsString("use_dual_simplex: true")
-    D = len(layouts)
-    nvs = paths.nvs
-    y = [[solver.NumVar(0.0, 1.0, f"y_{d}_{o}") for o in range(len(lay))] for d, lay in enumerate(layouts)]
-    for ys in y:
-        row = solver.Constraint(1.0, 1.0)
-        for var in ys:
-            row.SetCoefficient(var, 1.0)
-    totals = _totals(layouts)
-    for g, n in enumerate(coef.counts.tolist()):
-        row = solver.Constraint(float(n), float(n))
-        for d in range(D):
-            for o in np.flatnonzero(totals[d][:, g]):
-                row.SetCoefficient(y[d][o], float(totals[d][o, g]))
-    # lengths are normalised by the longest device chain so that the LP's numbers are near 1
-    norm = float(max(int(lay.chain.max()) for lay in layouts) or 1)
-    z = solver.NumVar(0.0, solver.infinity(), "z")
-    objective = solver.Objective()
-    objective.SetCoefficient(z, 1.0)
-    objective.SetMinimization()
-    sigs: list[np.ndarray] = []
-    crossings: list[int] = []
-    rows: list[pywraplp.Constraint] = []
-    seen: set[bytes] = set()
-
-    def add(sig: np.ndarray, cross: int) -> bool:
-        key = path_key(sig, cross)
-        if key in seen:
-            return False
-        seen.add(key)
-        lengths = path_lengths(layouts, sig[None, :])
-        const = cross * comm_ticks
-        for d in range(D):
-            const += int(lengths[d].min())
-        row = solver.Constraint(const / norm, solver.infinity())
-        row.SetCoefficient(z, 1.0)
-        for d in range(D):
-            rel = lengths[d][0] - int(lengths[d].min())
-            for o in np.flatnonzero(rel):
-                row.SetCoefficient(y[d][o], -float(rel[o]) / norm)
-        sigs.append(np.asarray(sig, dtype=np.int64))
-        crossings.append(int(cross))
-        rows.append(row)
-        return True
-
+    """One :class:`LinearRelaxation` from ``seed_paths`` (device chains and the paths seen so
+    far), run once (see :meth:`LinearRelaxation.run`)."""
+    lp = LinearRelaxation(coef, paths, layouts, comm_ticks, max_dp_states=max_dp_states)
     for sig, cross in seed_paths:
-        add(sig, cross)
-    n_seed = len(sigs)
-
-    def bound_now() -> float:
-        duals = np.array([row.dual_value() for row in rows])
-        return lagrangian_bound(layouts, coef.counts, np.stack(sigs), np.asarray(crossings), comm_ticks, duals,
-                                max_states=max_dp_states)
-
-    best = 0.0
-    while True:
-        # at least 0.1 s, so that a call with no time left still solves one (small) LP
-        solver.SetTimeLimit(max(100, int(1000 * (until - time.perf_counter()))))
-        status = solver.Solve()
-        out.iterations += 1
-        if status != pywraplp.Solver.OPTIMAL:
-            break
-        out.lp = z.solution_value() * norm
-        cost = np.zeros(3 * nvs)
-        for d, lay in enumerate(layouts):
-            yd = np.array([var.solution_value() for var in y[d]])
-            st = np.asarray(lay.stages)
-            cost[st] += yd @ lay.forward
-            cost[nvs + st] += yd @ lay.backward
-            cost[2 * nvs + st] += yd @ lay.weight
-        steps, found = paths.longest(cost[None, :], coef.comm)
-        converged = float(steps[0]) <= out.lp * (1 + 1e-9) + 1e-6
-        out_of_time = time.perf_counter() >= until or (stopped is not None and stopped())
-        if converged or out_of_time or out.iterations >= max_iterations:
-            out.converged = converged
-            best = max(best, bound_now())  # the duals of this LP solution, before any row changes it
-            break
-        if out.iterations % 10 == 0:  # kept in case a later LP solve fails
-            best = max(best, bound_now())
-        if not add(*found[0]):  # a path already in the LP: tolerances; stop with what we have
-            best = max(best, bound_now())
-            break
-    out.cuts = list(zip(sigs[n_seed:], crossings[n_seed:], strict=True))
-    if math.isfinite(best):
-        # the DP's sums are floating point: step down by a relative 1e-9 before rounding up to a tick
-        out.bound = max(0, math.ceil(best - 1e-9 * abs(best) - 1e-6))
-    else:
-        out.bound = 2**62  # no integer plan among these layouts at all
-    out.seconds = time.perf_counter() - t0
-    return out
+        lp.add(sig, cross)
+    return lp.run(until=until, stopped=stopped, max_iterations=max_iterations)

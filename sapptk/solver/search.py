@@ -11,7 +11,8 @@
    problem solved by layouts and local search, its plan spread back.
 4. **Relaxation** (:mod:`sapptk.solver.relaxation`) — the LP bound over all paths, and the
    paths it needed, handed to the master (and to the local search, whose filter they sharpen).
-5. **Local search** (:mod:`sapptk.solver.local_search`) — better incumbents, fast.
+5. **Local search** (:mod:`sapptk.solver.local_search`) — better incumbents, fast; then the
+   relaxation goes on with the critical paths the local search found.
 6. **Minimise the step** — path generation around capped CP-SAT solves
    (:mod:`sapptk.solver.cpsat`): every solution is timed exactly, its critical path becomes a
    cut; the master's optimum is a lower bound, every solution an upper bound; they meet at
@@ -49,7 +50,7 @@ from sapptk.solver.layouts import TooManyLayouts, device_layouts, layer_caps, st
 from sapptk.solver.local_search import LocalSearch
 from sapptk.solver.masters import LayerMaster, LayoutMaster, Master
 from sapptk.solver.problem import Problem, make_problem
-from sapptk.solver.relaxation import Relaxation, relax
+from sapptk.solver.relaxation import LinearRelaxation, Relaxation
 from sapptk.solver.settings import SearchOptions
 
 if TYPE_CHECKING:
@@ -168,6 +169,7 @@ class _Phases:
         self.incumbent = Incumbent(problem, clock)
         self.master: Master | None = None
         self.relaxation = Relaxation()
+        self.lp: LinearRelaxation | None = None
         self.iterations = 0
         self.first_plan_at: float | None = None
         self.notes: list[str] = []
@@ -182,8 +184,9 @@ class _Phases:
                 return self.result(found, None)
         layouts = self.build_master()  # 3
         if isinstance(self.master, LayoutMaster):
-            self.relax(self.master)  # 4
+            self.relax(self.master, self.options.relaxation_share)  # 4
             self.local_search(self.master)  # 5
+            self.relax(self.master, self.options.relaxation_after_share)
         status, lower = self.minimise_step()  # 6
         if status == "optimal":
             self.tie_breaks()  # 7
@@ -323,22 +326,27 @@ class _Phases:
                              deterministic=self.deterministic)
         search.run(until=self.clock.until(self.options.local_search_share))
 
-    def relax(self, master: LayoutMaster) -> None:
-        """Phase 4: the LP relaxation's proven bound; its paths join the pool and the master."""
+    def relax(self, master: LayoutMaster, share: float) -> None:
+        """Phase 4 (and again after the local search): the LP relaxation's proven bound, for a
+        ``share`` of the time left; the paths it adds join the pool and the master."""
         if self.clock.expired():
             return
         p, opts = self.problem, self.options
-        seed = [(p.paths.device_sig[d], 0) for d in range(p.program.stages)] + list(self.incumbent.paths.values())
+        if self.lp is None:
+            self.lp = LinearRelaxation(p.coef, p.paths, master.layouts, p.comm_ticks, max_dp_states=opts.max_dp_states)
+            for d in range(p.program.stages):
+                self.lp.add(p.paths.device_sig[d], 0)
+        for sig, crossings in self.incumbent.paths.values():
+            self.lp.add(sig, crossings)
         iterations = opts.max_relaxation_iterations
         if self.deterministic:  # counted, not timed: the same paths every run
-            share = opts.deterministic_relaxation_iterations_per_second * self.clock.limit * opts.relaxation_share
-            iterations = min(iterations, max(1, int(share)))
-        self.relaxation = relax(
-            p.coef, p.paths, master.layouts, p.comm_ticks, seed,
-            until=self.clock.deadline if self.deterministic else self.clock.until(opts.relaxation_share),
-            stopped=lambda: self.clock.stopped, max_iterations=iterations, max_dp_states=opts.max_dp_states,
+            iterations = max(1, int(opts.deterministic_relaxation_iterations_per_second * self.clock.limit * share))
+        known = len(self.relaxation.cuts)
+        self.relaxation = self.lp.run(
+            until=self.clock.deadline if self.deterministic else self.clock.until(share),
+            stopped=lambda: self.clock.stopped, max_iterations=iterations,
         )
-        for sig, crossings in self.relaxation.cuts:
+        for sig, crossings in self.relaxation.cuts[known:]:
             self.incumbent.paths.setdefault(_key(sig, crossings), (sig, crossings))
             master.add_cut(sig, crossings)
         self.proven(self.lower_bound())

@@ -22,8 +22,10 @@ class SearchOptions:
 
     Time shares (fractions of the time left when a phase starts)
     ----------------------------------------------------------------
-    relaxation_share: 0.15 — the LP relaxation's row generation (the proven bound; its
-        paths also sharpen the local search's filter, so it runs first).
+    relaxation_share: 0.1 — the LP relaxation's row generation (the proven bound) before
+        the local search (its paths sharpen the local search's filter).
+    relaxation_after_share: 0.25 — the same LP goes on after the local search, with the
+        critical paths the local search found.
     local_search_share: 0.6 — the local search may use this much; it stops earlier on its
         own when kicks stop improving (on hard two-chunk instances the incumbent, not the
         master, is what improves).
@@ -52,7 +54,7 @@ class SearchOptions:
         the time limit (times ``local_search_share``), so the same input gives the same plan.
     deterministic_relaxation_iterations_per_second: 10 — likewise, the relaxation's LP
         solves with ``deterministic=True``: this many per second of the time limit (times
-        ``relaxation_share``; at least one).
+        the relaxation's share; at least one).
 
     coarsen_tolerance: 0.05 — when the layouts of a profile's groups are too many, runs of
         consecutive groups whose figures differ by at most this (relative) are solved as one
@@ -70,7 +72,8 @@ class SearchOptions:
     max_relaxation_iterations: 1000 — LP solves of the relaxation's row generation.
     """
 
-    relaxation_share: float = 0.15
+    relaxation_share: float = 0.1
+    relaxation_after_share: float = 0.25
     local_search_share: float = 0.6
     first_plan_share: float = 0.25
     master_cap_share: float = 0.05
