@@ -1,30 +1,34 @@
 """The primal heuristic: an iterated local search over one enumerated layout per device.
 
 A state picks one layout per device (:class:`~sapptk.solver.layouts.DeviceLayouts`), so
-every state fits the budget by construction. Two kinds of move:
+every state fits the budget by construction. Three kinds of move:
 
 * **layer moves** shift one body layer from virtual stage ``a`` to ``b`` (groups follow in
   model order); every device whose composition changes takes its layout with the least
   total backward time for the new composition, the others keep theirs;
 * **layout switches** give one device another kept layout of the same composition
-  (recompute modes traded between its stages).
+  (recompute modes traded between its stages);
+* **range shifts** move one layer from chunk ``c1`` to chunk ``c2`` on every device of a
+  range ``i..j`` at once (each device alone would unbalance its chunk's stages).
 
 Every neighbour that might be faster is timed exactly (batched longest paths,
 :meth:`Problem.critical_paths`), in batches whose memory is bounded. *Might be faster*: the
 step time is at least the length of any path, so a neighbour whose durations make a known
 path (one of the critical paths met so far) as long as the current step cannot beat it and
-is never timed; the others are timed in order of that bound, and every one timed adds its
-critical path to what is known. The best improving neighbour of a batch is taken (first
+is never timed; the others are timed in order of that bound, and the critical paths of the
+nearest misses of each batch join what is known. The best improving neighbour of a batch is taken (first
 improvement by batches, so a round over thousands of moves on a large pipeline does not
-wait for all of them). From the local optimum, each *kick* makes a few random layer moves,
-climbs again on a sample of the layer moves, and is kept when it ends better; the search
-stops after a number of kicks without improvement, at ``until``, or when its budget of
-evaluations (deterministic mode: counted, never timed) is spent. It only supplies
-incumbents: bounds and proofs come from the masters and the relaxation.
+wait for all of them). From the local optimum, each *kick* makes a few random moves, climbs
+again on a sample of the moves, and is kept when it ends better; after a number of kicks
+without improvement the kicks grow, and when the largest stay idle too the search stops
+(or at ``until``, or when its budget of evaluations — deterministic mode: counted, never
+timed — is spent). It only supplies incumbents: bounds and proofs come from the masters
+and the relaxation.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -127,6 +131,8 @@ class LocalSearch:
         self.moves = np.array([(a, b) for a in range(self.V) for b in range(self.V) if a != b], dtype=np.int64)
         self.shifts = self._range_shifts()
         self.batch = min(self.options.batch, problem.paths.batch_size(self.options.evaluation_bytes))
+        # neighbours built at a time: their layer vectors and compositions within evaluation_bytes / 2
+        self.block = max(256, self.options.evaluation_bytes // (16 * self.V * (self.G + 2)))
         # the known paths (rows: signature over [F; BI; W] of every vs; length adds crossings · comm)
         known = [(problem.paths.device_sig[d], 0) for d in range(problem.program.stages)]
         known += list(incumbent.paths.values())
@@ -214,28 +220,24 @@ class LocalSearch:
         return self.rebuild(pick, vecs)
 
     def _range_shifts(self) -> np.ndarray:
-        """Layer-vector changes (n, V) that move one layer from chunk c1 to chunk c2 on every
-        device of a range (i..j): the coordinated moves that single layer moves cannot make
-        one at a time (each alone unbalances its chunk's stages)."""
-        per_device = [len(st) for st in self.stages]
-        chunks = min(per_device, default=0)
-        rows = []
-        for c1 in range(chunks):
-            for c2 in range(chunks):
-                if c1 == c2:
-                    continue
-                for i in range(self.D):
-                    delta = np.zeros(self.V, dtype=np.int64)
-                    for j in range(i, self.D):
-                        delta[self.stages[j][c1]] -= 1
-                        delta[self.stages[j][c2]] += 1
-                        if j > i:  # a range of one device is a plain layer move
-                            rows.append(delta.copy())
-        return np.array(rows, dtype=np.int64).reshape(-1, self.V)
+        """The range shifts, as rows (c1, c2, i, j): one layer from chunk c1 to chunk c2 on every
+        device i..j (j > i; a range of one device is a plain layer move) — the coordinated moves
+        that single layer moves cannot make one at a time (each alone unbalances its chunk)."""
+        chunks = min((len(st) for st in self.stages), default=0)
+        rows = [(c1, c2, i, j) for c1 in range(chunks) for c2 in range(chunks) if c1 != c2
+                for i in range(self.D) for j in range(i + 1, self.D)]
+        return np.array(rows, dtype=np.int64).reshape(-1, 4)
 
     def range_shifts(self, pick: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """States one range shift (rows of :attr:`shifts`) away, where every stage keeps its floor."""
-        vecs = self.layers(pick)[None, :] + self.shifts[rows]
+        c1, c2, i, j = self.shifts[rows].T
+        devices = np.arange(self.D)
+        inside = (devices[None, :] >= i[:, None]) & (devices[None, :] <= j[:, None])  # (n, D)
+        vecs = np.repeat(self.layers(pick)[None, :], len(rows), axis=0)
+        for d, st in enumerate(self.stages):
+            hit = np.flatnonzero(inside[:, d])
+            np.subtract.at(vecs, (hit, st[c1[hit]]), 1)
+            np.add.at(vecs, (hit, st[c2[hit]]), 1)
         return self.rebuild(pick, vecs[(vecs >= self.floor[None, :]).all(axis=1)])
 
     def switches(self, pick: np.ndarray) -> np.ndarray:
@@ -306,22 +308,37 @@ class LocalSearch:
         while not self.out_of_work():
             if sample is None:
                 moves = self.moves[self.rng.permutation(len(self.moves))]
-            else:
-                moves = self.moves[self.rng.choice(len(self.moves), min(sample, len(self.moves)), replace=False)]
-            if sample is None:
                 shifts = np.arange(len(self.shifts))
             else:
+                moves = self.moves[self.rng.choice(len(self.moves), min(sample, len(self.moves)), replace=False)]
                 shifts = self.rng.choice(len(self.shifts), min(sample, len(self.shifts)), replace=False)
-            candidates = np.concatenate([self.switches(pick), self.layer_moves(pick, moves),
-                                         self.range_shifts(pick, shifts)])
-            if not len(candidates):
-                break
-            better, better_z = self.best_neighbour(z, candidates)
+            better = None
+            for candidates in self.neighbours(pick, moves, shifts):
+                better, better_z = self.best_neighbour(z, candidates)
+                if better is not None or self.out_of_work():
+                    break
             if better is None:
                 break
             pick, z = better, better_z
             self.report(pick, z)
         return pick, z
+
+    def neighbours(self, pick: np.ndarray, moves: np.ndarray, shifts: np.ndarray) -> Iterator[np.ndarray]:
+        """The neighbours of ``pick`` (switches, then ``moves``, then ``shifts``), in blocks of
+        about :attr:`block` states, so that their layer vectors take bounded memory."""
+        block, held, size = self.block, [self.switches(pick)], 0
+        size = len(held[0])
+        parts = [(self.layer_moves, moves[k : k + block]) for k in range(0, len(moves), block)]
+        parts += [(self.range_shifts, shifts[k : k + block]) for k in range(0, len(shifts), block)]
+        for build, rows in parts:
+            if size >= block:
+                yield np.concatenate(held)
+                held, size = [], 0
+            states = build(pick, rows)
+            held.append(states)
+            size += len(states)
+        if size:
+            yield np.concatenate(held)
 
     def report(self, pick: np.ndarray, z: int) -> None:
         """Hand a state to the incumbent when it beats it (its critical path joins the pool)."""
@@ -330,11 +347,11 @@ class LocalSearch:
             self.incumbent.evaluate([counts])
             self.incumbent.offer(counts, z)
 
-    def kick(self, pick: np.ndarray) -> np.ndarray | None:
-        """A few random moves from ``pick`` (``kick_moves`` of them): layer moves, and layout
-        switches where a device has a choice."""
+    def kick(self, pick: np.ndarray, growth: int = 1) -> np.ndarray | None:
+        """A few random moves from ``pick`` (``kick_moves`` of them, times ``growth``): layer
+        moves, and layout switches where a device has a choice."""
         low, high = self.options.kick_moves
-        for _ in range(int(self.rng.integers(low, high + 1))):
+        for _ in range(growth * int(self.rng.integers(low, high + 1))):
             if self.rng.random() < 0.5:
                 d = int(self.rng.integers(self.D))
                 same = self.comps.same[d][int(pick[d])]
@@ -374,16 +391,21 @@ class LocalSearch:
         self.report(current, current_z)
         # 2. climb to a local optimum on every move
         current, current_z = self.climb(current, current_z)
-        # 3. kicks: perturb, climb on a sample of the moves, keep what ends better
-        idle = 0
+        # 3. kicks: perturb, climb on a sample of the moves, keep what ends better; when a kick
+        #    size stays idle for long, the kicks grow (up to max_kick_growth times)
+        idle, growth = 0, 1
         idle_limit = max(1, int(opts.idle_kicks_per_stage * self.V))
-        while idle < idle_limit and not self.out_of_work():
+        while not self.out_of_work():
+            if idle >= idle_limit:
+                if growth >= opts.max_kick_growth:
+                    break
+                idle, growth = 0, 2 * growth
             idle += 1
-            kicked = self.kick(current)
+            kicked = self.kick(current, growth)
             if kicked is None or np.array_equal(kicked, current):
                 continue
             z = int(self.timed(kicked[None, :])[0])
             pick, z = self.climb(kicked, z, sample=opts.sample_per_stage * self.V)
             if z < current_z:
                 current, current_z = self.climb(pick, z)
-                idle = 0
+                idle, growth = 0, 1

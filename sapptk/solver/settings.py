@@ -45,8 +45,10 @@ class SearchOptions:
     kick_moves: (2, 4) — a kick moves between this many layers (inclusive) at random.
     sample_per_stage: 4 — after a kick, each climbing round tries this many random layer
         moves per virtual stage (instead of all of them).
-    idle_kicks_per_stage: 0.5 — the iterated local search stops after this many kicks per
-        virtual stage without an improvement.
+    idle_kicks_per_stage: 0.5 — after this many kicks per virtual stage without an
+        improvement, the kicks grow (twice as many moves)...
+    max_kick_growth: 4 — ...up to this many times ``kick_moves``; when those stay idle too,
+        the local search stops.
     batch: 64 — neighbours timed together; after each batch without an improvement the
         critical paths of its nearest misses rule out more of the rest.
     deterministic_evaluations_per_second: 1200 — with ``deterministic=True`` the local
@@ -82,6 +84,7 @@ class SearchOptions:
     kick_moves: tuple[int, int] = (2, 4)
     sample_per_stage: int = 4
     idle_kicks_per_stage: float = 0.5
+    max_kick_growth: int = 4
     batch: int = 64
     deterministic_evaluations_per_second: int = 1200
     deterministic_relaxation_iterations_per_second: int = 10
