@@ -127,3 +127,22 @@ def test_known_path_bound_never_exceeds_the_step(rng):
     for pick, cost in zip(picks[:5], costs[:5], strict=True):
         assert np.array_equal(cost, stage_cost_vector(problem.coef, search.counts_of(pick)))
     assert paths is problem.paths
+
+
+def test_the_layout_pareto_filters_against_their_definitions(rng):
+    from sapptk.solver.layouts import _pareto_2d, _pareto_groups
+
+    for _ in range(20):
+        n = int(rng.integers(1, 40))
+        b, a = rng.integers(0, 6, n), rng.integers(0, 6, n)
+        keep = _pareto_2d(b, a).tolist()
+        want = [i for i in range(n)
+                if not any((b[j] <= b[i] and a[j] <= a[i] and (b[j], a[j]) != (b[i], a[i]))
+                           or ((b[j], a[j]) == (b[i], a[i]) and j < i) for j in range(n))]
+        assert sorted(keep) == want
+        assert keep == sorted(keep, key=lambda i: (b[i], a[i], i))  # lowest backward first
+        key, back = rng.integers(0, 3, n), rng.integers(0, 4, (n, 3))
+        want = [i for i in range(n)
+                if not any(key[j] == key[i] and ((back[j] <= back[i]).all() and (back[j] < back[i]).any()
+                                                 or ((back[j] == back[i]).all() and j < i)) for j in range(n))]
+        assert _pareto_groups(key, back).tolist() == want

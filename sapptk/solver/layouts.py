@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sapptk.costs import LayerCoefficients
+from sapptk.pareto import pareto_front
 from sapptk.profile import MODES
 from sapptk.schedules.program import Program
 from sapptk.solver.paths import PathModel, memory_model, path_model
@@ -71,15 +72,10 @@ class StageOptions:
 
 
 def _pareto_2d(b: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """Indices of points not dominated in (b, a), lowest b first; ties keep the first index."""
-    order = np.lexsort((np.arange(len(b)), a, b))
-    keep = []
-    best = None
-    for i in order:
-        if best is None or a[i] < best:
-            keep.append(i)
-            best = a[i]
-    return np.asarray(keep, dtype=np.int64)
+    """Indices of points not dominated in (b, a) (:func:`sapptk.pareto.pareto_front`), lowest b
+    first (then a); of identical points the first index."""
+    keep = pareto_front(np.stack([b, a], axis=1))
+    return keep[np.lexsort((keep, a[keep], b[keep]))]
 
 
 def group_fronts(coef: LayerCoefficients, g: int, n_max: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -289,33 +285,9 @@ def path_lengths(layouts: list[DeviceLayouts], sigs: np.ndarray) -> list[np.ndar
 
 
 def _pareto_groups(key: np.ndarray, back: np.ndarray) -> np.ndarray:
-    """Indices of rows whose ``back`` vector is not dominated by a row with the same ``key``."""
-    n, v = back.shape
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    order = np.lexsort(tuple(back[:, c] for c in reversed(range(v))) + (key,))
-    key_s, back_s = key[order], back[order]
-    if v == 1:
-        first = np.r_[True, key_s[1:] != key_s[:-1]]
-        return np.sort(order[first])
-    if v == 2:
-        rank = np.cumsum(np.r_[0, key_s[1:] != key_s[:-1]])
-        big = int(back_s[:, 1].max() - back_s[:, 1].min()) + 1
-        val = back_s[:, 1] - rank * big
-        run = np.minimum.accumulate(val)
-        keep = np.r_[True, val[1:] < run[:-1]]
-        return np.sort(order[keep])
-    keep = []
-    starts = np.flatnonzero(np.r_[True, key_s[1:] != key_s[:-1]])
-    ends = np.r_[starts[1:], n]
-    for a, b in zip(starts, ends, strict=True):
-        blk = back_s[a:b]
-        for i in range(b - a):
-            dominated = np.all(blk <= blk[i], axis=1) & np.any(blk < blk[i], axis=1)
-            dup = np.all(blk[:i] == blk[i], axis=1).any()
-            if not dominated.any() and not dup:
-                keep.append(order[a + i])
-    return np.sort(np.asarray(keep, dtype=np.int64))
+    """Ascending indices of rows whose ``back`` vector is not dominated by a row with the same
+    ``key`` (:func:`sapptk.pareto.pareto_front`; of identical rows the first)."""
+    return pareto_front(back, groups=key)
 
 
 def device_layouts(
