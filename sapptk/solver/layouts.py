@@ -347,10 +347,14 @@ def device_layouts(
         p_act = np.zeros((1, 0), dtype=np.int64)
         for c, ch in enumerate(chunk):
             idx = ch["idx"]
-            if len(sel) * len(idx) > max_partial:
-                raise TooManyLayouts(f"device {d}: more than {max_partial} partial layouts")
             if deadline is not None and time.perf_counter() > deadline:
                 raise TooManyLayouts("out of time enumerating layouts")
+            if c == nc - 1:  # the last stage: per composition, only its cheapest content that fits
+                sel, p_chain = _cheapest_last(sel, p_chain, p_par, p_act, ch, options.comp_id, rows, scale, budget,
+                                              ub, max_partial, deadline)
+                break
+            if len(sel) * len(idx) > max_partial:
+                raise TooManyLayouts(f"device {d}: more than {max_partial} partial layouts")
             left = slice(c + 1, nc)
             sel = np.concatenate([np.repeat(sel, len(idx), axis=0), np.tile(idx, len(sel))[:, None]], axis=1)
             p_chain = np.repeat(p_chain, len(idx)) + np.tile(ch["chain"][idx], len(p_chain))
@@ -395,6 +399,75 @@ def device_layouts(
             chain=p_chain[keep],
         ))
     return out
+
+
+def _cheapest_last(
+    sel: np.ndarray,
+    p_chain: np.ndarray,
+    p_par: np.ndarray,
+    p_act: np.ndarray,
+    chunk: dict[str, np.ndarray],
+    comp_id: np.ndarray,
+    rows: np.ndarray,
+    scale: int,
+    budget: int | None,
+    ub: int | None,
+    max_partial: int,
+    deadline: float | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Complete each partial layout (rows of ``sel``) on the device's last stage: for every
+    composition of that stage, only its cheapest content (least backward) that fits.
+
+    Exact for the Pareto reduction that follows: a stage's contents of one composition are a
+    front sorted by backward ascending and activation descending (memory fits for a suffix),
+    and with everything else equal a larger backward is dominated. Returns the completed
+    ``sel`` and chains.
+    """
+    idx = chunk["idx"]
+    if not len(idx) or not len(sel):
+        return np.zeros((0, sel.shape[1] + 1), np.int64), np.zeros(0, np.int64)
+    cid = comp_id[idx]
+    starts = np.flatnonzero(np.r_[True, cid[1:] != cid[:-1]])
+    ends = np.r_[starts[1:], len(idx)]
+    if len(sel) * len(starts) > max_partial:
+        raise TooManyLayouts(f"more than {max_partial} partial layouts")
+    c = sel.shape[1]
+    act, par, chain = chunk["act"], chunk["par"], chunk["chain"]
+    # what the budget leaves for this stage under every live-point row, before its own params
+    if budget is not None:
+        base = [budget - scale * p_par - (p_act @ row[:c] if c else 0) for row in rows]
+        if not len(rows):
+            base = [budget - scale * p_par]
+    picks_p, picks_o = [], []
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        if deadline is not None and time.perf_counter() > deadline:
+            raise TooManyLayouts("out of time enumerating layouts")
+        opts = idx[a:b]  # one composition: backward ascending, activation descending
+        ok = np.ones(len(sel), dtype=bool)
+        limit = np.full(len(sel), np.iinfo(np.int64).max, dtype=np.int64)  # most activation this stage may take
+        if budget is not None:
+            left = [av - scale * int(par[opts[0]]) for av in base]
+            if len(rows):
+                for row, av in zip(rows, left, strict=True):
+                    if row[c] > 0:
+                        limit = np.minimum(limit, av // int(row[c]))
+                    else:
+                        ok &= av >= 0
+            else:
+                ok &= left[0] >= 0
+        pos = np.searchsorted(-act[opts], -limit, side="left")  # the first content with activation <= limit
+        ok &= pos < len(opts)
+        o = opts[np.minimum(pos, len(opts) - 1)]
+        if ub is not None:
+            ok &= p_chain + chain[o] <= ub
+        hit = np.flatnonzero(ok)
+        picks_p.append(hit)
+        picks_o.append(o[hit])
+    p_idx = np.concatenate(picks_p)
+    o_idx = np.concatenate(picks_o)
+    out = np.concatenate([sel[p_idx], o_idx[:, None]], axis=1)
+    order = np.lexsort(out.T[::-1])  # the order of the full product: first stage's content first
+    return out[order], (p_chain[p_idx] + chain[o_idx])[order]
 
 
 def layer_caps(
