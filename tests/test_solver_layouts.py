@@ -146,3 +146,59 @@ def test_the_layout_pareto_filters_against_their_definitions(rng):
                 if not any(key[j] == key[i] and ((back[j] <= back[i]).all() and (back[j] < back[i]).any()
                                                  or ((back[j] == back[i]).all() and j < i)) for j in range(n))]
         assert _pareto_groups(key, back).tolist() == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved", "zb-v", "dualpipe-v"])
+def test_device_layouts_equal_the_full_product(schedule, rng):
+    """Each device's layouts: every combination of stage contents that fits the budget and the
+    chain bound, Pareto-reduced per composition — computed here by brute force."""
+    from support import peaks_mb
+
+    from sapptk.pareto import pareto_front
+
+    prof = small_profile(rng, groups=2, layers=(3, 4))
+    chunks = 1 if schedule == "1f1b" else 2
+    cfg = PipelineConfig(2, 4, chunks, schedule, comm=0.01)
+    samples = [peaks_mb(cfg, prof, random_counts(rng, prof, cfg)).max() for _ in range(6)]
+    cfg = cfg.replace(memory_budget=float(np.median(samples)))
+    problem = make_problem(prof, cfg, allow_empty=False, options=SearchOptions())
+    coef, program, mem = problem.coef, problem.program, problem.memory
+    options = stage_options(coef, coef.counts)
+    steps = problem.step_ticks(problem.cost_vectors([random_counts(rng, prof, cfg) for _ in range(4)]))
+    ub = int(np.median(steps))
+    got = device_layouts(coef, program, options, ub=ub, budget=problem.budget, allow_empty=False)
+    paths = problem.paths
+    V = len(coef.fixed_forward)
+    for d, stages in enumerate(program.device_stages):
+        sig = paths.device_sig[d]
+        rows = []
+        for combo in itertools.product(range(len(options)), repeat=len(stages)):
+            if any(coef.fixed_layers[vs] == 0 and options.comp[o].sum() == 0 for o, vs in zip(combo, stages,
+                                                                                              strict=True)):
+                continue
+            f = [int(options.forward[o] + coef.fixed_forward[vs]) for o, vs in zip(combo, stages, strict=True)]
+            b = [int(options.backward[o] + coef.fixed_backward[vs]) for o, vs in zip(combo, stages, strict=True)]
+            w = [int(options.weight[o] + coef.fixed_weight[vs]) for o, vs in zip(combo, stages, strict=True)]
+            chain = sum(int(sig[vs]) * f[c] + int(sig[V + vs]) * b[c] + int(sig[2 * V + vs]) * w[c]
+                        for c, vs in enumerate(stages))
+            if chain > ub:
+                continue
+            act = np.array([int(options.activation[o] + coef.fixed_activation[vs]) for o, vs in zip(combo, stages,
+                                                                                                     strict=True)])
+            static = coef.constant + sum(int(options.params[o] + coef.fixed_params[vs])
+                                         for o, vs in zip(combo, stages, strict=True))
+            peak = mem.scale * static + max((int(r @ act) for r in mem.rows[d]), default=0)
+            if peak <= problem.budget:
+                comp = tuple(options.comp_id[o] for o in combo)
+                rows.append((comp, tuple(b), tuple(options.mix[o].tobytes() for o in combo)))
+        if not rows:
+            assert len(got[d]) == 0
+            continue
+        keys = np.unique([r[0] for r in rows], axis=0, return_inverse=True)[1].ravel()
+        keep = pareto_front(np.array([r[1] for r in rows]), groups=keys)
+        want = sorted({(r[1], r[2]) for r in (rows[i] for i in keep)})
+        lay = got[d]
+        have = sorted({(tuple(int(x) for x in lay.backward[k]), tuple(m.tobytes() for m in lay.mix[k]))
+                       for k in range(len(lay))})
+        assert have == want

@@ -30,6 +30,7 @@ def exhaustive(prof, cfg):
     return sorted(out, key=lambda t: t[0])
 
 
+@pytest.mark.slow
 def test_a_start_plan_is_used_even_when_the_search_is_stopped_at_once():
     """Stopped before it starts, the search still returns the best of its seeds: the start
     plan (better than every even split here) proves it was used."""
@@ -53,6 +54,7 @@ def test_a_start_plan_is_used_even_when_the_search_is_stopped_at_once():
     assert alone.step_time is None or alone.step_time > best_step + 1e-6
 
 
+@pytest.mark.slow
 def test_a_larger_budget_is_never_slower_than_its_start(rng):
     """Each budget of a rising series seeded with the last plan: the step never rises."""
     prof = two_mode_profile((4, 4))
