@@ -34,6 +34,7 @@ import json
 import resource
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -125,14 +126,30 @@ SCALE = [
 ]
 
 
-def run_case(profile_name: str, setup: tuple, time_limit: float, workers: int, deterministic: bool) -> dict:
-    """One solve (in this process): the figures of a scale row."""
+# (label, profile, setup, seconds after which the stop event is set); the limit is 120 s
+STOPS = [
+    ("README case", "llama2_70b", (16, 32, 2, "interleaved", 56000), 2.0),
+    ("README case", "llama2_70b", (16, 32, 2, "interleaved", 56000), 20.0),
+    ("256 layers 64x256x4", "llama_256", (64, 256, 4, "interleaved", 56000), 6.0),
+]
+
+
+def run_case(profile_name: str, setup: tuple, time_limit: float, workers: int, deterministic: bool,
+             stop_after: float | None = None) -> dict:
+    """One solve (in this process): the figures of a scale row. ``stop_after``: seconds after
+    which another thread sets the stop event."""
     p, m, v, schedule, budget = setup
     profile = PROFILES[profile_name]()
     config = PipelineConfig(p, m, v, schedule, memory_budget=budget)
+    stop = threading.Event()
+    timer = threading.Timer(stop_after, stop.set) if stop_after is not None else None
     t0 = time.perf_counter()
-    res = search(profile, config, time_limit=time_limit, workers=workers, deterministic=deterministic)
+    if timer is not None:
+        timer.start()
+    res = search(profile, config, time_limit=time_limit, workers=workers, deterministic=deterministic, stop=stop)
     took = time.perf_counter() - t0
+    if timer is not None:
+        timer.cancel()
     sim = simulate_counts(profile, config, res.counts).step_time if res.counts is not None else None
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
@@ -142,9 +159,10 @@ def run_case(profile_name: str, setup: tuple, time_limit: float, workers: int, d
     }
 
 
-def in_subprocess(profile_name: str, setup: tuple, time_limit: float, workers: int, deterministic: bool) -> dict:
+def in_subprocess(profile_name: str, setup: tuple, time_limit: float, workers: int, deterministic: bool,
+                  stop_after: float | None = None) -> dict:
     args = [sys.executable, __file__, "--case", json.dumps([profile_name, list(setup), time_limit, workers,
-                                                            deterministic])]
+                                                            deterministic, stop_after])]
     out = subprocess.run(args, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         return {"status": f"crashed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}"}
@@ -171,6 +189,11 @@ def scale(workers: int, deterministic: bool) -> None:
               f"{fmt(100 * r['gap'] if r.get('gap') is not None else None, '.2f'):>6} "
               f"{fmt(r.get('first'), '.2f'):>7} {fmt(r.get('took'), '.1f'):>6} {fmt(r.get('rss'), '.0f'):>6}  "
               f"{r['status']}; old: {old_text}", flush=True)
+    for label, profile_name, setup, after in STOPS:
+        r = in_subprocess(profile_name, setup, 120, workers, deterministic, stop_after=after)
+        print(f"stop: {label}, limit 120 s, stop set at {after:g} s: returned at {fmt(r.get('took'), '.2f')} s "
+              f"({fmt(r.get('took') - after if r.get('took') is not None else None, '.2f')} s later), "
+              f"{r['status']}, step {fmt(r.get('step'))} ms", flush=True)
 
 
 def curve(time_limit: float, workers: int) -> None:
@@ -228,8 +251,8 @@ def main() -> None:
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one scale case, JSON, run by --scale
     args = parser.parse_args()
     if args.case:
-        profile_name, setup, limit, workers, deterministic = json.loads(args.case)
-        print(json.dumps(run_case(profile_name, tuple(setup), limit, workers, deterministic)))
+        profile_name, setup, limit, workers, deterministic, stop_after = json.loads(args.case)
+        print(json.dumps(run_case(profile_name, tuple(setup), limit, workers, deterministic, stop_after)))
     elif args.scale:
         scale(args.workers, args.deterministic)
     elif args.curve:

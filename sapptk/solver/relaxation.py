@@ -26,6 +26,7 @@ durations, so the relaxation gains by averaging layouts of a device (see the bal
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -201,7 +202,7 @@ class LinearRelaxation:
         nvs = self.paths.nvs
         for i in range(max_iterations):
             solver.SetTimeLimit(max(100, int(1000 * (until - time.perf_counter()))))
-            status = solver.Solve()
+            status = _solve(solver, stopped)
             out.iterations += 1
             if status != pywraplp.Solver.OPTIMAL:
                 break
@@ -235,6 +236,27 @@ class LinearRelaxation:
             out.bound = 2**62  # no integer plan among these layouts at all
         out.seconds += time.perf_counter() - t0
         return out
+
+
+def _solve(solver: pywraplp.Solver, stopped: Callable[[], bool] | None) -> int:
+    """``solver.Solve()``, interrupted within a few tens of milliseconds once ``stopped()``."""
+    if stopped is None:
+        return solver.Solve()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.02):
+            if stopped():
+                solver.InterruptSolve()
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        return solver.Solve()
+    finally:
+        done.set()
+        watcher.join()
 
 
 def relax(

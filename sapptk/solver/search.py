@@ -184,7 +184,7 @@ class _Phases:
                 return self.result(found, None)
         layouts = self.build_master()  # 3
         if isinstance(self.master, LayoutMaster):
-            self.relax(self.master, self.options.relaxation_share)  # 4
+            self.relax(self.master, self.options.relaxation_share, self.options.relaxation_first_seconds)  # 4
             self.local_search(self.master)  # 5
             self.relax(self.master, self.options.relaxation_after_share)
         status, lower = self.minimise_step()  # 6
@@ -326,9 +326,10 @@ class _Phases:
                              deterministic=self.deterministic)
         search.run(until=self.clock.until(self.options.local_search_share))
 
-    def relax(self, master: LayoutMaster, share: float) -> None:
+    def relax(self, master: LayoutMaster, share: float, seconds: float | None = None) -> None:
         """Phase 4 (and again after the local search): the LP relaxation's proven bound, for a
-        ``share`` of the time left; the paths it adds join the pool and the master."""
+        ``share`` of the time left (and at most ``seconds``); the paths it adds join the pool
+        and the master."""
         if self.clock.expired():
             return
         p, opts = self.problem, self.options
@@ -343,7 +344,8 @@ class _Phases:
             iterations = max(1, int(opts.deterministic_relaxation_iterations_per_second * self.clock.limit * share))
         known = len(self.relaxation.cuts)
         self.relaxation = self.lp.run(
-            until=self.clock.deadline if self.deterministic else self.clock.until(share),
+            until=self.clock.deadline if self.deterministic else min(
+                self.clock.until(share), self.clock.now() + (math.inf if seconds is None else seconds)),
             stopped=lambda: self.clock.stopped, max_iterations=iterations,
         )
         for sig, crossings in self.relaxation.cuts[known:]:

@@ -23,7 +23,8 @@ class SearchOptions:
     Time shares (fractions of the time left when a phase starts)
     ----------------------------------------------------------------
     relaxation_share: 0.1 — the LP relaxation's row generation (the proven bound) before
-        the local search (its paths sharpen the local search's filter).
+        the local search (its paths sharpen the local search's filter), and at most
+        ``relaxation_first_seconds`` (1.0), so a plan improves early whatever the limit.
     relaxation_after_share: 0.25 — the same LP goes on after the local search, with the
         critical paths the local search found.
     local_search_share: 0.6 — the local search may use this much; it stops earlier on its
@@ -75,6 +76,7 @@ class SearchOptions:
     """
 
     relaxation_share: float = 0.1
+    relaxation_first_seconds: float = 1.0
     relaxation_after_share: float = 0.25
     local_search_share: float = 0.6
     first_plan_share: float = 0.25
@@ -105,7 +107,7 @@ class SearchOptions:
             elif f.name == "coarsen_tolerance":
                 if not _real(value) or value < 0:
                     raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected a fraction >= 0")
-            elif f.name == "diagnosis_seconds":
+            elif f.name in ("diagnosis_seconds", "relaxation_first_seconds"):
                 if not _real(value) or value < 0:
                     raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected seconds >= 0")
             elif f.name == "idle_kicks_per_stage":
