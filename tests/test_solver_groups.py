@@ -117,3 +117,36 @@ def test_forty_distinct_groups_balance_exactly(schedule, rng):
     assert res.step_time == pytest.approx(sim.step_time, abs=1e-6)
     assert (sim.peak_memory.to_numpy() <= cfg.memory_budget + 1e-6).all()
     assert res.bound is not None and res.bound <= res.step_time + 1e-9
+
+
+@pytest.mark.slow
+def test_the_coarse_relaxation_bound_never_exceeds_the_exhaustive_optimum(rng):
+    """Groups merged with their smallest figures: a relaxation, so its LP bound is a bound."""
+    import dataclasses
+    import time
+
+    from support import all_assignments, fast_step, two_mode_profile
+
+    from sapptk.profile import MODES
+    from sapptk.solver.layouts import device_layouts, stage_options
+    from sapptk.solver.problem import make_problem
+    from sapptk.solver.relaxation import relax
+    from sapptk.solver.settings import SearchOptions
+
+    prof = per_layer(two_mode_profile((3, 3)), jitter=0.04, rng=rng)
+    base = PipelineConfig(2, 4, 2, "interleaved", comm=0.01)
+    candidates = list(all_assignments(prof, base, (MODES.index("none"), MODES.index("full"))))
+    peaks = np.array([peaks_mb(base, prof, c).max() for c in candidates])
+    cfg = base.replace(memory_budget=float(np.quantile(peaks, 0.4)))
+    best = min(fast_step(cfg, prof, c) for c, pk in zip(candidates, peaks, strict=True)
+               if pk <= cfg.memory_budget + 1e-9)
+    problem = make_problem(prof, cfg, allow_empty=False, options=SearchOptions())
+    low, _ = coarsen(problem.coef, 0.1, largest=False)
+    assert len(low.counts) < len(problem.coef.counts)
+    lowp = dataclasses.replace(problem, coef=low)
+    layouts = device_layouts(low, lowp.program, stage_options(low, low.counts), ub=None, budget=lowp.budget,
+                             allow_empty=False)
+    seeds = [(lowp.paths.device_sig[d], 0) for d in range(lowp.program.stages)]
+    res = relax(low, lowp.paths, layouts, lowp.comm_ticks, seeds, until=time.perf_counter() + 30)
+    assert res.converged
+    assert 0 < res.bound * problem.ticks_ms <= best + 1e-9

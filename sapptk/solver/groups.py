@@ -98,10 +98,12 @@ def merge_groups(coef: LayerCoefficients) -> tuple[LayerCoefficients, GroupMap]:
     return merged, groups
 
 
-def coarsen(coef: LayerCoefficients, tolerance: float) -> tuple[LayerCoefficients, GroupMap]:
+def coarsen(coef: LayerCoefficients, tolerance: float, *, largest: bool = True) -> tuple[LayerCoefficients, GroupMap]:
     """Runs of consecutive groups with the same allowed modes whose every figure is within
     ``tolerance`` (relative, plus one unit) of the run's smallest, as one group each with the
-    largest figures (see the module docstring)."""
+    largest figures (a restriction; see the module docstring) or, with ``largest=False``, the
+    smallest (a relaxation: every real plan, merged, is a coarse plan no slower and no larger,
+    so a lower bound of the coarse problem is one of the real problem)."""
     G = len(coef.counts)
     fields = ("forward", "backward", "weight", "activation", "params", "overhead")
     compared = fields[:-1]  # the overhead (a tie-break) is a difference of figures: not compared
@@ -128,13 +130,14 @@ def coarsen(coef: LayerCoefficients, tolerance: float) -> tuple[LayerCoefficient
     groups = GroupMap(members=tuple(tuple(m) for m in members), counts=coef.counts.copy())
     if groups.identity:
         return coef, groups
-    largest = {f: np.stack([getattr(coef, f)[m].max(axis=0) for m in members]) for f in fields}
+    pick = np.max if largest else np.min
+    figures = {f: np.stack([pick(getattr(coef, f)[m], axis=0) for m in members]) for f in fields}
     coarse = dataclasses.replace(
         coef,
         group_names=tuple(f"{coef.group_names[m[0]]}..{coef.group_names[m[-1]]}" for m in members),
         counts=np.array([int(coef.counts[m].sum()) for m in members], dtype=np.int64),
         available=np.stack([coef.available[m].all(axis=0) for m in members]),
         allowed=np.stack([coef.allowed[m[0]] for m in members]),
-        **largest,
+        **figures,
     )
     return coarse, groups

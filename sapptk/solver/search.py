@@ -170,6 +170,7 @@ class _Phases:
         self.master: Master | None = None
         self.relaxation = Relaxation()
         self.lp: LinearRelaxation | None = None
+        self.coarse_bound = 0  # ticks: the bound of the coarsened relaxation, when there is one
         self.iterations = 0
         self.first_plan_at: float | None = None
         self.notes: list[str] = []
@@ -208,8 +209,9 @@ class _Phases:
                           deterministic=self.deterministic, time_cap=time_cap)
 
     def lower_bound(self) -> int:
-        """The best proven bound without a master: the relaxation's, or the average device's work."""
-        return max(self.relaxation.bound, _work_bound(self.problem))
+        """The best proven bound without a master: the relaxation's (of this problem or of its
+        coarsened relaxation), or the average device's work."""
+        return max(self.relaxation.bound, self.coarse_bound, _work_bound(self.problem))
 
     def proven(self, lower: int) -> int:
         """Record a proven lower bound (ticks) when it improves; returns it."""
@@ -257,20 +259,22 @@ class _Phases:
                 cap *= 2
         return "found" if self.incumbent.counts is not None else "unknown"
 
-    def build_master(self) -> int:
+    def build_master(self, ub: int | None = None) -> int:
         """Phase 3: the layout master if enumeration is small and quick enough, else the
-        layer-count one. Returns the number of layouts (0 for the layer-count master)."""
+        layer-count one. Returns the number of layouts (0 for the layer-count master).
+        Layouts whose device chain exceeds ``ub`` (default: the incumbent's step) are left out."""
         p, opts = self.problem, self.options
+        ub = self.incumbent.ticks if ub is None else ub
         if self.clock.expired():
             return 0
         # enumeration may use at most half the time left: the layer-count master is the fallback
         deadline = self.clock.until(0.5)
         try:
-            caps, work_cap = layer_caps(p.coef, p.paths, self.incumbent.ticks, allow_empty=p.allow_empty)
+            caps, work_cap = layer_caps(p.coef, p.paths, ub, allow_empty=p.allow_empty)
             options = stage_options(p.coef, caps, work_cap=work_cap, max_options=opts.max_partial_layouts,
                                     max_bytes=opts.max_layout_bytes, deadline=deadline)
             layouts = device_layouts(
-                p.coef, p.program, options, ub=self.incumbent.ticks, budget=p.budget, allow_empty=p.allow_empty,
+                p.coef, p.program, options, ub=ub, budget=p.budget, allow_empty=p.allow_empty,
                 max_partial=opts.max_partial_layouts, max_layouts=opts.max_layouts,
                 max_bytes=opts.max_layout_bytes, deadline=deadline,
             )
@@ -313,6 +317,18 @@ class _Phases:
             sub.local_search(sub.master)
         if sub.incumbent.counts is not None:
             self.offer_all([coarse_map.spread(sub.incumbent.counts)])
+        # the same runs with their smallest figures: a relaxation, so its LP bound holds here too
+        if self.incumbent.ticks is None or self.clock.expired():
+            return
+        low = dataclasses.replace(coarse, coef=coarsen(p.coef, opts.coarsen_tolerance, largest=False)[0])
+        clock = Clock(opts.relaxation_after_share * self.clock.remaining(), self.clock.stop)
+        sub = _Phases(low, clock, workers=self.workers, seed=self.seed, deterministic=self.deterministic,
+                      coarse=True)
+        sub.build_master(ub=self.incumbent.ticks)  # the real optimum's image has every chain within it
+        if isinstance(sub.master, LayoutMaster):
+            sub.relax(sub.master, 1.0)
+            self.coarse_bound = max(self.coarse_bound, min(sub.relaxation.bound, self.incumbent.ticks))
+            self.proven(self.lower_bound())
 
     def use(self, master: Master) -> None:
         self.master = master
