@@ -13,6 +13,7 @@ import numpy as np
 
 from sapptk.solver.cpsat import run_master
 from sapptk.solver.masters import LayerMaster
+from sapptk.solver.paths import OutOfTime
 from sapptk.solver.problem import MAX_INTEGER
 
 if TYPE_CHECKING:
@@ -47,7 +48,8 @@ def explain_infeasible(problem: Problem, clock: Clock, *, workers: int = 2, seed
                 static += min_params
                 a += min_act
             act.append(a)
-        live = max((int(np.asarray(row) @ np.asarray(act)) for row in mem.rows[d]), default=0)
+        rows = mem.rows[d]
+        live = int((rows @ np.asarray(act, dtype=np.int64)).max()) if len(rows) else 0
         lowest.append(problem.scaled_to_mb(mem.scale * static + live))
     worst = int(np.argmax(lowest))
     if lowest[worst] > budget_mb:
@@ -61,7 +63,12 @@ def explain_infeasible(problem: Problem, clock: Clock, *, workers: int = 2, seed
     if seconds < 0.1:
         return joint + " (the least possible peak was not computed: the time limit ran out)"
     # joint shortfall: minimise the fullest device's peak
-    master = LayerMaster(coef, program, problem.comm_ticks, budget=None, allow_empty=problem.allow_empty)
+    try:
+        memory = problem.reduced_memory(clock.deadline)
+    except OutOfTime:
+        return joint + " (the least possible peak was not computed: the time limit ran out)"
+    master = LayerMaster(coef, program, problem.comm_ticks, budget=None, allow_empty=problem.allow_empty,
+                         memory=memory)
     model = master.model
     peak = model.new_int_var(0, MAX_INTEGER, "peak")  # every peak is below it (checked by make_problem)
     for _, expr in master.peaks:

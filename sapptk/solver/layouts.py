@@ -30,7 +30,7 @@ from sapptk.costs import LayerCoefficients
 from sapptk.pareto import pareto_front
 from sapptk.profile import MODES
 from sapptk.schedules.program import Program
-from sapptk.solver.paths import PathModel, memory_model, path_model
+from sapptk.solver.paths import MemoryModel, PathModel, memory_model, path_model
 
 __all__ = [
     "DeviceLayouts",
@@ -302,6 +302,7 @@ def device_layouts(
     max_layouts: int | None = None,
     max_bytes: int | None = None,
     deadline: float | None = None,
+    memory: MemoryModel | None = None,
 ) -> list[DeviceLayouts]:
     """Every device's layouts that fit ``budget`` (memory units × live-point scale), op chain at most
     ``ub`` ticks, Pareto-reduced per composition.
@@ -309,9 +310,11 @@ def device_layouts(
     Raises :class:`TooManyLayouts` when one device would have more than ``max_partial``
     partial layouts, when more than ``max_layouts`` are kept over all devices or they would
     take more than ``max_bytes``, or past ``deadline`` (a ``time.perf_counter`` time).
+    ``memory``: the live points (default :func:`~sapptk.solver.paths.memory_model`; its scale
+    is the budget's).
     """
     paths = path_model(program)
-    mem = memory_model(program)
+    mem = memory_model(program) if memory is None else memory
     V = len(coef.fixed_forward)
     total = int(coef.counts.sum())
     n_body = options.comp.sum(axis=1)

@@ -22,7 +22,7 @@ from sapptk.costs import LayerCoefficients
 from sapptk.profile import MODES
 from sapptk.schedules.program import Program
 from sapptk.solver.layouts import DeviceLayouts, path_lengths
-from sapptk.solver.paths import memory_model, path_key
+from sapptk.solver.paths import MemoryModel, memory_model, path_key
 
 __all__ = ["LayerMaster", "LayoutMaster", "Master"]
 
@@ -206,7 +206,8 @@ class LayoutMaster(Master):
 class LayerMaster(Master):
     """Layer counts ``x[g, r, vs]`` as variables; exact memory rows per device and live point.
 
-    ``budget`` is in memory units × the live-point scale (:class:`~sapptk.solver.paths.MemoryModel`).
+    ``budget`` is in memory units × the live-point scale of ``memory`` (default
+    :func:`~sapptk.solver.paths.memory_model`).
     """
 
     def __init__(
@@ -217,6 +218,7 @@ class LayerMaster(Master):
         *,
         budget: int | None,
         allow_empty: bool,
+        memory: MemoryModel | None = None,
     ) -> None:
         super().__init__(coef, program, comm_ticks)
         model = self.model
@@ -249,7 +251,7 @@ class LayerMaster(Master):
                 if coef.fixed_layers[vs] == 0:
                     model.add(self.layers[vs] >= 1)
         # memory: one row per device and Pareto-maximal live point, scaled to integers
-        mem = memory_model(program)
+        mem = memory_model(program) if memory is None else memory
         self.peaks: list[tuple[int, cp_model.LinearExprT]] = []
         params = np.broadcast_to(coef.params[:, None], (G, R))
         for d, rows in enumerate(mem.rows):

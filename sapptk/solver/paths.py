@@ -9,6 +9,7 @@ at most two columns): a dense (units × 3·nvs) table would take 0.8 GB at 64 st
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -16,6 +17,7 @@ from functools import lru_cache
 import numpy as np
 
 from sapptk.costs import LayerCoefficients
+from sapptk.pareto import pareto_front
 from sapptk.schedules.memory import device_peaks
 from sapptk.schedules.program import B_CODE, F_CODE, I_CODE, W_CODE, Program
 from sapptk.schedules.timing import critical_path, longest_path, path_sums
@@ -23,11 +25,14 @@ from sapptk.simulation import WEIGHT_HOLDS
 
 __all__ = [
     "MemoryModel",
+    "OutOfTime",
     "PathModel",
     "UnitSignatures",
+    "live_rows",
     "memory_model",
     "path_key",
     "path_model",
+    "reduce_live_points",
     "stage_cost_vector",
 ]
 
@@ -252,10 +257,21 @@ def _common_scale(values: np.ndarray) -> int:
     return scale
 
 
+class OutOfTime(Exception):
+    """:func:`reduce_live_points` ran past its deadline."""
+
+
 @lru_cache(maxsize=64)
-def memory_model(program: Program) -> MemoryModel:
-    """Live points of a program as integers (cached)."""
-    pts = program.live_points(WEIGHT_HOLDS)
+def live_rows(program: Program) -> MemoryModel:
+    """Every distinct live point of a program as integers (cached): exact peaks, no reduction.
+
+    Fast at every size (a sort per device); :func:`memory_model` keeps only the Pareto-maximal
+    rows, which the layouts and the layer-count master need (fewer rows) but which take
+    seconds at a million ops with four chunks.
+    """
+    widths = [len(s) for s in program.device_stages]
+    pts = [np.unique(np.round(p, 9), axis=0) if len(p) else p
+           for p in program.memory_events.live_points(WEIGHT_HOLDS, widths)]
     allv = np.concatenate([p.ravel() for p in pts]) if pts else np.zeros(0)
     scale = _common_scale(allv)
     rows = []
@@ -265,3 +281,23 @@ def memory_model(program: Program) -> MemoryModel:
             raise AssertionError("live points are not multiples of 1/scale")
         rows.append(scaled)
     return MemoryModel(scale=scale, rows=tuple(rows))
+
+
+def reduce_live_points(model: MemoryModel, deadline: float | None = None) -> MemoryModel:
+    """``model`` with only the Pareto-maximal rows of each device (same scale, same peaks).
+
+    Raises :class:`OutOfTime` past ``deadline`` (a ``time.perf_counter`` time, checked
+    between devices)."""
+    rows = []
+    for r in model.rows:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise OutOfTime("out of time reducing the live points")
+        front = r[pareto_front(-r)] if len(r) > 1 else r
+        rows.append(front[np.lexsort(front.T[::-1])] if len(front) else front)
+    return MemoryModel(scale=model.scale, rows=tuple(rows))
+
+
+@lru_cache(maxsize=64)
+def memory_model(program: Program) -> MemoryModel:
+    """The Pareto-maximal live points of a program as integers (cached)."""
+    return reduce_live_points(live_rows(program))

@@ -15,7 +15,7 @@ exact doubles), so no model can overflow whatever values the profile and setup h
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,7 +24,7 @@ from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, LayerCoefficients, layer_
 from sapptk.errors import ConfigError
 from sapptk.schedules.program import Program
 from sapptk.solver.groups import GroupMap, merge_groups
-from sapptk.solver.paths import MemoryModel, PathModel, memory_model, path_model, stage_cost_vector
+from sapptk.solver.paths import MemoryModel, PathModel, live_rows, path_model, reduce_live_points, stage_cost_vector
 from sapptk.solver.settings import SearchOptions
 
 if TYPE_CHECKING:
@@ -44,7 +44,8 @@ class Problem:
 
     ``coef`` has identical consecutive groups merged (``groups`` maps back); ``budget`` is
     in memory units × ``memory.scale``, ``None`` when unlimited (or so large that no plan can
-    exceed it).
+    exceed it). ``memory`` holds every distinct live point (exact peaks, built fast at any
+    size); :meth:`reduced_memory` the Pareto-maximal ones the layouts and masters use.
     """
 
     profile: Profile
@@ -57,6 +58,7 @@ class Problem:
     budget: int | None
     allow_empty: bool
     options: SearchOptions
+    _reduced: list[MemoryModel] = field(default_factory=list, repr=False)
 
     # ----------------------------------------------------------------- sizes
     @property
@@ -128,6 +130,13 @@ class Problem:
         V = counts.shape[2]
         return int(np.abs(V * counts.sum(axis=(0, 1)) - int(self.coef.counts.sum())).sum())
 
+    def reduced_memory(self, deadline: float | None = None) -> MemoryModel:
+        """The Pareto-maximal live points (same scale; computed once). Raises
+        :class:`~sapptk.solver.paths.OutOfTime` past ``deadline``."""
+        if not self._reduced:
+            self._reduced.append(reduce_live_points(self.memory, deadline))
+        return self._reduced[0]
+
     def budget_mb(self) -> float | None:
         return None if self.config.memory_budget is None else float(self.config.memory_budget)
 
@@ -148,7 +157,7 @@ def make_problem(
     coef, groups = merge_groups(full)
     program = config.program()
     paths = path_model(program)
-    memory = memory_model(program)
+    memory = live_rows(program)
     _check_time_range(coef, paths, program, config)
     most = _check_memory_range(coef, memory, program, config)
     budget = None

@@ -49,6 +49,7 @@ from sapptk.solver.incumbent import Incumbent
 from sapptk.solver.layouts import TooManyLayouts, device_layouts, layer_caps, stage_options
 from sapptk.solver.local_search import LocalSearch
 from sapptk.solver.masters import LayerMaster, LayoutMaster, Master
+from sapptk.solver.paths import OutOfTime
 from sapptk.solver.problem import Problem, make_problem
 from sapptk.solver.relaxation import LinearRelaxation, Relaxation
 from sapptk.solver.settings import SearchOptions
@@ -246,7 +247,12 @@ class _Phases:
         p = self.problem
         if self.clock.expired():
             return "unknown"
-        master = LayerMaster(p.coef, p.program, p.comm_ticks, budget=p.budget, allow_empty=p.allow_empty)
+        try:
+            memory = p.reduced_memory(self.clock.deadline)
+        except OutOfTime:
+            return "unknown"
+        master = LayerMaster(p.coef, p.program, p.comm_ticks, budget=p.budget, allow_empty=p.allow_empty,
+                             memory=memory)
         self.use(master)
         master.model.minimize(master.z)
         cap = max(1.0, self.options.first_plan_share * self.clock.remaining())
@@ -270,13 +276,17 @@ class _Phases:
         # enumeration may use at most half the time left: the layer-count master is the fallback
         deadline = self.clock.until(0.5)
         try:
+            memory = p.reduced_memory(self.clock.deadline)
+        except OutOfTime:
+            return 0  # no time even for the live points a master needs: the incumbent it is
+        try:
             caps, work_cap = layer_caps(p.coef, p.paths, ub, allow_empty=p.allow_empty)
             options = stage_options(p.coef, caps, work_cap=work_cap, max_options=opts.max_partial_layouts,
                                     max_bytes=opts.max_layout_bytes, deadline=deadline)
             layouts = device_layouts(
                 p.coef, p.program, options, ub=ub, budget=p.budget, allow_empty=p.allow_empty,
                 max_partial=opts.max_partial_layouts, max_layouts=opts.max_layouts,
-                max_bytes=opts.max_layout_bytes, deadline=deadline,
+                max_bytes=opts.max_layout_bytes, deadline=deadline, memory=memory,
             )
         except TooManyLayouts:
             if self.clock.expired():
@@ -284,7 +294,8 @@ class _Phases:
             self.coarse_incumbent()
             if self.clock.expired():
                 return 0
-            self.use(LayerMaster(p.coef, p.program, p.comm_ticks, budget=p.budget, allow_empty=p.allow_empty))
+            self.use(LayerMaster(p.coef, p.program, p.comm_ticks, budget=p.budget, allow_empty=p.allow_empty,
+                                 memory=memory))
             return 0
         durations = p.config.chunks == 1
         self.use(LayoutMaster(p.coef, p.program, p.comm_ticks, layouts, durations=durations))
