@@ -146,30 +146,8 @@ def _base_backward(group: LayerGroup) -> float:
     return min(float(mc.backward) for mc in group.modes.values())
 
 
-_MAX_UNITS = 2**62
-"""Largest integer figure a per-layer cost may have (int64 with room for the solver's sums)."""
-
-
-def _within(units: int, what: str, value: float, unit: str) -> int:
-    if not -_MAX_UNITS < units < _MAX_UNITS:
-        raise ConfigError(f"{what} = {value!r}: too large for the integer units ({unit}): expected at most "
-                          f"{_MAX_UNITS * (TIME_UNIT_MS if unit.endswith('ms') else MEMORY_UNIT_MB):.3g}")
-    return units
-
-
 def layer_coefficients(profile: Profile, config: PipelineConfig) -> LayerCoefficients:
-    """Integer per-layer costs of ``profile`` for ``config``: what the solver and the simulator share.
-
-    Raises :class:`~sapptk.errors.ConfigError` naming the figure when one does not fit the
-    integer units (a per-layer figure, or a head/tail group's total, of 2**62 units or more).
-    """
-
-    def t(ms: float, what: str, n: int = 1) -> int:
-        return _within(n * time_units(ms), what, ms, "units of 0.001 ms")
-
-    def m(mb: float, what: str, n: int = 1) -> int:
-        return _within(n * memory_units(mb), what, mb, "units of 0.001 MB")
-
+    """Integer per-layer costs of ``profile`` for ``config``: what the solver and the simulator share."""
     body = tuple(profile.body)
     G, R = len(body), len(MODES)
     split = bool(config.split_backward)
@@ -182,10 +160,9 @@ def layer_coefficients(profile: Profile, config: PipelineConfig) -> LayerCoeffic
     activation = np.zeros((G, R), dtype=np.int64)
     params = np.zeros(G, dtype=np.int64)
     for g, group in enumerate(body):
-        where = f"profile {profile.name!r}: group {group.name!r}"
-        forward[g] = t(group.forward, f"{where}: forward")
-        params[g] = m(group.params, f"{where}: params")
-        base = t(_base_backward(group), f"{where}: backward")
+        forward[g] = time_units(group.forward)
+        params[g] = memory_units(group.params)
+        base = time_units(_base_backward(group))
         w = time_units(WEIGHT_SHARE * base * TIME_UNIT_MS) if split else 0
         weight[g] = w
         for r, mode in enumerate(MODES):
@@ -193,10 +170,10 @@ def layer_coefficients(profile: Profile, config: PipelineConfig) -> LayerCoeffic
             if mc is None:
                 continue
             available[g, r] = True
-            total = t(mc.backward, f"{where}: mode {mode!r}: backward")
+            total = time_units(mc.backward)
             backward[g, r] = total - w
             overhead[g, r] = total - base
-            activation[g, r] = m(mc.activation, f"{where}: mode {mode!r}: activation")
+            activation[g, r] = memory_units(mc.activation)
     if (backward < 0).any() or (overhead < 0).any():
         g, r = np.argwhere((backward < 0) | (overhead < 0))[0]
         raise ConfigError(
@@ -211,15 +188,13 @@ def layer_coefficients(profile: Profile, config: PipelineConfig) -> LayerCoeffic
             continue
         mc = group.modes.get("none") if "none" in group.modes else next(iter(group.modes.values()))
         n = int(group.count)
-        where = f"profile {profile.name!r}: group {group.name!r} ({n} layers)"
-        total = t(mc.backward, f"{where}: backward")
-        t(mc.backward, f"{where}: backward", n)  # the group's total must fit too
+        total = time_units(mc.backward)
         w = time_units(WEIGHT_SHARE * total * TIME_UNIT_MS) if split else 0
-        fixed["f"][vs] += t(group.forward, f"{where}: forward", n)
+        fixed["f"][vs] += n * time_units(group.forward)
         fixed["b"][vs] += n * (total - w)
         fixed["w"][vs] += n * w
-        fixed["a"][vs] += m(mc.activation, f"{where}: activation", n)
-        fixed["p"][vs] += m(group.params, f"{where}: params", n)
+        fixed["a"][vs] += n * memory_units(mc.activation)
+        fixed["p"][vs] += n * memory_units(group.params)
         fixed["n"][vs] += n
     _check_magnitudes(profile, config, forward, backward, weight, activation, params, fixed)
     return LayerCoefficients(
@@ -239,8 +214,8 @@ def layer_coefficients(profile: Profile, config: PipelineConfig) -> LayerCoeffic
         fixed_activation=fixed["a"],
         fixed_params=fixed["p"],
         fixed_layers=fixed["n"],
-        comm=t(config.comm, "comm"),
-        constant=m(config.constant_memory, "constant_memory"),
+        comm=time_units(config.comm),
+        constant=memory_units(config.constant_memory),
         split=split,
     )
 

@@ -171,23 +171,21 @@ def make_problem(
 
 
 def _check_time_range(coef: LayerCoefficients, paths: PathModel, program: Program, config: PipelineConfig) -> None:
-    """Every path is at most the sum of every op's longest possible duration plus every comm."""
-    V = len(coef.fixed_forward)
-    layers = int(coef.counts.sum())
-    slowest = [max(int(coef.forward[g]), int(coef.backward[g].max()), int(coef.weight[g]))
-               for g in range(len(coef.counts))]
-    per_stage_body = layers * max(slowest, default=0)
-    fixed = [max(int(coef.fixed_forward[v]), int(coef.fixed_backward[v]), int(coef.fixed_weight[v])) for v in range(V)]
-    ops = paths.unit_sig.sum(axis=0).tolist()
-    worst = sum(n * (per_stage_body + fixed[i % V]) for i, n in enumerate(ops))
-    worst += program.graph.n_units * int(coef.comm) * program.splits
+    """A path is at most every op's duration plus every latency: each layer sits on one stage,
+    whose ops of each kind number at most the largest column of the unit signatures."""
+    layers = [int(n) for n in coef.counts]
+    per_pass = sum(n * (int(coef.forward[g]) + int(coef.backward[g].max(initial=0)) + int(coef.weight[g]))
+                   for g, n in enumerate(layers))
+    per_pass += int(coef.fixed_forward.sum()) + int(coef.fixed_backward.sum()) + int(coef.fixed_weight.sum())
+    most_ops = int(paths.unit_sig.sum(axis=0).max(initial=0))
+    worst = most_ops * per_pass + program.graph.n_units * int(coef.comm) * program.splits
     if worst >= MAX_INTEGER:
         ms = worst * TIME_UNIT_MS / program.splits
         raise ConfigError(
-            f"the step time of some plan could reach {ms:.3g} ms ({program.num_ops} ops, up to {layers} layers "
-            f"of up to {max(slowest, default=0) * TIME_UNIT_MS:.3g} ms per op on a stage, comm = {config.comm!r} ms): "
-            f"more than the solver's integer range of {MAX_INTEGER * TIME_UNIT_MS / program.splits:.3g} ms; "
-            "expected smaller layer times, fewer micro-batches or a smaller comm"
+            f"the step time of some plan could reach {ms:.3g} ms ({program.num_ops} ops; "
+            f"{per_pass * TIME_UNIT_MS:.3g} ms of layer work per micro-batch; comm = {config.comm!r} ms): more than "
+            f"the solver's integer range of {MAX_INTEGER * TIME_UNIT_MS / program.splits:.3g} ms; expected "
+            "smaller layer times, fewer micro-batches or a smaller comm"
         )
 
 
