@@ -5,6 +5,8 @@ The package's modules, one job each:
 * :mod:`sapptk.sweeps.grid` — grids into points, and the cache key of a point;
 * :mod:`sapptk.sweeps.frame` — the frame's columns and types, :func:`best`;
 * :mod:`sapptk.sweeps.solving` — one point solved in a worker (:func:`solve_point`);
+* :mod:`sapptk.sweeps.seeding` — points of one setup solved in order of budget, each
+  seeded with the fastest plan of a smaller budget: the step never rises with the budget;
 * :mod:`sapptk.sweeps.cache` — the cache folder: a journal every finished row reaches at
   once, Parquet parts, damaged parts skipped with a warning;
 * :mod:`sapptk.sweeps.executors` — serial, process pool, Dask: interrupts, dead workers,

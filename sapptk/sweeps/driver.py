@@ -29,7 +29,8 @@ from sapptk.sweeps.cache import Cache
 from sapptk.sweeps.executors import check_executor, default_workers, open_executor
 from sapptk.sweeps.frame import RESULT_COLUMNS, input_row, no_plan, typed
 from sapptk.sweeps.grid import expand_grid, point_key, profile_digest, profiles_of
-from sapptk.sweeps.solving import Result, Solve, Task
+from sapptk.sweeps.seeding import Seeds, waves
+from sapptk.sweeps.solving import COUNTS_KEY, Result, Solve, Task
 
 __all__ = ["sweep"]
 
@@ -128,22 +129,31 @@ def sweep(
             tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="sweep", unit="pt", disable=not progress)
         )
 
+        seeds = Seeds()
+
         def record(result: Result) -> None:
+            if COUNTS_KEY in result:  # the plan's layout seeds later points; it is not a column
+                result = {k: v for k, v in result.items() if k != COUNTS_KEY}
             results[result["key"]] = result
             if store is not None:
                 store.append({**inputs[result["key"]], **result})  # on disk before the next point is awaited
 
         counts: dict[str, int] = {}
-        results_iter = runner(todo, record)
-        try:
-            for result in results_iter:
-                record(result)
-                status = str(result.get("status"))
-                counts[status] = counts.get(status, 0) + 1
-                bar.set_postfix(counts, refresh=False)
-                bar.update()
-        finally:
-            results_iter.close()  # cancels what is left; finished results go to record()
+        for wave in waves(todo):  # each point after those of its family with smaller budgets
+            for task in wave:
+                seeds.seed(task)
+            by_key = {task["key"]: task for task in wave}
+            results_iter = runner(wave, record)
+            try:
+                for result in results_iter:
+                    seeds.keep(by_key[result["key"]], result)
+                    record(result)
+                    status = str(result.get("status"))
+                    counts[status] = counts.get(status, 0) + 1
+                    bar.set_postfix(counts, refresh=False)
+                    bar.update()
+            finally:
+                results_iter.close()  # cancels what is left; finished results go to record()
     if store is not None and todo:
         store.compact()
 

@@ -23,11 +23,16 @@ from sapptk.errors import SapptkError
 from sapptk.profile import Profile
 from sapptk.sweeps.frame import SOLVED, no_plan
 
-__all__ = ["Result", "Solve", "Task", "plan_row", "portable", "profile_of", "solve_point", "timed"]
+__all__ = ["COUNTS_KEY", "Result", "Solve", "Task", "plan_row", "portable", "profile_of", "solve_point", "timed"]
 
 Task = dict[str, Any]
 Result = dict[str, Any]
 Solve = Callable[[Task], Result]
+
+COUNTS_KEY = "_counts"
+"""Key of a result holding the plan's layer assignment (nested lists), for seeding later
+points (:mod:`sapptk.sweeps.seeding`); the driver takes it out before the row reaches the
+cache or the frame."""
 
 _PROFILES: dict[str, Profile] = {}  # per worker process: content hash -> rebuilt profile
 
@@ -73,9 +78,11 @@ def solve_point(task: Task) -> Result:
 
     ``task`` holds ``profile`` (``Profile.to_dict()``), ``profile_name``,
     ``profile_digest``, ``config`` (the :class:`PipelineConfig` fields), ``time_limit``,
-    ``workers``, ``seed`` and ``deterministic``. The result holds the result columns.
-    Errors become results: :class:`~sapptk.errors.SapptkError` gives ``invalid``,
-    anything else ``error``.
+    ``workers``, ``seed``, ``deterministic`` and, optionally, ``start`` (a layer assignment
+    as nested lists: the search's first incumbent, :mod:`sapptk.sweeps.seeding`). The result
+    holds the result columns, and the plan's layer assignment under :data:`COUNTS_KEY`. Errors
+    become results: :class:`~sapptk.errors.SapptkError` gives ``invalid``, anything else
+    ``error``.
     """
     from sapptk.balancer import balance  # the solver stack loads in the worker only
 
@@ -90,8 +97,12 @@ def solve_point(task: Task) -> Result:
             workers=task["workers"],
             seed=task["seed"],
             deterministic=task["deterministic"],
+            start=None if task.get("start") is None else np.asarray(task["start"], dtype=np.int64),
         )
-        return plan_row(plan)
+        row = plan_row(plan)
+        if plan.solved:
+            row[COUNTS_KEY] = np.asarray(plan.counts).tolist()
+        return row
     except SapptkError as exc:
         return no_plan("invalid", str(exc))
     except Exception as exc:  # a row, not a lost sweep; the traceback's last line helps
