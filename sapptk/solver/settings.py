@@ -23,8 +23,9 @@ class SearchOptions:
     Time shares (fractions of the time left when a phase starts)
     ----------------------------------------------------------------
     relaxation_share: 0.1 — the LP relaxation's row generation (the proven bound) before
-        the local search (its paths sharpen the local search's filter), and at most
-        ``relaxation_first_seconds`` (1.0), so a plan improves early whatever the limit.
+        the local search (its paths sharpen the local search's filter)...
+    relaxation_first_seconds: 1.0 — ...and at most this many seconds, so the plan improves
+        early whatever the limit (a stop request then finds a good plan).
     relaxation_after_share: 0.25 — the same LP goes on after the local search, with the
         critical paths the local search found.
     local_search_share: 0.6 — the local search may use this much; it stops earlier on its
@@ -43,7 +44,7 @@ class SearchOptions:
 
     Local search
     ------------
-    kick_moves: (2, 4) — a kick moves between this many layers (inclusive) at random.
+    kick_moves: (2, 4) — a kick makes between this many random moves (inclusive).
     sample_per_stage: 4 — after a kick, each climbing round tries this many random layer
         moves per virtual stage (instead of all of them).
     idle_kicks_per_stage: 0.5 — after this many kicks per virtual stage without an
@@ -58,10 +59,10 @@ class SearchOptions:
     deterministic_relaxation_iterations_per_second: 10 — likewise, the relaxation's LP
         solves with ``deterministic=True``: this many per second of the time limit (times
         the relaxation's share; at least one).
-
     coarsen_tolerance: 0.05 — when the layouts of a profile's groups are too many, runs of
         consecutive groups whose figures differ by at most this (relative) are solved as one
-        group with their largest figures, for a first good plan.
+        group with their largest figures (a first good plan) and with their smallest (a
+        bound).
 
     Sizes (above them a cheaper method takes over, never a larger allocation)
     ---------------------------------------------------------------------------
