@@ -2,8 +2,9 @@
 
 1. **Seed incumbents** — the caller's start plan (when it fits this budget and its modes are
    allowed) and every even split that fits: a plan at once whenever one exists.
-2. **First plan** — only when nothing fits yet: the layer-count master looks for one (each
-   capped solve that ends without an answer doubles the cap; only a proof says "infeasible").
+2. **First plan** — only when nothing fits yet: the layout master over every layout that
+   fits, else the layer-count master, looks for one (each capped solve that ends without an
+   answer doubles the cap; only a proof says "infeasible").
 3. **Master** — enumerate every device's layouts (:mod:`sapptk.solver.layouts`) for the
    layout master, or, when that would be too large or too slow, the layer-count master
    (:mod:`sapptk.solver.masters`); then first a *coarse incumbent*: nearly identical
@@ -46,10 +47,10 @@ from sapptk.solver.cpsat import run_master
 from sapptk.solver.diagnosis import explain_infeasible
 from sapptk.solver.groups import GroupMap, coarsen
 from sapptk.solver.incumbent import Incumbent
-from sapptk.solver.layouts import TooManyLayouts, device_layouts, layer_caps, stage_options
+from sapptk.solver.layouts import DeviceLayouts, TooManyLayouts, device_layouts, layer_caps, stage_options
 from sapptk.solver.local_search import LocalSearch
 from sapptk.solver.masters import LayerMaster, LayoutMaster, Master
-from sapptk.solver.paths import OutOfTime
+from sapptk.solver.paths import MemoryModel, OutOfTime
 from sapptk.solver.problem import Problem, make_problem
 from sapptk.solver.relaxation import LinearRelaxation, Relaxation
 from sapptk.solver.settings import SearchOptions
@@ -238,11 +239,14 @@ class _Phases:
             self.offer_all(candidates)
 
     def first_plan(self) -> str:
-        """Phase 2: no even split fits; find a plan with the layer-count model.
+        """Phase 2: no even split fits; find a plan.
 
-        Returns "found", "infeasible" (CP-SAT proved that no assignment fits) or "unknown"
-        (the time limit ran out first). A capped solve that ends without an answer proves
-        nothing: the cap doubles and the search goes on until the deadline.
+        First with the layout master over every layout that fits (a plain assignment, which
+        CP-SAT answers at once), when the enumeration is small and quick enough; else with
+        the layer-count model. Returns "found", "infeasible" (CP-SAT proved that no
+        assignment fits) or "unknown" (the time limit ran out first). A capped solve that
+        ends without an answer proves nothing: the cap doubles and the search goes on until
+        the deadline.
         """
         p = self.problem
         if self.clock.expired():
@@ -251,11 +255,25 @@ class _Phases:
             memory = p.reduced_memory(self.clock.deadline)
         except OutOfTime:
             return "unknown"
+        cap = max(1.0, self.options.first_plan_share * self.clock.remaining())
+        layouts = self.enumerate(None, memory, self.clock.until(self.options.first_plan_share))
+        if layouts is not None and not self.clock.expired():
+            if not all(len(lay) for lay in layouts):
+                return "infeasible"  # some device holds no layout that fits
+            master: Master = LayoutMaster(p.coef, p.program, p.comm_ticks, layouts)
+            self.use(master)
+            master.model.minimize(master.z)
+            solved = self.solve_master(cap)
+            self.offer_all(solved.solutions)
+            if solved.status == "infeasible":
+                return "infeasible"  # every layout that fits was there: a proof
+            if self.incumbent.counts is not None:
+                return "found"
+            cap *= 2  # cut short without an answer: the next solve gets longer
         master = LayerMaster(p.coef, p.program, p.comm_ticks, budget=p.budget, allow_empty=p.allow_empty,
                              memory=memory)
         self.use(master)
         master.model.minimize(master.z)
-        cap = max(1.0, self.options.first_plan_share * self.clock.remaining())
         while self.incumbent.counts is None and not self.clock.expired():
             solved = self.solve_master(cap)
             self.offer_all(solved.solutions)
@@ -269,7 +287,7 @@ class _Phases:
         """Phase 3: the layout master if enumeration is small and quick enough, else the
         layer-count one. Returns the number of layouts (0 for the layer-count master).
         Layouts whose device chain exceeds ``ub`` (default: the incumbent's step) are left out."""
-        p, opts = self.problem, self.options
+        p = self.problem
         ub = self.incumbent.ticks if ub is None else ub
         if self.clock.expired():
             return 0
@@ -279,16 +297,8 @@ class _Phases:
             memory = p.reduced_memory(self.clock.deadline)
         except OutOfTime:
             return 0  # no time even for the live points a master needs: the incumbent it is
-        try:
-            caps, work_cap = layer_caps(p.coef, p.paths, ub, allow_empty=p.allow_empty)
-            options = stage_options(p.coef, caps, work_cap=work_cap, max_options=opts.max_partial_layouts,
-                                    max_bytes=opts.max_layout_bytes, deadline=deadline)
-            layouts = device_layouts(
-                p.coef, p.program, options, ub=ub, budget=p.budget, allow_empty=p.allow_empty,
-                max_partial=opts.max_partial_layouts, max_layouts=opts.max_layouts,
-                max_bytes=opts.max_layout_bytes, deadline=deadline, memory=memory,
-            )
-        except TooManyLayouts:
+        layouts = self.enumerate(ub, memory, deadline)
+        if layouts is None:
             if self.clock.expired():
                 return 0
             self.coarse_incumbent()
@@ -300,6 +310,22 @@ class _Phases:
         durations = p.config.chunks == 1
         self.use(LayoutMaster(p.coef, p.program, p.comm_ticks, layouts, durations=durations))
         return sum(len(lay) for lay in layouts)
+
+    def enumerate(self, ub: int | None, memory: MemoryModel, deadline: float) -> list[DeviceLayouts] | None:
+        """Every device's layouts that fit (chains within ``ub``), or None when there would be
+        too many or they take past ``deadline``."""
+        p, opts = self.problem, self.options
+        try:
+            caps, work_cap = layer_caps(p.coef, p.paths, ub, allow_empty=p.allow_empty)
+            options = stage_options(p.coef, caps, work_cap=work_cap, max_options=opts.max_partial_layouts,
+                                    max_bytes=opts.max_layout_bytes, deadline=deadline)
+            return device_layouts(
+                p.coef, p.program, options, ub=ub, budget=p.budget, allow_empty=p.allow_empty,
+                max_partial=opts.max_partial_layouts, max_layouts=opts.max_layouts,
+                max_bytes=opts.max_layout_bytes, deadline=deadline, memory=memory,
+            )
+        except TooManyLayouts:
+            return None
 
     def coarse_incumbent(self) -> None:
         """Phase 3, when the real groups have too many layouts: solve the coarsened problem
