@@ -49,6 +49,9 @@ def balance(
     start: Plan | np.ndarray | None = None,
     stop: threading.Event | None = None,
     options: SearchOptions | None = None,
+    memory_margin: float | None = None,
+    oom_risk: float | None = None,
+    memory_error: Any = None,
 ) -> Plan:
     """The plan with the shortest simulated step time that fits the memory budget.
 
@@ -70,6 +73,13 @@ def balance(
     stop: a :class:`threading.Event`; once set (from another thread), the search returns its
         best plan so far within about a second.
     options: the search's knobs (:class:`~sapptk.solver.settings.SearchOptions`).
+    memory_margin, oom_risk, memory_error: plan for a safe budget below
+        ``config.memory_budget`` (:func:`sapptk.sensitivity.robust_budget`): ``memory_margin``
+        MB (>= 1) or a fraction of the budget (< 1) kept free on every device; ``oom_risk``
+        the largest accepted chance that a device exceeds its budget when the memory figures
+        are off by ``memory_error`` (a relative error, or a calibration / its residuals).
+        The plan keeps ``config`` (so ``fits`` is against the real budget) and its message
+        names the safe budget it was solved for.
 
     Returns
     -------
@@ -87,7 +97,9 @@ def balance(
     from sapptk.schedules import get
     from sapptk.solver.search import search
 
-    counts = check_arguments(profile, config, time_limit=time_limit, workers=workers, seed=seed,
+    safe_config, safety = safe_budget_config(config, memory_margin=memory_margin, oom_risk=oom_risk,
+                                             memory_error=memory_error)
+    counts = check_arguments(profile, safe_config, time_limit=time_limit, workers=workers, seed=seed,
                              deterministic=deterministic, allow_empty_stages=allow_empty_stages, start=start,
                              stop=stop, options=options)
 
@@ -110,8 +122,37 @@ def balance(
         )
 
     if config.custom_program is None and get(config.schedule).cost_driven:
-        return reorder_until_stable(config, solve_plan, time_limit=float(time_limit), start=counts, stop=stop)
-    return solve_plan(config, float(time_limit), counts)
+        plan = reorder_until_stable(safe_config, solve_plan, time_limit=float(time_limit), start=counts, stop=stop)
+    else:
+        plan = solve_plan(safe_config, float(time_limit), counts)
+    if safety is None:
+        return plan
+    return dataclasses.replace(plan, config=dataclasses.replace(plan.config, memory_budget=config.memory_budget),
+                               message=f"{safety}; {plan.message}" if plan.message else safety)
+
+
+def safe_budget_config(
+    config: Any, *, memory_margin: Any = None, oom_risk: Any = None, memory_error: Any = None
+) -> tuple[Any, str | None]:
+    """``config`` with the safe budget of :func:`sapptk.sensitivity.robust_budget`, and a note
+    naming it (None, and ``config`` itself, when no safety was asked for)."""
+    from sapptk.config import PipelineConfig
+
+    if memory_margin is None and oom_risk is None and memory_error is None:
+        return config, None
+    if not isinstance(config, PipelineConfig):
+        raise ConfigError(f"config = {_show(config)}: expected a sapptk PipelineConfig")
+    from sapptk.sensitivity import robust_budget
+
+    safe = robust_budget(config, memory_margin=memory_margin, oom_risk=oom_risk, memory_error=memory_error)
+    asked = []
+    if memory_margin is not None:
+        asked.append(f"memory_margin={memory_margin!r}")
+    if oom_risk is not None:
+        asked.append(f"oom_risk={oom_risk!r}")
+    note = (f"solved for a safe budget of {safe:.6g} MB per device ({', '.join(asked)}) "
+            f"under the {config.memory_budget:.6g} MB budget")
+    return dataclasses.replace(config, memory_budget=safe), note
 
 
 # ------------------------------------------------------------ cost-driven schedules

@@ -19,7 +19,6 @@ without a kernel: set ``.value``, call ``.click()``, then :meth:`Explorer.wait`.
 from __future__ import annotations
 
 import html
-import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -440,10 +439,7 @@ class Explorer:
             from sapptk.balancer import balance
             from sapptk.plan import even_baseline
 
-            options: dict[str, Any] = {"time_limit": time_limit, "workers": self.workers}
-            if _accepts_stop(balance):
-                options["stop"] = stop
-            plan = balance(self.profile, config, **options)
+            plan = balance(self.profile, config, time_limit=time_limit, workers=self.workers, stop=stop)
             baseline = even_baseline(self.profile, config) if plan.solved else None
             seconds = plan.solve_seconds or (time.perf_counter() - t0)
             self._show(run, plan, baseline, config, seconds, stopped=stop.is_set())
@@ -492,14 +488,6 @@ class Explorer:
             self._shown = config
             self._mark_stale()
             self._set_status(plan.status, _result_text(plan, baseline, seconds, stopped=stopped))
-
-
-def _accepts_stop(balance: Callable[..., Any]) -> bool:
-    """Whether ``balance`` takes a ``stop`` event (searches that cannot be stopped run to their limit)."""
-    try:
-        return "stop" in inspect.signature(balance).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _result_text(plan: Plan, baseline: Plan | None, seconds: float, *, stopped: bool) -> str:

@@ -96,9 +96,9 @@ def test_a_robust_plan_keeps_its_risk_on_fresh_samples(llama):
     cfg = PipelineConfig(8, 16, 2, "interleaved", memory_budget=40000)
     safe = robust_budget(cfg, oom_risk=0.01, memory_error=0.02)
     assert safe < 40000
-    plan = balance(llama, cfg.replace(memory_budget=safe), time_limit=5, deterministic=True)
-    assert plan.solved
-    robust = make_plan(llama, cfg, plan.counts, status="given")
+    robust = balance(llama, cfg, time_limit=5, deterministic=True, oom_risk=0.01, memory_error=0.02)
+    assert robust.solved and robust.config == cfg
+    assert robust.simulation.peak_memory.max() <= safe + 1e-6
     res = robust.sensitivity(time_error=0.0, memory_error=0.02, samples=4000, seed=11)
     assert res.p_any_over_budget.max() <= 0.01
     plain = balance(llama, cfg, time_limit=5, deterministic=True)
@@ -149,3 +149,27 @@ def test_bad_robust_budget_arguments(kwargs, needle):
         robust_budget(PipelineConfig(4, 8, memory_budget=1000.0), **kwargs)
     with pytest.raises(ConfigError, match="no memory_budget"):
         robust_budget(PipelineConfig(4, 8), memory_margin=10)
+
+
+def test_balance_keeps_a_margin_and_the_real_budget(demo):
+    cfg = PipelineConfig(4, 8, memory_budget=120000)
+    plain = balance(demo, cfg, time_limit=3, deterministic=True)
+    peak = float(plain.simulation.peak_memory.max())
+    margin = cfg.memory_budget - peak + 500.0  # the plain plan no longer fits the safe budget
+    safe = balance(demo, cfg, time_limit=3, deterministic=True, memory_margin=margin)
+    assert safe.solved and safe.config == cfg and safe.fits
+    assert safe.simulation.peak_memory.max() <= cfg.memory_budget - margin + 1e-6
+    assert safe.step_time >= plain.step_time
+    assert f"{cfg.memory_budget - margin:.6g} MB" in safe.message
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"oom_risk": -0.1, "memory_error": 0.02}, "oom_risk"),
+    ({"oom_risk": 0.01}, "memory_error"),
+    ({"memory_error": 0.02}, "oom_risk"),
+    ({"oom_risk": 0.01, "memory_error": -0.02}, "memory_error"),
+    ({"memory_margin": -5}, "memory_margin"),
+])
+def test_balance_rejects_bad_safety_arguments(demo, kwargs, needle):
+    with pytest.raises(ConfigError, match=needle):
+        balance(demo, PipelineConfig(4, 8, memory_budget=120000), time_limit=1, **kwargs)
