@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.plan",),
     ("sapptk.solver",),
     ("sapptk.balancer",),
-    ("sapptk.calibration", "sapptk.analysis"),
+    ("sapptk.calibration",),
     ("sapptk.sweeps",),
     ("sapptk.viz",),
     ("sapptk.widgets",),
