@@ -46,6 +46,16 @@ def _positive_seconds(text: str) -> float:
 _positive_seconds.__name__ = "time limit (seconds > 0)"
 
 
+def _finite_nonnegative(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(text)
+    return value
+
+
+_finite_nonnegative.__name__ = "number (finite, >= 0)"
+
+
 def _workers(text: str) -> int:
     value = int(text)
     if not 1 <= value <= _MAX_WORKERS:
@@ -155,6 +165,13 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
                         help="solver time limit, s (30)")
     parser.add_argument("--workers", type=_workers, default=2, help="solver worker threads (2)")
     parser.add_argument("--seed", type=_seed, default=0, help="solver random seed (0)")
+    safety = parser.add_argument_group("safety (docs/robustness.md)")
+    safety.add_argument("--memory-margin", type=_finite_nonnegative, default=None, metavar="MB",
+                        help="keep this many MB free on every device (a value < 1 is a fraction of the budget)")
+    safety.add_argument("--oom-risk", type=_finite_nonnegative, default=None, metavar="P",
+                        help="largest accepted chance that a device exceeds its budget (with --memory-error)")
+    safety.add_argument("--memory-error", type=_finite_nonnegative, default=None, metavar="E",
+                        help="relative error of the memory figures, e.g. 0.02")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="write sapptk_plan.yaml (the plan; `sapptk export` reads it), plan.yaml (MindFormers) "
                         "and layout.csv there")
@@ -168,9 +185,12 @@ def _balance(args: argparse.Namespace) -> int:
     config = pipeline_config(args, profile)
     if args.out is not None:  # before solving: a bad folder must not cost a solve
         writable_dir(args.out, what="output folder (--out)")
-    from sapptk.balancer import balance  # after validation: OR-Tools loads only when there is work
+    from sapptk.balancer import balance, safe_budget_config  # after validation: OR-Tools loads only with work
+
+    safety = {"memory_margin": args.memory_margin, "oom_risk": args.oom_risk, "memory_error": args.memory_error}
+    safe_budget_config(config, **safety)  # a bad safety argument is refused before the setup line
     print(_setup_line(profile, config))
-    plan = balance(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed)
+    plan = balance(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed, **safety)
     print(plan.summary())
     print()
     print("compared with the even splits (ratio = baseline step time / plan step time; > 1: the plan is faster):")

@@ -155,6 +155,25 @@ def test_balance_infeasible_exits_1(capsys, tmp_path):
     assert not (tmp_path / "out" / "plan.yaml").exists()
 
 
+def test_balance_keeps_a_safety_margin(capsys):
+    code, out, err = run(capsys, "balance", "demo", *DEMO_SETUP, "--memory", "120000", "--time-limit", "5",
+                         "--memory-margin", "0.1")
+    assert code == 0, err
+    assert "safe budget of 108000 MB per device (memory_margin=0.1) under the 120000 MB budget" in out
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--oom-risk", "0.01"], "memory_error"),
+    (["--oom-risk", "0.7", "--memory-error", "0.02"], "oom_risk = 0.7"),
+    (["--memory-error", "0.02"], "oom_risk"),
+    (["--oom-risk", "-1"], "--oom-risk"),
+])
+def test_balance_refuses_bad_safety_before_solving(capsys, args, needle):
+    code, out, err = run(capsys, "balance", "demo", *DEMO_SETUP, "--memory", "120000", "--time-limit", "5", *args)
+    assert code == 2 and needle in err and "Traceback" not in err
+    assert "profile demo" not in out  # refused before the setup line: nothing was solved
+
+
 def test_balance_out_when_the_mindformers_lists_cannot_express_the_plan(capsys, tmp_path, monkeypatch):
     """A cell with select-only and comm-only layers has no MindFormers spelling: layout.csv only."""
     import sapptk.balancer as balance_module
