@@ -90,3 +90,28 @@ def test_a_sweep_seeds_larger_budgets_with_the_plans_of_smaller_ones():
         earlier = [b for b in budgets if b < budget and PLANS.get(b) is not None]
         assert STARTS[budget] is not None  # seeded by a smaller budget's plan
         assert any(STARTS[budget] == PLANS[b] for b in earlier)
+
+
+@pytest.mark.slow
+def test_a_resumed_sweep_is_seeded_by_the_plans_in_its_cache(tmp_path):
+    prof = two_mode_profile((4, 6))
+    grid = {"stages": [3], "micro_batches": [6], "chunks": [2], "schedule": ["interleaved"]}
+    options = {"time_limit": 2, "deterministic": True, "progress": False, "solve": recording_solve,
+               "cache": tmp_path / "cache"}
+    STARTS.clear()
+    PLANS.clear()
+    first = sweep(prof, {**grid, "memory_budget": [75.0]}, **options)
+    assert first["status"].iloc[0] in ("optimal", "feasible")
+    cached_plan = PLANS[75.0]
+    STARTS.clear()
+    sweep(prof, {**grid, "memory_budget": [75.0, 120.0]}, **options)
+    assert 75.0 not in STARTS  # read from the cache, not solved again
+    assert STARTS[120.0] == cached_plan  # ... and its plan seeds the larger budget
+
+
+def test_a_seed_that_does_not_suit_the_point_is_dropped_not_fatal():
+    prof = two_mode_profile((4, 6))
+    point = task(None)
+    point.update(profile=prof.to_dict(), profile_name="two", workers=1, start=[[["not", "counts"]]])
+    result = solve_point(point)
+    assert result["status"] in ("optimal", "feasible"), result

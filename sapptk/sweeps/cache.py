@@ -45,7 +45,7 @@ from sapptk.errors import FileError, SapptkWarning
 from sapptk.files import writable_dir
 from sapptk.sweeps.frame import COLUMNS, FLOAT_INPUTS, INPUT_COLUMNS, INT_COLUMNS, LABEL_COLUMNS, STATUSES, typed
 
-__all__ = ["FLUSH_ROWS", "FLUSH_SECONDS", "Cache", "cacheable", "read_cache"]
+__all__ = ["FLUSH_ROWS", "FLUSH_SECONDS", "LAYOUT_COLUMN", "Cache", "cacheable", "read_cache"]
 
 FLUSH_SECONDS = 2.0
 """A Parquet part is written from the journal at most this often while a sweep runs ..."""
@@ -55,6 +55,12 @@ FLUSH_ROWS = 256
 PART_GLOB = "part-*.parquet"
 JOURNAL_GLOB = "_journal-*.jsonl"
 _REQUIRED = ("key", "status", *INPUT_COLUMNS)
+
+LAYOUT_COLUMN = "layout_json"
+"""A column of the cache only (not of the sweep frame): the plan's layer assignment as JSON
+nested lists, so the points of a resumed sweep are seeded by cached plans too
+(:mod:`sapptk.sweeps.seeding`). Parts written before it existed simply have no seeds."""
+STORED = (*COLUMNS, LAYOUT_COLUMN)
 
 try:  # POSIX: a live sweep holds a lock on its journal, so others know it is not abandoned
     import fcntl
@@ -101,8 +107,9 @@ def _arrow_schema() -> Any:
         "peak_mb": pa.list_(pa.float64()),
         "error": pa.string(),
         "key": pa.string(),
+        LAYOUT_COLUMN: pa.string(),
     }
-    return pa.schema([(c, types.get(c, pa.float64())) for c in COLUMNS])
+    return pa.schema([(c, types.get(c, pa.float64())) for c in STORED])
 
 
 def _to_arrow(frame: pd.DataFrame) -> Any:
@@ -203,14 +210,15 @@ class Cache:
         return rows
 
     def read(self) -> pd.DataFrame:
-        """Every cached row (newest per key), in the sweep frame's columns (labels as objects)."""
+        """Every cached row (newest per key), in the sweep frame's columns (labels as objects)
+        plus :data:`LAYOUT_COLUMN`."""
         frames = [f for f in (self._read_part(p) for p in self.parts()) if f is not None and len(f)]
         journal_rows = [row for j in self.journals() for row in self._read_journal(j)]
         if journal_rows:
             frames.append(pd.DataFrame(journal_rows))
         if not frames:
-            return pd.DataFrame(columns=list(COLUMNS))
-        frame = pd.concat([f.reindex(columns=list(COLUMNS)) for f in frames], ignore_index=True)
+            return pd.DataFrame(columns=list(STORED))
+        frame = pd.concat([f.reindex(columns=list(STORED)) for f in frames], ignore_index=True)
         return frame.drop_duplicates("key", keep="last").reset_index(drop=True)
 
     # ------------------------------------------------------------------ writing
@@ -279,7 +287,7 @@ class Cache:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        frame = pd.DataFrame(list(rows), columns=list(COLUMNS))
+        frame = pd.DataFrame(list(rows), columns=list(STORED))
         name = f"part-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
         tmp = self.path / f".{name}.tmp"
         try:
@@ -329,7 +337,7 @@ class Cache:
                 frames.append(pd.DataFrame(rows))
             if not frames:
                 return
-            frame = pd.concat([f.reindex(columns=list(COLUMNS)) for f in frames], ignore_index=True)
+            frame = pd.concat([f.reindex(columns=list(STORED)) for f in frames], ignore_index=True)
             frame = frame.drop_duplicates("key", keep="last")
             merged = [r for r in frame.to_dict("records") if cacheable(r)]
             if merged and self._write_rows(merged) is None:
@@ -366,4 +374,4 @@ def read_cache(path: str | os.PathLike[str]) -> pd.DataFrame:
     cache = Cache(path)
     if not cache.path.is_dir():
         raise FileError(f"{cache.path}: no such sweep cache folder")
-    return typed(cache.read())
+    return typed(cache.read().drop(columns=[LAYOUT_COLUMN]))

@@ -13,6 +13,7 @@ grid (names and size), the executor (a Dask scheduler must answer), and the cach
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -25,7 +26,7 @@ from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
 from sapptk.profile import Profile
 from sapptk.sweeps import solving
-from sapptk.sweeps.cache import Cache
+from sapptk.sweeps.cache import LAYOUT_COLUMN, Cache
 from sapptk.sweeps.executors import check_executor, default_workers, open_executor
 from sapptk.sweeps.frame import RESULT_COLUMNS, input_row, no_plan, typed
 from sapptk.sweeps.grid import expand_grid, point_key, profile_digest, profiles_of
@@ -109,11 +110,13 @@ def sweep(
 
     store = Cache(cache) if cache is not None else None
     results: dict[str, Result] = {}
+    seeds = Seeds()
     if store is not None:
         cached = store.read()
         wanted = cached[cached["key"].isin(tasks.keys()) & ~cached["status"].astype(object).eq("error")]
         for rec in wanted.to_dict("records"):
             results[rec["key"]] = {c: rec.get(c) for c in (*RESULT_COLUMNS, "key")}
+            seeds.keep(tasks[rec["key"]], {**results[rec["key"]], COUNTS_KEY: _layout_of(rec.get(LAYOUT_COLUMN))})
     todo = [t for k, t in tasks.items() if k not in results]
     inputs = {row["key"]: row for row in rows}
 
@@ -129,14 +132,13 @@ def sweep(
             tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="sweep", unit="pt", disable=not progress)
         )
 
-        seeds = Seeds()
-
         def record(result: Result) -> None:
-            if COUNTS_KEY in result:  # the plan's layout seeds later points; it is not a column
-                result = {k: v for k, v in result.items() if k != COUNTS_KEY}
+            layout = result.get(COUNTS_KEY)  # the plan's layout seeds later points; a cache column, not a frame one
+            result = {k: v for k, v in result.items() if k != COUNTS_KEY}
             results[result["key"]] = result
-            if store is not None:
-                store.append({**inputs[result["key"]], **result})  # on disk before the next point is awaited
+            if store is not None:  # on disk before the next point is awaited
+                store.append({**inputs[result["key"]], **result,
+                              LAYOUT_COLUMN: None if layout is None else json.dumps(layout)})
 
         counts: dict[str, int] = {}
         for wave in waves(todo):  # each point after those of its family with smaller budgets
@@ -163,3 +165,15 @@ def sweep(
         "schedule": list(dict.fromkeys(p["schedule"] for p in points if isinstance(p["schedule"], str))),
     }
     return typed(frame, order)
+
+
+def _layout_of(text: Any) -> list | None:
+    """A cached layout (JSON nested lists), or None when there is none or it is unreadable
+    (a damaged part: that point just seeds nothing; a seed is checked again before use)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        layout = json.loads(text)
+    except ValueError:
+        return None
+    return layout if isinstance(layout, list) else None

@@ -7,9 +7,9 @@ are solved in order of budget, in *waves* (the first point of every family, then
 ...), each wave in parallel on the executor, and every point starts its search from the
 fastest plan found so far in its family that it admits (``balance(..., start=...)``): its
 answer is never slower than that plan, so within a family the step time never rises with
-the budget or with more modes. Points read from the cache seed nothing (their layouts are
-not kept); a sweep run from scratch, or a point solved later with its seeds in the same run,
-keeps the promise.
+the budget or with more modes. Points read from the cache seed too (the cache keeps each
+plan's layout, :data:`sapptk.sweeps.cache.LAYOUT_COLUMN`), so a resumed sweep keeps the
+promise; only rows cached before layouts were kept seed nothing.
 """
 
 from __future__ import annotations

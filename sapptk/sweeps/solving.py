@@ -73,6 +73,19 @@ def plan_row(plan: Any) -> Result:
     return row
 
 
+def _seed_counts(profile: Profile, config: PipelineConfig, start: Any) -> np.ndarray | None:
+    """A seed layout as counts, or None when it does not suit the point (a seed read from a
+    damaged cache must not cost the point its answer: the search then starts without it)."""
+    from sapptk.costs import check_counts
+
+    if start is None:
+        return None
+    try:
+        return check_counts(profile, config, np.asarray(start, dtype=np.int64))
+    except (SapptkError, ValueError, TypeError, OverflowError):
+        return None
+
+
 def solve_point(task: Task) -> Result:
     """Balance and simulate one point; plain dict in, plain dict out (runs in workers).
 
@@ -97,7 +110,7 @@ def solve_point(task: Task) -> Result:
             workers=task["workers"],
             seed=task["seed"],
             deterministic=task["deterministic"],
-            start=None if task.get("start") is None else np.asarray(task["start"], dtype=np.int64),
+            start=_seed_counts(profile, config, task.get("start")),
         )
         row = plan_row(plan)
         if plan.solved:
