@@ -14,6 +14,9 @@ printed with backslash escapes rather than failing.
 Adding a command: write ``_add_<name>(commands)`` that adds a subparser and sets
 ``func=<handler>`` (a function ``(args) -> int``), and call it in :func:`build_parser`.
 :func:`add_pipeline_args` and :func:`sapptk.profile.resolve_profile` are there to share.
+
+(Over 500 lines: seven commands, each an ``_add_<name>`` parser and a handler of a few
+lines; they share the argument types and the pipeline arguments at the top.)
 """
 
 from __future__ import annotations

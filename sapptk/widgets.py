@@ -14,6 +14,9 @@ figures in view are in the tabs (the memory & time tab is drawn when it is first
 When the controls no longer describe the plan shown (another setup, or an invalid one), a
 note above the tabs says the tabs are stale. Tests drive it
 without a kernel: set ``.value``, call ``.click()``, then :meth:`Explorer.wait`.
+
+(Over 500 lines: the controls, the background solve and the tabs are the state of one
+widget; the pure helpers at the end are tested on their own.)
 """
 
 from __future__ import annotations

@@ -188,3 +188,19 @@ def test_every_export_exists():
             assert getattr(sapptk, name) is importlib.import_module(f"sapptk.{name}"), name
     with pytest.raises(AttributeError):
         sapptk.no_such_name  # noqa: B018
+
+
+LONG_MODULE_LINES = 500
+
+
+def test_a_long_module_says_why_in_its_docstring():
+    """The house rule: a module over ~500 lines gives the reason in its docstring."""
+    unexplained = []
+    for path in sorted((ROOT / "sapptk").rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") <= LONG_MODULE_LINES:
+            continue
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if "500 lines" not in doc:
+            unexplained.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
+    assert not unexplained, f"over {LONG_MODULE_LINES} lines with no reason in the docstring: {unexplained}"

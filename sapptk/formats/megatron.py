@@ -37,6 +37,9 @@ different chunks, select on some layers only, select next to full, sapptk's ``co
 groups of more than one layer (its memory lies between sapptk's modes). A plan using any of
 these is exported with the closest setting Megatron has (:func:`recompute_candidates`;
 :meth:`sapptk.plan.Plan.to_megatron` picks the fastest that fits and reports the cost).
+
+(About 500 lines: the layout grammar, the uniform flags and the recompute flags are the
+three parts of one set of arguments, written and read back together.)
 """
 
 from __future__ import annotations

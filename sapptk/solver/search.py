@@ -28,6 +28,9 @@ durations linear in the assignment (:mod:`sapptk.solver.paths`); every path P gi
 :class:`~sapptk.solver.clock.Clock` whether to go on, so the time limit and a stop request
 end the search alike, with the best plan so far. The knobs are in
 :class:`~sapptk.solver.settings.SearchOptions`; ``docs/solver.md`` explains the whole.
+
+(Over 500 lines: the phases share the problem, the clock and the incumbent; ``_Phases``
+keeps them as methods in the order they run, so the file reads as the algorithm.)
 """
 
 from __future__ import annotations
