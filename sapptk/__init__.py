@@ -34,6 +34,8 @@ _EXPORTS: dict[str, str] = {
     "Bubble": "sapptk.simulation",
     "Simulation": "sapptk.simulation",
     "simulate": "sapptk.simulation",
+    "OffloadSimulation": "sapptk.offload",
+    "simulate_offload": "sapptk.offload",
     "PipelineConfig": "sapptk.config",
     "Plan": "sapptk.plan",
     "even_baseline": "sapptk.plan",
@@ -65,6 +67,7 @@ __all__ = [
     "LayerGroup",
     "MODES",
     "ModeCost",
+    "OffloadSimulation",
     "PipelineConfig",
     "Plan",
     "Profile",
@@ -91,6 +94,7 @@ __all__ = [
     "make_plan",
     "schedules",
     "simulate",
+    "simulate_offload",
     "sweep",
     "validate",
 ]
@@ -112,6 +116,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         ScheduleError,
         TraceError,
     )
+    from sapptk.offload import OffloadSimulation, simulate_offload
     from sapptk.plan import (
         Plan,
         even_baseline,

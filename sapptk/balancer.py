@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from sapptk.plan import Plan
     from sapptk.profile import Profile
 
-__all__ = ["MAX_SEED", "MAX_WORKERS", "REORDER_ROUNDS", "balance", "check_arguments", "reorder_until_stable"]
+__all__ = ["MAX_SEED", "MAX_WORKERS", "OFFLOAD_BASE_SHARE", "REORDER_ROUNDS", "balance", "check_arguments",
+           "reorder_until_stable", "with_offload"]
 
 MAX_WORKERS = 64
 """Most CP-SAT worker threads a call may ask for."""
@@ -81,6 +82,10 @@ def balance(
         The plan keeps ``config`` (so ``fits`` is against the real budget) and its message
         names the safe budget it was solved for.
 
+    With ``"offload"`` in ``config.recompute`` the usual solve gets :data:`OFFLOAD_BASE_SHARE`
+    of the time and :func:`with_offload` the rest: the plan may then send some mode-``"none"``
+    layers' activations to host memory (``plan.offload``), when that is faster and fits.
+
     Returns
     -------
     A :class:`~sapptk.plan.Plan` with ``status`` "optimal" (step time proven optimal),
@@ -121,10 +126,18 @@ def balance(
             source="balance",
         )
 
+    from sapptk.config import OFFLOAD
+
+    began = time.perf_counter()
+    offload = OFFLOAD in config.recompute
+    limit = float(time_limit) * (OFFLOAD_BASE_SHARE if offload else 1.0)
     if config.custom_program is None and get(config.schedule).cost_driven:
-        plan = reorder_until_stable(safe_config, solve_plan, time_limit=float(time_limit), start=counts, stop=stop)
+        plan = reorder_until_stable(safe_config, solve_plan, time_limit=limit, start=counts, stop=stop)
     else:
-        plan = solve_plan(safe_config, float(time_limit), counts)
+        plan = solve_plan(safe_config, limit, counts)
+    if offload:  # against the safe budget, when one was asked for
+        plan = with_offload(plan, deadline=began + float(time_limit), stop=stop,
+                            allow_empty_stages=bool(allow_empty_stages))
     if safety is None:
         return plan
     return dataclasses.replace(plan, config=dataclasses.replace(plan.config, memory_budget=config.memory_budget),
@@ -153,6 +166,42 @@ def safe_budget_config(
     note = (f"solved for a safe budget of {safe:.6g} MB per device ({', '.join(asked)}) "
             f"under the {config.memory_budget:.6g} MB budget")
     return dataclasses.replace(config, memory_budget=safe), note
+
+
+OFFLOAD_BASE_SHARE = 0.6
+"""With ``"offload"`` in ``recompute``: the share of the time limit the usual solve gets; the
+offload search has the rest (and whatever the solve leaves unused)."""
+
+
+def with_offload(plan: Plan, *, deadline: float, stop: threading.Event | None = None,
+                 allow_empty_stages: bool = False) -> Plan:
+    """``plan`` improved by activation offload (:func:`sapptk.solver.offload_search.offload_search`)
+    until ``deadline`` (a ``time.perf_counter`` time) or ``stop``; the plan itself when that is
+    not strictly faster (or it has no assignment). The offload plan's status is "feasible" with
+    no bound: the solve's bound holds for plans without offload only."""
+    from sapptk.plan import make_plan
+    from sapptk.solver.offload_search import offload_search
+
+    if not plan.solved or not plan.fits:
+        return plan
+    res = offload_search(plan.profile, plan.config, np.asarray(plan.counts), deadline=deadline, stop=stop,
+                         allow_empty_stages=allow_empty_stages)
+    how = "a local optimum" if res.complete else "cut short by the time limit or stop"
+    note = (f"activation offload: {res.evaluations} candidates simulated in {res.seconds:.1f} s ({how}); "
+            f"step time {res.base_step_time:.6g} -> {res.step_time:.6g} ms")
+    if not res.improved:
+        return dataclasses.replace(plan, message=f"{plan.message}; {note} (no faster plan: kept without offload)")
+    offloaded = int(res.offload.sum())
+    return make_plan(
+        plan.profile, plan.config, res.counts, status="feasible", step_time=res.step_time, bound=None, gap=None,
+        solve_seconds=plan.solve_seconds + res.seconds, source=plan.source, offload=res.offload if offloaded else None,
+        message=f"{plan.message}; {note}; {offloaded} layers offload their activations (the solve's bound "
+                f"{_ms(plan.bound)} holds without offload only)",
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.6g} ms"
 
 
 # ------------------------------------------------------------ cost-driven schedules

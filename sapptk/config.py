@@ -26,7 +26,8 @@ from sapptk.schedules.program import I_CODE
 if TYPE_CHECKING:
     from sapptk.profile import Profile
 
-__all__ = ["MAX_BUDGET_MB", "MAX_COMM_MS", "MAX_PROGRAM_OPS", "PipelineConfig", "build_program", "program_ops"]
+__all__ = ["MAX_BANDWIDTH", "MAX_BUDGET_MB", "MAX_COMM_MS", "MAX_PROGRAM_OPS", "OFFLOAD", "PipelineConfig",
+           "build_program", "program_ops"]
 
 MAX_PROGRAM_OPS = 1_000_000
 """Most ops a schedule's program may have (stages × chunks × micro-batches × splits × 2, or
@@ -39,6 +40,12 @@ MAX_BUDGET_MB = 1e12
 
 MAX_COMM_MS = 1e7
 """Largest point-to-point latency accepted, in ms."""
+
+MAX_BANDWIDTH = 1e9
+"""Largest host-link bandwidth accepted, in MB per ms (an exabyte per second)."""
+
+OFFLOAD = "offload"
+"""The ``recompute`` entry that allows activation offload (it is not a recompute mode)."""
 
 _MS_PER_OP = 0.02  # the estimate in the refusal: build + simulate, per op (docs/limits.md)
 _KB_PER_OP = 1.0
@@ -115,6 +122,10 @@ class PipelineConfig:
     custom_program: a :class:`Program` to run instead of building ``schedule``; ``schedule``
         is then its name (a label) and the sizes are its sizes. Build such setups with
         :meth:`from_program` or :meth:`with_program`.
+    host_bandwidth: MB per ms of each device's link to host memory, for activation offload
+        (``None``: no host link). Listing ``"offload"`` in ``recompute`` lets the balancer
+        send mode-``"none"`` layers' activations to the host (:mod:`sapptk.offload`); it
+        needs a bandwidth > 0.
     """
 
     stages: int
@@ -127,6 +138,7 @@ class PipelineConfig:
     comm: float = 0
     recompute: tuple[str, ...] = field(default=MODES)
     custom_program: Program | None = None
+    host_bandwidth: float | None = None
 
     def __post_init__(self) -> None:
         # one canonical tuple (MODES order), so equal mode sets give equal, hashable configs
@@ -156,7 +168,8 @@ class PipelineConfig:
 
     def with_program(self, program: Program) -> PipelineConfig:
         """A copy running ``program`` (sizes and schedule label from it; everything else kept)."""
-        fields = {f: getattr(self, f) for f in ("memory_budget", "constant_memory", "comm", "recompute")}
+        fields = {f: getattr(self, f) for f in ("memory_budget", "constant_memory", "comm", "recompute",
+                                                "host_bandwidth")}
         return PipelineConfig.from_program(program, **fields)
 
     def program(self) -> Program:
@@ -221,11 +234,19 @@ class PipelineConfig:
         rec = self.recompute
         if not isinstance(rec, tuple) or not rec or not all(isinstance(r, str) for r in rec):
             raise ConfigError(f"recompute = {rec!r}: expected a non-empty tuple of mode names from {MODES}")
-        unknown = [r for r in rec if r not in MODES]
+        unknown = [r for r in rec if r not in MODES and r != OFFLOAD]
         if unknown:
-            raise ConfigError(f"recompute = {rec!r}: unknown mode {unknown[0]!r}; modes are {', '.join(MODES)}")
+            raise ConfigError(f"recompute = {rec!r}: unknown mode {unknown[0]!r}; modes are {', '.join(MODES)} "
+                              f"(and {OFFLOAD!r} to allow activation offload)")
         if len(set(rec)) != len(rec):
             raise ConfigError(f"recompute = {rec!r}: a mode is listed twice")
+        bw = self.host_bandwidth
+        if bw is not None and (not _is_number(bw) or not 0 < bw <= MAX_BANDWIDTH):
+            raise ConfigError(f"host_bandwidth = {_show(bw)}: expected MB per ms > 0 and at most {MAX_BANDWIDTH:g}, "
+                              "or None for no host link")
+        if OFFLOAD in rec and bw is None:
+            raise ConfigError(f"recompute = {rec!r}: {OFFLOAD!r} needs the host link's bandwidth: expected "
+                              "host_bandwidth = MB per ms > 0, got None")
 
     def _check_program(self) -> None:
         program = self.custom_program
@@ -258,14 +279,16 @@ class PipelineConfig:
         """
         self.validate()
         body = tuple(profile.body)
+        rec = self.recompute
         if not body:
             raise ConfigError(f"profile {profile.name!r}: no BODY layer group to distribute")
         for group in body:
             allowed = [r for r in self.recompute if r in group.modes]
             if not allowed:
+                lever = f" ({OFFLOAD!r} is a lever on top of the modes, not a mode)" if OFFLOAD in rec else ""
                 raise ConfigError(
                     f"recompute = {self.recompute!r}: body group {group.name!r} offers only "
-                    f"{tuple(group.modes)}; allow at least one of them"
+                    f"{tuple(group.modes)}; allow at least one of them{lever}"
                 )
         if not allow_empty_stages:
             layers = sum(g.count for g in body)

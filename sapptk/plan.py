@@ -30,6 +30,7 @@ from sapptk.costs import StageCosts, check_counts, simulate_counts, stage_costs
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.files import write_text
 from sapptk.formats import megatron, mindformers, plan_file, torchtitan
+from sapptk.offload import check_offload, simulate_plan_offload
 from sapptk.profile import MODES
 from sapptk.sensitivity import Sensitivity, critical_path, sensitivity
 
@@ -67,6 +68,8 @@ class Plan:
     solve_seconds: wall time spent solving.
     message: free text from whoever made the plan (solver notes, warnings).
     source: ``"balance"``, ``"even_split(none)"``, ``"mindformers:<name>"``, ...
+    offload: read-only int array (body groups, virtual stages): how many of the mode-``"none"``
+        layers there send their activations to host memory (:mod:`sapptk.offload`), or None.
     """
 
     profile: Profile
@@ -79,6 +82,7 @@ class Plan:
     solve_seconds: float
     message: str
     source: str
+    offload: np.ndarray | None = None
 
     # ------------------------------------------------------------------ basics
     @property
@@ -107,9 +111,20 @@ class Plan:
         return stage_costs(self.profile, self.config, self.counts)
 
     def simulate(self, **kw: Any) -> Simulation:
-        """Simulate the plan on its program (:func:`sapptk.costs.simulate_counts`); ``kw`` go to the simulator."""
+        """Simulate the plan on its program (:func:`sapptk.costs.simulate_counts`; with offload
+        :func:`sapptk.offload.simulate_plan_offload`, a copy stream per device); ``kw`` go to the simulator."""
         self._need_solution("a simulation")
+        if self.offload is not None:
+            return simulate_plan_offload(self.profile, self.config, self.counts, self.offload, **kw)
         return simulate_counts(self.profile, self.config, self.counts, **kw)
+
+    def _no_offload(self, what: str) -> None:
+        if self.offload is not None:
+            raise ConfigError(
+                f"{what} cannot express activation offload: this plan offloads {int(self.offload.sum())} layers' "
+                "activations to host memory; simulate or save it with sapptk (plan.simulate(), plan.save()), or "
+                "balance without 'offload' in recompute for a plan this target can run"
+            )
 
     @cached_property
     def simulation(self) -> Simulation:
@@ -133,11 +148,13 @@ class Plan:
         """The plan under ``samples`` perturbed profiles, per error model (independent and shared):
         step-time quantiles and each device's chance of exceeding the budget
         (:func:`sapptk.sensitivity.sensitivity`)."""
+        self._no_offload("sensitivity (it re-times the plan without a copy stream)")
         return sensitivity(self, time_error=time_error, memory_error=memory_error, samples=samples, seed=seed)
 
     def critical(self) -> pd.DataFrame:
         """The (virtual stage, op kind) pairs on the critical path and how many ms the step time
         grows per ms of each (:func:`sapptk.sensitivity.critical_path`)."""
+        self._no_offload("critical (the critical path without a copy stream)")
         return critical_path(self)
 
     # ------------------------------------------------------------------ frames
@@ -148,7 +165,9 @@ class Plan:
         Columns: ``group`` (categorical, body groups in model order), ``chunk``, ``stage``
         (position of the virtual stage in its chunk's pass, ``virtual_stage − chunk·p``),
         ``device`` (where it runs; equal to ``stage`` except on V-shaped placements),
-        ``virtual_stage``, ``mode`` (ordered categorical, :data:`MODES` order), ``layers``.
+        ``virtual_stage``, ``mode`` (ordered categorical, :data:`MODES` order), ``layers``;
+        for a plan with offload also ``offloaded`` (layers of the row whose activations go to
+        host memory: only mode ``"none"`` rows have any).
         """
         program = self.config.program()
         p = self.config.stages
@@ -158,7 +177,7 @@ class Plan:
         order = np.lexsort((r, g, vs))
         g, r, vs = g[order], r[order], vs[order]
         names = [grp.name for grp in self.profile.body]
-        return pd.DataFrame(
+        frame = pd.DataFrame(
             {
                 "group": pd.Categorical.from_codes(g, dtype=pd.CategoricalDtype(names, ordered=True)),
                 "chunk": chunk_of[vs],
@@ -169,6 +188,9 @@ class Plan:
                 "layers": self.counts[g, r, vs].astype(np.int64),
             }
         )
+        if self.offload is not None:
+            frame["offloaded"] = np.where(r == MODES.index("none"), self.offload[g, vs], 0).astype(np.int64)
+        return frame
 
     @property
     def stages(self) -> pd.DataFrame:
@@ -220,6 +242,7 @@ class Plan:
         lists when ``chunks = 1``. See :mod:`sapptk.formats.mindformers` for the meaning.
         """
         self._need_solution("a MindFormers config")
+        self._no_offload("MindFormers' offset and recompute lists")
         return mindformers.encode(self.profile, self.config.program(), self.counts)
 
     def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
@@ -257,12 +280,17 @@ class Plan:
         """The plan as Megatron-LM arguments (:func:`sapptk.formats.megatron.export`): the exact
         layout, the recompute Megatron can express, and what the plan loses when forced into it."""
         self._need_solution("Megatron-LM arguments")
+        self._no_offload("Megatron-LM's arguments (its layer-level --cpu-offloading refuses pipeline parallelism and "
+                         "recompute; --fine-grained-activation-offloading with --offload-modules offloads the same "
+                         "submodules' inputs in every layer of every stage, with no per-stage layer count; see "
+                         "docs/offload.md)")
         return megatron.export(self.profile, self.config, self.counts, self.simulation)
 
     def to_torchtitan(self, csv_name: str = "schedule.csv") -> torchtitan.TorchtitanExport:
         """The plan as torchtitan settings (:func:`sapptk.formats.torchtitan.export`): the exact
         partition, the schedule (or its CSV, saved as ``csv_name``), the checkpointing mode."""
         self._need_solution("torchtitan settings")
+        self._no_offload("torchtitan's settings (activation checkpointing only)")
         return torchtitan.export(self.profile, self.config, self.counts, self.simulation, status=self.status,
                                  csv_name=csv_name)
 
@@ -277,7 +305,7 @@ class Plan:
         profile, so the file stands alone. Returns the text; writes it to ``path`` when given."""
         text = plan_file.dumps(self.profile, self.config, self.counts, status=self.status, step_time=self.step_time,
                                bound=self.bound, gap=self.gap, solve_seconds=self.solve_seconds,
-                               message=self.message, source=self.source)
+                               message=self.message, source=self.source, offload=self.offload)
         if path is not None:
             Path(path).write_text(text, encoding="utf-8")
         return text
@@ -303,6 +331,11 @@ class Plan:
         if not self.solved:
             return "\n".join(lines)
         sim = self.simulation
+        if self.offload is not None:
+            waited = getattr(sim, "fetch_wait_ms", 0.0)
+            lines.append(f"activation offload: {int(self.offload.sum())} layers on "
+                         f"{int((self.offload.sum(axis=0) > 0).sum())} virtual stages, host link "
+                         f"{c.host_bandwidth:g} MB/ms, backwards waited {waited:.1f} ms for fetches")
         step = f"step time {_ms(self.step_time)}"
         if self.step_time is None or not math.isclose(self.step_time, sim.step_time, rel_tol=1e-9, abs_tol=1e-6):
             step += f" (simulated {_ms(sim.step_time)})"
@@ -340,11 +373,13 @@ def make_plan(
     solve_seconds: float = 0.0,
     message: str = "",
     source: str = "balance",
+    offload: Any = None,
 ) -> Plan:
     """Build a :class:`Plan`, validating ``counts`` (a read-only copy is kept).
 
     With status ``infeasible`` or ``unknown``, ``counts`` may be ``None`` (stored as zeros).
-    A ``given`` plan without ``step_time`` is simulated for it.
+    A ``given`` plan without ``step_time`` is simulated for it. ``offload`` (body groups,
+    virtual stages) is checked by :func:`sapptk.offload.check_offload`; all zeros is stored as None.
     """
     if status not in PLAN_STATUSES:
         raise ConfigError(f"status = {status!r}: expected one of {', '.join(PLAN_STATUSES)}")
@@ -360,9 +395,15 @@ def make_plan(
         if arr.shape != shape:
             raise ConfigError(f"counts: expected shape {shape} (groups, modes, virtual stages), got {arr.shape}")
     arr.setflags(write=False)
+    off = None
+    if offload is not None:
+        if status not in _SOLVED:
+            raise ConfigError(f"offload: a plan with status {status!r} has no layer assignment to offload")
+        off = check_offload(profile, config, arr, offload)
     sim = None
     if status == "given" and step_time is None:
-        sim = simulate_counts(profile, config, arr)
+        sim = (simulate_counts(profile, config, arr) if off is None
+               else simulate_plan_offload(profile, config, arr, off))
         step_time = sim.step_time
     plan = Plan(
         profile=profile,
@@ -375,6 +416,7 @@ def make_plan(
         solve_seconds=float(solve_seconds),
         message=message,
         source=source,
+        offload=off,
     )
     if sim is not None:
         plan.__dict__["simulation"] = sim  # seed the cached property

@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.config",),
     ("sapptk.costs",),
     ("sapptk.sensitivity",),
+    ("sapptk.offload",),
     ("sapptk.formats",),
     ("sapptk.plan",),
     ("sapptk.solver",),

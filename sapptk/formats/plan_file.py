@@ -3,9 +3,11 @@
 Keys: ``format``; ``source``, ``status``, ``step_time_ms``, ``bound_ms``, ``gap``,
 ``solve_seconds``, ``message`` (as on :class:`sapptk.plan.Plan`); ``setup`` (``stages``,
 ``micro_batches``, ``chunks``, ``schedule``, ``splits``, ``memory_budget_mb``,
-``constant_memory_mb``, ``comm_ms``, ``recompute``, and ``program_csv``: the op order in
-PyTorch's schedule CSV when the setup carries its own program); ``layout`` (one entry
-``{group, virtual_stage, mode, layers}`` per non-empty cell); ``profile`` (the profile in
+``constant_memory_mb``, ``comm_ms``, ``recompute``, ``host_bandwidth_mb_per_ms`` (only when
+set), and ``program_csv``: the op order in PyTorch's schedule CSV when the setup carries its
+own program); ``layout`` (one entry ``{group, virtual_stage, mode, layers}`` per non-empty
+cell); ``offload`` (only for a plan with activation offload: one entry ``{group,
+virtual_stage, layers}`` per virtual stage offloading mode-``none`` layers); ``profile`` (the profile in
 ``sapptk-profile/1`` form, so the file stands alone). :func:`dumps` writes it, :func:`load`
 reads and checks every field; :meth:`sapptk.plan.Plan.save` and :func:`sapptk.plan.load_plan`
 are the plan-level calls.
@@ -31,9 +33,9 @@ __all__ = ["FORMAT", "dumps", "load"]
 
 FORMAT = "sapptk-plan/1"
 _SETUP_KEYS = ("stages", "micro_batches", "chunks", "schedule", "splits", "memory_budget_mb", "constant_memory_mb",
-               "comm_ms", "recompute", "program_csv")
+               "comm_ms", "recompute", "host_bandwidth_mb_per_ms", "program_csv")
 _KEYS = ("format", "source", "status", "step_time_ms", "bound_ms", "gap", "solve_seconds", "message", "setup",
-         "layout", "profile")
+         "layout", "offload", "profile")
 
 
 def to_dict(profile: Profile, config: PipelineConfig, counts: np.ndarray, **meta: Any) -> dict[str, Any]:
@@ -50,6 +52,8 @@ def to_dict(profile: Profile, config: PipelineConfig, counts: np.ndarray, **meta
         "comm_ms": float(c.comm),
         "recompute": list(c.recompute),
     }
+    if c.host_bandwidth is not None:
+        setup["host_bandwidth_mb_per_ms"] = float(c.host_bandwidth)
     if c.custom_program is not None:
         setup["program_csv"] = c.custom_program.to_csv()
     names = [g.name for g in profile.body]
@@ -57,7 +61,7 @@ def to_dict(profile: Profile, config: PipelineConfig, counts: np.ndarray, **meta
     order = np.lexsort((r_, g_, v_))
     layout = [{"group": names[g_[i]], "virtual_stage": int(v_[i]), "mode": MODES[r_[i]],
                "layers": int(counts[g_[i], r_[i], v_[i]])} for i in order]
-    return {
+    out: dict[str, Any] = {
         "format": FORMAT,
         "source": meta["source"],
         "status": meta["status"],
@@ -68,8 +72,14 @@ def to_dict(profile: Profile, config: PipelineConfig, counts: np.ndarray, **meta
         "message": meta["message"],
         "setup": setup,
         "layout": layout,
-        "profile": profile.to_dict(),
     }
+    offload = meta.get("offload")
+    if offload is not None:
+        og, ov = np.nonzero(offload)
+        out["offload"] = [{"group": names[g], "virtual_stage": int(v), "layers": int(offload[g, v])}
+                          for g, v in sorted(zip(og.tolist(), ov.tolist(), strict=True), key=lambda t: (t[1], t[0]))]
+    out["profile"] = profile.to_dict()
+    return out
 
 
 def dumps(profile: Profile, config: PipelineConfig, counts: np.ndarray, **meta: Any) -> str:
@@ -121,6 +131,7 @@ def load(source: str | os.PathLike[str] | Any) -> dict[str, Any]:
         "constant_memory": setup.get("constant_memory_mb", 0),
         "comm": setup.get("comm_ms", 0),
         "recompute": tuple(setup.get("recompute") or MODES),
+        "host_bandwidth": setup.get("host_bandwidth_mb_per_ms"),
     }
     try:
         if setup.get("program_csv") is not None:
@@ -138,6 +149,7 @@ def load(source: str | os.PathLike[str] | Any) -> dict[str, Any]:
     except SapptkError as exc:
         fail(f"setup: {exc}")
     counts = _layout(data.get("layout"), profile, config.num_virtual_stages, fail)
+    offload = _offload(data.get("offload"), profile, config.num_virtual_stages, fail)
     numbers = {}
     for key in ("step_time_ms", "bound_ms", "gap", "solve_seconds"):
         value = data.get(key)
@@ -153,6 +165,7 @@ def load(source: str | os.PathLike[str] | Any) -> dict[str, Any]:
         "where": where, "profile": profile, "config": config, "counts": counts if solved else None,
         "status": status, "step_time": numbers["step_time_ms"], "bound": numbers["bound_ms"], "gap": numbers["gap"],
         "solve_seconds": numbers["solve_seconds"] or 0.0, "message": message, "source": plan_source,
+        "offload": offload if solved else None,
     }
 
 
@@ -177,3 +190,26 @@ def _layout(layout: Any, profile: Profile, virtual_stages: int, fail: Any) -> np
             fail(f"{label}.layers = {n!r}: expected a layer count >= 1")
         counts[groups[cell["group"]], MODES.index(cell["mode"]), vs] += n
     return counts
+
+
+def _offload(entries: Any, profile: Profile, virtual_stages: int, fail: Any) -> np.ndarray | None:
+    """The ``offload`` list as an array (body groups, virtual stages), or None when absent."""
+    if entries is None:
+        return None
+    if not isinstance(entries, list):
+        fail(f"offload = {entries!r}: expected a list of {{group, virtual_stage, layers}}")
+    out = np.zeros((len(profile.body), virtual_stages), dtype=np.int64)
+    groups = {g.name: i for i, g in enumerate(profile.body)}
+    for i, cell in enumerate(entries):
+        label = f"offload[{i}]"
+        if not isinstance(cell, dict) or set(cell) != {"group", "virtual_stage", "layers"}:
+            fail(f"{label} = {cell!r}: expected a mapping with group, virtual_stage, layers")
+        if cell["group"] not in groups:
+            fail(f"{label}.group = {cell['group']!r}: expected a body group of the profile ({', '.join(groups)})")
+        vs, n = cell["virtual_stage"], cell["layers"]
+        if not isinstance(vs, int) or isinstance(vs, bool) or not 0 <= vs < virtual_stages:
+            fail(f"{label}.virtual_stage = {vs!r}: expected 0..{virtual_stages - 1}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            fail(f"{label}.layers = {n!r}: expected a layer count >= 1")
+        out[groups[cell["group"]], vs] += n
+    return out

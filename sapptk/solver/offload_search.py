@@ -1,0 +1,245 @@
+"""Activation offload in the balancer: a local search over offload choices, every candidate simulated.
+
+Run after the usual solve when ``"offload"`` is in ``config.recompute``. It starts from that
+solve's plan (no offload) and moves, one at a time, between plans that fit the budget:
+
+* **convert**: layers of a recompute mode on a virtual stage become mode-``"none"`` layers
+  whose activations are offloaded (one layer, all of them on that stage, or one on every
+  stage that has one); when that does not fit, the same with one more resident
+  ``"none"`` layer of that stage offloaded to make room;
+* **shift**: one layer (its mode and offload flag kept) moves to the neighbouring virtual
+  stage in model order (re-balancing the stages the conversions made lighter);
+* **keep**: an offloaded layer keeps its activation on the device again.
+
+A candidate is simulated exactly (:func:`sapptk.offload.offload_step`, the copy stream and
+the memory steps the plan will show) and accepted when it fits and is better in the order
+(step time, recompute ms summed over virtual stages, offloaded MB): faster first; at the same
+step time, less recompute work, then less traffic. The search stops at a plan no move
+improves, at the deadline or on ``stop``. The caller keeps its own plan unless the search's
+is strictly faster, so offload never makes a plan worse.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients
+from sapptk.offload import offload_step
+from sapptk.profile import MODES
+
+if TYPE_CHECKING:
+    from sapptk.config import PipelineConfig
+    from sapptk.profile import Profile
+
+__all__ = ["FIT_TOLERANCE_MB", "OffloadResult", "offload_search"]
+
+FIT_TOLERANCE_MB = 1e-6
+"""A peak this far over the budget still fits (the plan's own tolerance)."""
+
+_NONE = MODES.index("none")
+
+
+@dataclass(frozen=True)
+class OffloadResult:
+    """What :func:`offload_search` found: the best assignment and its figures.
+
+    ``counts`` (groups, modes, virtual stages) and ``offload`` (groups, virtual stages);
+    ``step_time`` (ms) and ``peaks`` (MB per device) as simulated; ``base_step_time`` of the
+    start; ``evaluations`` (candidates simulated), ``accepted`` (moves taken), ``seconds``,
+    ``complete`` (True: no move improves the result; False: cut short by the deadline or stop).
+    """
+
+    counts: np.ndarray
+    offload: np.ndarray
+    step_time: float
+    peaks: np.ndarray
+    base_step_time: float
+    evaluations: int
+    accepted: int
+    seconds: float
+    complete: bool
+
+    @property
+    def improved(self) -> bool:
+        """Whether the result is strictly faster than the start."""
+        return self.step_time < self.base_step_time
+
+
+class _Evaluator:
+    """Exact figures of (counts, offload) on one setup, from the rounded per-layer coefficients."""
+
+    def __init__(self, profile: Profile, config: PipelineConfig) -> None:
+        self.coef = layer_coefficients(profile, config)
+        self.program = config.program()
+        self.bandwidth = config.host_bandwidth
+        self.budget = config.memory_budget
+        self.evaluations = 0
+
+    def __call__(self, counts: np.ndarray, offload: np.ndarray) -> tuple[float, np.ndarray, float, float]:
+        """(step ms, peaks MB, recompute ms summed over stages, offloaded MB per micro-batch summed)."""
+        tot = self.coef.per_stage(counts)
+        off_units = np.einsum("gv,g->v", offload, self.coef.activation[:, _NONE])
+        self.evaluations += 1
+        step, peaks = offload_step(
+            self.program,
+            forward=tot["forward"] * TIME_UNIT_MS,
+            backward=tot["backward"] * TIME_UNIT_MS,
+            weight=tot["weight"] * TIME_UNIT_MS,
+            activation=tot["activation"] * MEMORY_UNIT_MB,
+            params=tot["params"] * MEMORY_UNIT_MB,
+            offloaded=off_units * MEMORY_UNIT_MB,
+            host_bandwidth=self.bandwidth,
+            comm=self.coef.comm * TIME_UNIT_MS,
+            constant=self.coef.constant * MEMORY_UNIT_MB,
+        )
+        return step, peaks, float(tot["overhead"].sum()) * TIME_UNIT_MS, float(off_units.sum()) * MEMORY_UNIT_MB
+
+    def fits(self, peaks: np.ndarray) -> bool:
+        return self.budget is None or bool((peaks <= self.budget + FIT_TOLERANCE_MB).all())
+
+
+def _moves(counts: np.ndarray, offload: np.ndarray, convertible: np.ndarray, movable: np.ndarray,
+           keep_nonempty: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Candidate (counts, offload) pairs around the current one, the most promising first."""
+    G, R, V = counts.shape
+    # convert one layer of mode r on every virtual stage that has one
+    for g in range(G):
+        for r in range(R):
+            if not convertible[g, r] or not counts[g, r].any():
+                continue
+            c, o = counts.copy(), offload.copy()
+            has = c[g, r] > 0
+            c[g, r, has] -= 1
+            c[g, _NONE, has] += 1
+            o[g, has] += 1
+            yield c, o
+    # per virtual stage: all of mode r, one of mode r, each with one more resident layer offloaded if possible
+    for v in range(V):
+        for g in range(G):
+            for r in range(R):
+                n = int(counts[g, r, v])
+                if not convertible[g, r] or n == 0:
+                    continue
+                for k in (n, 1) if n > 1 else (1,):
+                    c, o = counts.copy(), offload.copy()
+                    c[g, r, v] -= k
+                    c[g, _NONE, v] += k
+                    o[g, v] += k
+                    yield c, o
+                    if c[g, _NONE, v] > o[g, v]:
+                        o2 = o.copy()
+                        o2[g, v] += 1
+                        yield c, o2
+    # shifts: one layer to the neighbouring virtual stage in model order
+    layers = counts.sum(axis=(0, 1))
+    for v in range(V - 1):
+        for src, dst in ((v, v + 1), (v + 1, v)):
+            if layers[src] == 1 and keep_nonempty[src]:
+                continue
+            present_src = np.flatnonzero(counts[:, :, src].sum(axis=1))
+            present_dst = np.flatnonzero(counts[:, :, dst].sum(axis=1))
+            for g in present_src:
+                # groups stay contiguous in model order: moving right takes the last group of src and
+                # needs no earlier group on dst; moving left the reverse
+                if dst > src and (present_src.max() != g or (len(present_dst) and present_dst.min() < g)):
+                    continue
+                if dst < src and (present_src.min() != g or (len(present_dst) and present_dst.max() > g)):
+                    continue
+                for r in range(R):
+                    if not movable[g, r] or counts[g, r, src] == 0:
+                        continue
+                    resident = counts[g, r, src] - (offload[g, src] if r == _NONE else 0)
+                    for offloaded in (False, True) if r == _NONE else (False,):
+                        if offloaded and offload[g, src] == 0:
+                            continue
+                        if not offloaded and resident == 0:
+                            continue
+                        c, o = counts.copy(), offload.copy()
+                        c[g, r, src] -= 1
+                        c[g, r, dst] += 1
+                        if offloaded:
+                            o[g, src] -= 1
+                            o[g, dst] += 1
+                        yield c, o
+    # keep an offloaded layer's activation on the device
+    for v in range(V):
+        for g in range(G):
+            if offload[g, v] > 0:
+                o = offload.copy()
+                o[g, v] -= 1
+                yield counts, o
+
+
+def offload_search(
+    profile: Profile,
+    config: PipelineConfig,
+    counts: np.ndarray,
+    *,
+    deadline: float,
+    stop: threading.Event | None = None,
+    allow_empty_stages: bool = False,
+) -> OffloadResult:
+    """Improve ``counts`` (a plan that fits, no offload) with offload choices; see the module docstring.
+
+    ``deadline`` is a :func:`time.perf_counter` time: the search returns by it (one candidate
+    simulation past it at most). ``config.host_bandwidth`` must be set.
+    """
+    began = time.perf_counter()
+    ev = _Evaluator(profile, config)
+    coef = ev.coef
+    cur_c = np.array(counts, dtype=np.int64, copy=True)
+    cur_o = np.zeros((cur_c.shape[0], cur_c.shape[2]), dtype=np.int64)
+    step, peaks, overhead, traffic = ev(cur_c, cur_o)
+    base_step = step
+    best_key = (step, overhead, traffic)
+    best_peaks = peaks
+    can_offload = coef.available[:, _NONE]
+    convertible = coef.allowed & can_offload[:, None]
+    convertible[:, _NONE] = False
+    movable = coef.allowed.copy()
+    movable[:, _NONE] |= can_offload
+    keep_nonempty = np.full(cur_c.shape[2], not allow_empty_stages) & (coef.fixed_layers == 0)
+    accepted = 0
+    complete = False
+
+    def out_of_time() -> bool:
+        return time.perf_counter() >= deadline or (stop is not None and stop.is_set())
+
+    resume = 0  # after a move, the next scan starts where the last one took it (then wraps around)
+    while not out_of_time():
+        moves = list(_moves(cur_c, cur_o, convertible, movable, keep_nonempty))
+        resume = min(resume, len(moves))
+        taken = None
+        for i in [*range(resume, len(moves)), *range(resume)]:
+            if out_of_time():
+                break
+            c, o = moves[i]
+            step, peaks, overhead, traffic = ev(c, o)
+            key = (step, overhead, traffic)
+            if key < best_key and ev.fits(peaks):
+                cur_c, cur_o, best_key, best_peaks = c, o, key, peaks
+                accepted += 1
+                taken = i
+                break
+        else:
+            complete = True
+        if taken is None:
+            break
+        resume = taken
+    return OffloadResult(
+        counts=cur_c,
+        offload=cur_o,
+        step_time=best_key[0],
+        peaks=best_peaks,
+        base_step_time=base_step,
+        evaluations=ev.evaluations,
+        accepted=accepted,
+        seconds=time.perf_counter() - began,
+        complete=complete,
+    )
