@@ -7,9 +7,11 @@ Run: python benchmarks/offload.py [--quick] [--base-seconds S] [--offload-second
 2. llama2_70b, interleaved, 16 stages x 32 micro-batches x 2 chunks, at 56000 MB and a tighter
    48000 MB, with the layers' times scaled (0.5x, 1x, 2x: shorter or longer layers, the same
    activations): the recompute-only plan (``balance`` without "offload"), then the same plan
-   improved by the offload search (:func:`sapptk.balancer.with_offload`) for host links of
-   5, 10, 25 and 50 MB/ms (PCIe 4.0 x16 is about 25 MB/ms). Step times are exact simulated
-   figures; only the seconds depend on the machine.
+   improved by the offload search (:func:`sapptk.balancer.with_offload`, also started from the
+   plan balanced with no recompute and no budget, as ``balance`` does) for host links of 5,
+   10, 25 and 50 MB/ms (PCIe 4.0 x16 is about 25 MB/ms); that plan's step time is the last
+   column (what free memory would give). Step times are exact
+   simulated figures; only the seconds depend on the machine.
 3. One end-to-end ``balance(..., recompute=(..., "offload"))`` call: its wall time against
    its time limit.
 """
@@ -72,8 +74,15 @@ def sweep(profile: Profile, scales: tuple[float, ...], budgets: tuple[float, ...
           offload_seconds: float) -> None:
     print(f"\nllama2_70b 16 x 32 x 2 interleaved: recompute-only plan ({base_seconds:g} s) vs the same plan with "
           f"the offload search (up to {offload_seconds:g} s)")
-    print(f"{'budget':>7} {'layers':>6} {'recompute':>10} {'MB/ms':>6} {'offload':>10} {'ratio':>6} "
-          f"{'offloaded':>9} {'recomp.':>7} {'waits ms':>8} {'search s':>8}")
+    print("columns: budget MB; layer length; step ms of the recompute-only plan; host link MB/ms; step ms with "
+          "offload; offload / recompute-only; layers offloaded; layers still recomputing; ms backwards waited for "
+          "fetches; seconds of the offload search; step ms with no recompute and no budget")
+    print(f"{'budget':>7} {'length':>6} {'recompute':>10} {'MB/ms':>6} {'offload':>10} {'ratio':>6} "
+          f"{'offloaded':>9} {'recomp.':>7} {'waits ms':>8} {'search s':>8} {'no-rec.':>8}")
+    free = {}
+    for factor in scales:
+        cfg = sapptk.PipelineConfig(**SETUP, recompute=("none",))
+        free[factor] = sapptk.balance(scaled(profile, factor), cfg, time_limit=base_seconds)
     for budget in budgets:
         for factor in scales:
             prof = scaled(profile, factor)
@@ -85,14 +94,15 @@ def sweep(profile: Profile, scales: tuple[float, ...], budgets: tuple[float, ...
             for bw in BANDWIDTHS:
                 ocfg = cfg.replace(recompute=(*MODES, "offload"), host_bandwidth=bw)
                 t = time.perf_counter()
-                plan = with_offload(dataclasses.replace(base, config=ocfg), deadline=t + offload_seconds)
+                plan = with_offload(dataclasses.replace(base, config=ocfg), deadline=t + offload_seconds,
+                                    starts=[free[factor].counts])
                 seconds = time.perf_counter() - t
                 recomputed = int(plan.counts[:, 1:, :].sum())
                 offloaded = 0 if plan.offload is None else int(plan.offload.sum())
                 waits = getattr(plan.simulation, "fetch_wait_ms", 0.0)
                 print(f"{budget:7.0f} {factor:5g}x {base.step_time:10.0f} {bw:6g} {plan.step_time:10.0f} "
                       f"{plan.step_time / base.step_time:6.3f} {offloaded:9d} {recomputed:7d} {waits:8.0f} "
-                      f"{seconds:8.1f}")
+                      f"{seconds:8.1f} {free[factor].step_time:8.0f}")
 
 
 def end_to_end(profile: Profile, limit: float) -> None:

@@ -14,7 +14,7 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from sapptk.plan import Plan
     from sapptk.profile import Profile
 
-__all__ = ["MAX_SEED", "MAX_WORKERS", "OFFLOAD_BASE_SHARE", "REORDER_ROUNDS", "balance", "check_arguments",
-           "reorder_until_stable", "with_offload"]
+__all__ = ["MAX_SEED", "MAX_WORKERS", "OFFLOAD_BASE_SHARE", "OFFLOAD_FREE_SHARE", "REORDER_ROUNDS", "balance",
+           "check_arguments", "reorder_until_stable", "with_offload"]
 
 MAX_WORKERS = 64
 """Most CP-SAT worker threads a call may ask for."""
@@ -83,7 +83,8 @@ def balance(
         names the safe budget it was solved for.
 
     With ``"offload"`` in ``config.recompute`` the usual solve gets :data:`OFFLOAD_BASE_SHARE`
-    of the time and :func:`with_offload` the rest: the plan may then send some mode-``"none"``
+    of the time, a solve without the memory budget :data:`OFFLOAD_FREE_SHARE`, and
+    :func:`with_offload` the rest (from both plans): the plan may then send some mode-``"none"``
     layers' activations to host memory (``plan.offload``), when that is faster and fits.
 
     Returns
@@ -136,8 +137,14 @@ def balance(
     else:
         plan = solve_plan(safe_config, limit, counts)
     if offload:  # against the safe budget, when one was asked for
+        starts = []
+        if plan.solved and safe_config.memory_budget is not None and not (stop is not None and stop.is_set()):
+            # the plan without a budget: offloading its activations may make it fit
+            free = solve_plan(plan.config.replace(memory_budget=None), float(time_limit) * OFFLOAD_FREE_SHARE, None)
+            if free.solved:
+                starts.append(np.asarray(free.counts))
         plan = with_offload(plan, deadline=began + float(time_limit), stop=stop,
-                            allow_empty_stages=bool(allow_empty_stages))
+                            allow_empty_stages=bool(allow_empty_stages), starts=starts)
     if safety is None:
         return plan
     return dataclasses.replace(plan, config=dataclasses.replace(plan.config, memory_budget=config.memory_budget),
@@ -168,24 +175,33 @@ def safe_budget_config(
     return dataclasses.replace(config, memory_budget=safe), note
 
 
-OFFLOAD_BASE_SHARE = 0.6
-"""With ``"offload"`` in ``recompute``: the share of the time limit the usual solve gets; the
-offload search has the rest (and whatever the solve leaves unused)."""
+OFFLOAD_BASE_SHARE = 0.45
+"""With ``"offload"`` in ``recompute``: the share of the time limit the usual solve gets."""
+
+OFFLOAD_FREE_SHARE = 0.15
+"""With ``"offload"`` in ``recompute``: the share of the time limit for the solve without a
+memory budget, whose plan (every mode-``"none"`` layer offloaded) is a second start of the
+offload search. The search has the rest, and whatever the solves leave unused."""
 
 
 def with_offload(plan: Plan, *, deadline: float, stop: threading.Event | None = None,
-                 allow_empty_stages: bool = False) -> Plan:
-    """``plan`` improved by activation offload (:func:`sapptk.solver.offload_search.offload_search`)
-    until ``deadline`` (a ``time.perf_counter`` time) or ``stop``; the plan itself when that is
-    not strictly faster (or it has no assignment). The offload plan's status is "feasible" with
-    no bound: the solve's bound holds for plans without offload only."""
+                 allow_empty_stages: bool = False, starts: Sequence[np.ndarray] = ()) -> Plan:
+    """``plan`` improved by activation offload (:func:`sapptk.solver.offload_search.offload_search`,
+    also from the assignments ``starts`` with every mode-``"none"`` layer offloaded) until
+    ``deadline`` (a ``time.perf_counter`` time) or ``stop``; the plan itself (with a note in its
+    message) when that is not strictly faster, or it has no assignment or does not fit. The
+    offload plan's status is "feasible" with no bound: the solve's bound holds for plans
+    without offload only. ``plan.config`` must allow offload (a host bandwidth)."""
     from sapptk.plan import make_plan
     from sapptk.solver.offload_search import offload_search
 
     if not plan.solved or not plan.fits:
         return plan
+    if plan.config.host_bandwidth is None:
+        raise ConfigError("with_offload: the plan's config has host_bandwidth = None: expected the host link's MB "
+                          "per ms (config.replace(host_bandwidth=..., recompute=(..., 'offload')))")
     res = offload_search(plan.profile, plan.config, np.asarray(plan.counts), deadline=deadline, stop=stop,
-                         allow_empty_stages=allow_empty_stages)
+                         allow_empty_stages=allow_empty_stages, starts=starts)
     how = "a local optimum" if res.complete else "cut short by the time limit or stop"
     note = (f"activation offload: {res.evaluations} candidates simulated in {res.seconds:.1f} s ({how}); "
             f"step time {res.base_step_time:.6g} -> {res.step_time:.6g} ms")

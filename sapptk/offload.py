@@ -86,6 +86,12 @@ class OffloadSimulation(Simulation):
     host_bandwidth: float | None = None
     offloaded_mb: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
 
+    def __repr__(self) -> str:
+        base = super().__repr__()
+        bw = "None" if self.host_bandwidth is None else f"{self.host_bandwidth:g} MB/ms"
+        return (f"Offload{base[:-1]}, host_bandwidth={bw}, transfers={len(self.transfers)}, "
+                f"fetch_wait={self.fetch_wait_ms:.6g} ms)")
+
     @property
     def fetch_wait_ms(self) -> float:
         """Total ms backwards waited for late fetches (summed over devices)."""

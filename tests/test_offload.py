@@ -54,6 +54,7 @@ def test_hand_worked_one_f_one_b_with_late_fetches():
     assert tr[["issue_ms", "start_ms", "end_ms"]].to_numpy().tolist() == [[1, 1, 3], [1, 3, 5], [2, 5, 7], [5, 7, 9]]
     assert tr.wait_ms.tolist() == [0, 1, 0, 2]
     assert sim.fetch_wait_ms == 3.0
+    assert repr(sim).endswith("host_bandwidth=5 MB/ms, transfers=4, fetch_wait=3 ms)")
     # memory on device 0: F0 allocates 10 at 0, F1 10 at 1; offload 0 frees 10 at 3, fetch 0 takes
     # it back at 3 (stream order); at 7: B0 frees 10, offload 1 frees 10, fetch 1 takes 10; B1 frees at 11
     m0 = sim.memory[sim.memory.device == 0][["time_ms", "memory_mb"]].to_numpy().tolist()
@@ -303,3 +304,27 @@ def test_balance_with_offload(llama):
     assert plan.fits and plan.simulate().step_time == plan.step_time
     assert plan.step_time <= plain.step_time
     assert "activation offload:" in plan.message
+
+
+def test_search_from_a_start_without_budget(llama):
+    # the even split without recompute needs about 145 GB on device 0 as it is, 97988 MB with every
+    # layer offloaded: at 100000 MB it is a start, at 90000 MB it is skipped
+    free = np.asarray(sapptk.even_split(llama, _offload_config(), "none").counts)
+    for budget, used in ((100000, True), (90000, False)):
+        cfg = _offload_config(memory_budget=budget)
+        base = _base_plan(llama, cfg)
+        assert not sapptk.even_split(llama, cfg, "none").fits
+        res = offload_search(llama, cfg, np.asarray(base.counts), deadline=time.perf_counter() + 60, starts=[free])
+        alone = offload_search(llama, cfg, np.asarray(base.counts), deadline=time.perf_counter() + 60)
+        assert res.complete and res.step_time <= alone.step_time <= base.step_time
+        # a start that fits is searched from (more candidates); one that does not is simulated once, then skipped
+        assert (res.evaluations > alone.evaluations + 1) == used
+        assert used or res.evaluations == alone.evaluations + 1
+        plan = make_plan(llama, cfg, res.counts, status="given", offload=res.offload)
+        assert plan.fits and plan.step_time == res.step_time
+
+
+def test_with_offload_needs_a_bandwidth(llama):
+    cfg = sapptk.PipelineConfig(stages=4, micro_batches=8, memory_budget=62000)
+    with pytest.raises(ConfigError, match="host_bandwidth = None"):
+        with_offload(_base_plan(llama, cfg), deadline=time.perf_counter() + 1)

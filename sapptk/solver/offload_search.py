@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -184,62 +184,100 @@ def offload_search(
     deadline: float,
     stop: threading.Event | None = None,
     allow_empty_stages: bool = False,
+    starts: Sequence[np.ndarray] = (),
 ) -> OffloadResult:
     """Improve ``counts`` (a plan that fits, no offload) with offload choices; see the module docstring.
 
+    ``starts``: further assignments (same shape; typically the plan balanced without a memory
+    budget) to search from, each with every mode-``"none"`` layer offloaded; one that does not
+    fit that way is skipped. They are searched first, with half the time left each, then
+    ``counts``; the best result of all is returned, never worse than ``counts``.
     ``deadline`` is a :func:`time.perf_counter` time: the search returns by it (one candidate
     simulation past it at most). ``config.host_bandwidth`` must be set.
     """
     began = time.perf_counter()
     ev = _Evaluator(profile, config)
     coef = ev.coef
-    cur_c = np.array(counts, dtype=np.int64, copy=True)
-    cur_o = np.zeros((cur_c.shape[0], cur_c.shape[2]), dtype=np.int64)
-    step, peaks, overhead, traffic = ev(cur_c, cur_o)
-    base_step = step
-    best_key = (step, overhead, traffic)
-    best_peaks = peaks
+    base_c = np.array(counts, dtype=np.int64, copy=True)
+    zero = np.zeros((base_c.shape[0], base_c.shape[2]), dtype=np.int64)
+    step, peaks, overhead, traffic = ev(base_c, zero)
+    base = _Point(base_c, zero, (step, overhead, traffic), peaks)
     can_offload = coef.available[:, _NONE]
-    convertible = coef.allowed & can_offload[:, None]
-    convertible[:, _NONE] = False
-    movable = coef.allowed.copy()
-    movable[:, _NONE] |= can_offload
-    keep_nonempty = np.full(cur_c.shape[2], not allow_empty_stages) & (coef.fixed_layers == 0)
+    space = _Space(
+        convertible=(coef.allowed & can_offload[:, None]) & (np.arange(len(MODES)) != _NONE)[None, :],
+        movable=coef.allowed | (can_offload[:, None] & (np.arange(len(MODES)) == _NONE)[None, :]),
+        keep_nonempty=np.full(base_c.shape[2], not allow_empty_stages) & (coef.fixed_layers == 0),
+    )
+
+    def out_of_time(until: float) -> bool:
+        return time.perf_counter() >= until or (stop is not None and stop.is_set())
+
+    best, accepted, complete = base, 0, True
+    for extra in starts:
+        c = np.array(extra, dtype=np.int64, copy=True)
+        if c.shape != base_c.shape or out_of_time(deadline):
+            continue
+        o = c[:, _NONE, :] * can_offload[:, None]
+        step, peaks, overhead, traffic = ev(c, o)
+        if not ev.fits(peaks):
+            continue
+        until = time.perf_counter() + (deadline - time.perf_counter()) / 2
+        point = _Point(c, o, (step, overhead, traffic), peaks)
+        found, n, done = _local(ev, space, point, lambda u=until: out_of_time(u))
+        accepted += n
+        complete &= done
+        best = min(best, found, key=lambda pt: pt.key)
+    found, n, done = _local(ev, space, base, lambda: out_of_time(deadline))
+    best = min(best, found, key=lambda pt: pt.key)
+    return OffloadResult(
+        counts=best.counts,
+        offload=best.offload,
+        step_time=best.key[0],
+        peaks=best.peaks,
+        base_step_time=base.key[0],
+        evaluations=ev.evaluations,
+        accepted=accepted + n,
+        seconds=time.perf_counter() - began,
+        complete=complete and done,
+    )
+
+
+@dataclass(frozen=True)
+class _Point:
+    counts: np.ndarray
+    offload: np.ndarray
+    key: tuple[float, float, float]  # step ms, recompute ms, offloaded MB
+    peaks: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Space:
+    convertible: np.ndarray  # (G, R): layers of this mode may become offloaded "none" layers
+    movable: np.ndarray  # (G, R): layers of this mode may move between neighbouring stages
+    keep_nonempty: np.ndarray  # (V,): a stage that must keep a body layer
+
+
+def _local(ev: _Evaluator, space: _Space, start: _Point, out_of_time: Callable[[], bool]) -> tuple[_Point, int, bool]:
+    """First-improvement local search from ``start`` (which fits): (best point, moves taken, finished)."""
+    cur = start
     accepted = 0
-    complete = False
-
-    def out_of_time() -> bool:
-        return time.perf_counter() >= deadline or (stop is not None and stop.is_set())
-
     resume = 0  # after a move, the next scan starts where the last one took it (then wraps around)
     while not out_of_time():
-        moves = list(_moves(cur_c, cur_o, convertible, movable, keep_nonempty))
+        moves = list(_moves(cur.counts, cur.offload, space.convertible, space.movable, space.keep_nonempty))
         resume = min(resume, len(moves))
         taken = None
         for i in [*range(resume, len(moves)), *range(resume)]:
             if out_of_time():
-                break
+                return cur, accepted, False
             c, o = moves[i]
             step, peaks, overhead, traffic = ev(c, o)
             key = (step, overhead, traffic)
-            if key < best_key and ev.fits(peaks):
-                cur_c, cur_o, best_key, best_peaks = c, o, key, peaks
+            if key < cur.key and ev.fits(peaks):
+                cur = _Point(c, o, key, peaks)
                 accepted += 1
                 taken = i
                 break
-        else:
-            complete = True
         if taken is None:
-            break
+            return cur, accepted, True
         resume = taken
-    return OffloadResult(
-        counts=cur_c,
-        offload=cur_o,
-        step_time=best_key[0],
-        peaks=best_peaks,
-        base_step_time=base_step,
-        evaluations=ev.evaluations,
-        accepted=accepted,
-        seconds=time.perf_counter() - began,
-        complete=complete,
-    )
+    return cur, accepted, False
