@@ -26,6 +26,8 @@ The copy stream's order depends on the op order alone (an offload is placed at i
 unit end, a fetch at its look-ahead unit's start), so units and transfers form one DAG; the
 step time is its longest path, run here by one Python pass in topological order. With no
 offload the pass, the times, the memory and every frame equal :func:`sapptk.simulate`'s.
+(Over 500 lines: the checks of a plan's offload, the pass, the merged memory steps and the
+frames are one contract, kept equal to the simulator's, and read best together.)
 """
 
 from __future__ import annotations
