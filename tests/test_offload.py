@@ -328,3 +328,20 @@ def test_with_offload_needs_a_bandwidth(llama):
     cfg = sapptk.PipelineConfig(stages=4, micro_batches=8, memory_budget=62000)
     with pytest.raises(ConfigError, match="host_bandwidth = None"):
         with_offload(_base_plan(llama, cfg), deadline=time.perf_counter() + 1)
+
+
+@pytest.mark.slow
+def test_balance_with_offload_keeps_a_safety_margin(llama):
+    cfg = _offload_config(memory_budget=100000)
+    plan = sapptk.balance(llama, cfg, time_limit=4, memory_margin=0.05)
+    assert plan.config.memory_budget == 100000 and plan.offload is not None
+    assert (plan.simulate().peak_memory.to_numpy() <= 95000 + 1e-6).all()  # the offload search kept the margin
+    assert plan.simulate().step_time == plan.step_time
+
+
+@pytest.mark.slow
+def test_balance_with_offload_stopped(llama):
+    stop = threading.Event()
+    stop.set()
+    plan = sapptk.balance(llama, _offload_config(memory_budget=62000), time_limit=30, stop=stop)
+    assert plan.solved and plan.fits and plan.offload is None  # the solve's first plan, no offload search
