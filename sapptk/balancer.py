@@ -138,11 +138,16 @@ def balance(
         plan = solve_plan(safe_config, limit, counts)
     if offload:  # against the safe budget, when one was asked for
         starts = []
-        if plan.solved and safe_config.memory_budget is not None and not (stop is not None and stop.is_set()):
-            # the plan without a budget: offloading its activations may make it fit
+        if safe_config.memory_budget is not None and not (stop is not None and stop.is_set()):
+            # the plan without a budget: offloading its activations may make it fit (even when nothing else does)
             free = solve_plan(plan.config.replace(memory_budget=None), float(time_limit) * OFFLOAD_FREE_SHARE, None)
             if free.solved:
                 starts.append(np.asarray(free.counts))
+        if not plan.solved:  # nothing fits without offload: the even splits are starts too
+            from sapptk.plan import even_split_counts, even_split_modes
+
+            starts += [even_split_counts(profile, safe_config, mode) for mode in even_split_modes(profile)
+                       if mode in safe_config.recompute]
         plan = with_offload(plan, deadline=began + float(time_limit), stop=stop,
                             allow_empty_stages=bool(allow_empty_stages), starts=starts)
     if safety is None:
@@ -189,30 +194,35 @@ def with_offload(plan: Plan, *, deadline: float, stop: threading.Event | None = 
     """``plan`` improved by activation offload (:func:`sapptk.solver.offload_search.offload_search`,
     also from the assignments ``starts`` with every mode-``"none"`` layer offloaded) until
     ``deadline`` (a ``time.perf_counter`` time) or ``stop``; the plan itself (with a note in its
-    message) when that is not strictly faster, or it has no assignment or does not fit. The
-    offload plan's status is "feasible" with no bound: the solve's bound holds for plans
-    without offload only. ``plan.config`` must allow offload (a host bandwidth)."""
+    message) when that is not strictly faster. A plan with no assignment (infeasible without
+    offload) or one that does not fit is searched from ``starts`` only. The offload plan's
+    status is "feasible" with no bound: the solve's bound holds for plans without offload
+    only. ``plan.config`` must allow offload (a host bandwidth)."""
     from sapptk.plan import make_plan
     from sapptk.solver.offload_search import offload_search
 
-    if not plan.solved or not plan.fits:
+    usable = plan.solved and plan.fits
+    if not usable and not starts:
         return plan
     if plan.config.host_bandwidth is None:
         raise ConfigError("with_offload: the plan's config has host_bandwidth = None: expected the host link's MB "
                           "per ms (config.replace(host_bandwidth=..., recompute=(..., 'offload')))")
-    res = offload_search(plan.profile, plan.config, np.asarray(plan.counts), deadline=deadline, stop=stop,
-                         allow_empty_stages=allow_empty_stages, starts=starts)
+    res = offload_search(plan.profile, plan.config, np.asarray(plan.counts) if usable else None, deadline=deadline,
+                         stop=stop, allow_empty_stages=allow_empty_stages, starts=starts)
     how = "a local optimum" if res.complete else "cut short by the time limit or stop"
+    before = f"{res.base_step_time:.6g} ms" if usable else f"no plan ({plan.status})"
     note = (f"activation offload: {res.evaluations} candidates simulated in {res.seconds:.1f} s ({how}); "
-            f"step time {res.base_step_time:.6g} -> {res.step_time:.6g} ms")
+            f"step time {before} -> {res.step_time:.6g} ms")
     if not res.improved:
-        return dataclasses.replace(plan, message=f"{plan.message}; {note} (no faster plan: kept without offload)")
+        kept = "kept without offload" if usable else "nothing fits with offload either"
+        return dataclasses.replace(plan, message=f"{plan.message}; {note} (no faster plan: {kept})")
     offloaded = int(res.offload.sum())
+    bound = (f"the solve's bound {_ms(plan.bound)} holds without offload only" if usable
+             else "without offload nothing fits")
     return make_plan(
         plan.profile, plan.config, res.counts, status="feasible", step_time=res.step_time, bound=None, gap=None,
         solve_seconds=plan.solve_seconds + res.seconds, source=plan.source, offload=res.offload if offloaded else None,
-        message=f"{plan.message}; {note}; {offloaded} layers offload their activations (the solve's bound "
-                f"{_ms(plan.bound)} holds without offload only)",
+        message=f"{plan.message}; {note}; {offloaded} layers offload their activations ({bound})",
     )
 
 

@@ -345,3 +345,23 @@ def test_balance_with_offload_stopped(llama):
     stop.set()
     plan = sapptk.balance(llama, _offload_config(memory_budget=62000), time_limit=30, stop=stop)
     assert plan.solved and plan.fits and plan.offload is None  # the solve's first plan, no offload search
+
+
+def test_search_without_a_plan_that_fits(llama):
+    # no plan without offload (counts None): only the starts are searched
+    cfg = _offload_config(memory_budget=100000)
+    free = np.asarray(sapptk.even_split(llama, cfg, "none").counts)
+    res = offload_search(llama, cfg, None, deadline=time.perf_counter() + 60, starts=[free])
+    assert res.base_step_time == np.inf and res.improved and res.offload.any()
+    plan = make_plan(llama, cfg, res.counts, status="given", offload=res.offload)
+    assert plan.fits and plan.step_time == res.step_time
+    # a start in a mode the config does not allow is skipped, and nothing is found
+    full = np.asarray(sapptk.even_split(llama, cfg, "full").counts)
+    narrow = cfg.replace(recompute=("none", "select", "offload"))
+    res = offload_search(llama, narrow, None, deadline=time.perf_counter() + 60, starts=[full])
+    assert res.counts is None and not res.improved and res.evaluations == 0
+    # with_offload of a plan with no assignment searches the starts
+    nothing = make_plan(llama, cfg, None, status="infeasible", message="proved")
+    found = with_offload(nothing, deadline=time.perf_counter() + 60, starts=[free])
+    assert found.status == "feasible" and found.fits and "without offload nothing fits" in found.message
+    assert with_offload(nothing, deadline=time.perf_counter() + 60) is nothing

@@ -21,6 +21,7 @@ is strictly faster, so offload never makes a plan worse.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -55,8 +56,8 @@ class OffloadResult:
     ``complete`` (True: no move improves the result; False: cut short by the deadline or stop).
     """
 
-    counts: np.ndarray
-    offload: np.ndarray
+    counts: np.ndarray | None
+    offload: np.ndarray | None
     step_time: float
     peaks: np.ndarray
     base_step_time: float
@@ -179,7 +180,7 @@ def _moves(counts: np.ndarray, offload: np.ndarray, convertible: np.ndarray, mov
 def offload_search(
     profile: Profile,
     config: PipelineConfig,
-    counts: np.ndarray,
+    counts: np.ndarray | None,
     *,
     deadline: float,
     stop: threading.Event | None = None,
@@ -188,25 +189,34 @@ def offload_search(
 ) -> OffloadResult:
     """Improve ``counts`` (a plan that fits, no offload) with offload choices; see the module docstring.
 
+    ``counts`` may be None (no plan fits without offload): then only ``starts`` are searched,
+    ``base_step_time`` is infinite, and ``counts``/``offload`` of the result are None when no
+    start fits either.
+
     ``starts``: further assignments (same shape; typically the plan balanced without a memory
     budget) to search from, each with every mode-``"none"`` layer offloaded; one that does not
-    fit that way is skipped. They are searched first, with half the time left each, then
-    ``counts``; the best result of all is returned, never worse than ``counts``.
+    fit that way, or uses a mode the config does not allow, is skipped. They are searched
+    first, with half the time left each, then ``counts``; the best result of all is returned,
+    never worse than ``counts``.
     ``deadline`` is a :func:`time.perf_counter` time: the search returns by it (one candidate
     simulation past it at most). ``config.host_bandwidth`` must be set.
     """
     began = time.perf_counter()
     ev = _Evaluator(profile, config)
     coef = ev.coef
-    base_c = np.array(counts, dtype=np.int64, copy=True)
-    zero = np.zeros((base_c.shape[0], base_c.shape[2]), dtype=np.int64)
-    step, peaks, overhead, traffic = ev(base_c, zero)
-    base = _Point(base_c, zero, (step, overhead, traffic), peaks)
+    shape = coef.shape
+    if counts is None:
+        base = _Point(None, None, (math.inf, math.inf, math.inf), np.full(config.stages, math.inf))
+    else:
+        base_c = np.array(counts, dtype=np.int64, copy=True)
+        zero = np.zeros((shape[0], shape[2]), dtype=np.int64)
+        step, peaks, overhead, traffic = ev(base_c, zero)
+        base = _Point(base_c, zero, (step, overhead, traffic), peaks)
     can_offload = coef.available[:, _NONE]
     space = _Space(
         convertible=(coef.allowed & can_offload[:, None]) & (np.arange(len(MODES)) != _NONE)[None, :],
         movable=coef.allowed | (can_offload[:, None] & (np.arange(len(MODES)) == _NONE)[None, :]),
-        keep_nonempty=np.full(base_c.shape[2], not allow_empty_stages) & (coef.fixed_layers == 0),
+        keep_nonempty=np.full(shape[2], not allow_empty_stages) & (coef.fixed_layers == 0),
     )
 
     def out_of_time(until: float) -> bool:
@@ -215,8 +225,8 @@ def offload_search(
     best, accepted, complete = base, 0, True
     for extra in starts:
         c = np.array(extra, dtype=np.int64, copy=True)
-        if c.shape != base_c.shape or out_of_time(deadline):
-            continue
+        if c.shape != shape or out_of_time(deadline) or (c.sum(axis=2) > 0)[~space.movable].any():
+            continue  # another setup's, out of time, or a mode the config does not allow
         o = c[:, _NONE, :] * can_offload[:, None]
         step, peaks, overhead, traffic = ev(c, o)
         if not ev.fits(peaks):
@@ -227,8 +237,10 @@ def offload_search(
         accepted += n
         complete &= done
         best = min(best, found, key=lambda pt: pt.key)
-    found, n, done = _local(ev, space, base, lambda: out_of_time(deadline))
-    best = min(best, found, key=lambda pt: pt.key)
+    n, done = 0, True
+    if base.counts is not None:
+        found, n, done = _local(ev, space, base, lambda: out_of_time(deadline))
+        best = min(best, found, key=lambda pt: pt.key)
     return OffloadResult(
         counts=best.counts,
         offload=best.offload,
@@ -244,8 +256,8 @@ def offload_search(
 
 @dataclass(frozen=True)
 class _Point:
-    counts: np.ndarray
-    offload: np.ndarray
+    counts: np.ndarray | None
+    offload: np.ndarray | None
     key: tuple[float, float, float]  # step ms, recompute ms, offloaded MB
     peaks: np.ndarray
 
