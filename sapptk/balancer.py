@@ -70,7 +70,8 @@ def balance(
     start: a plan (or its counts array) for the same profile and the same schedule, stages,
         micro-batches, chunks and splits — for instance the plan of a smaller budget. It
         seeds the search when it fits this config's budget and recompute modes, so the
-        answer is never slower than it; otherwise it is ignored (the message says so).
+        answer is never slower than it; otherwise it is ignored (the message says so). A
+        start plan with offload seeds the offload search with its own offload.
     stop: a :class:`threading.Event`; once set (from another thread), the search returns its
         best plan so far within about a second.
     options: the search's knobs (:class:`~sapptk.solver.settings.SearchOptions`).
@@ -99,7 +100,7 @@ def balance(
     ------
     ConfigError: a bad argument, or a config that does not suit the profile.
     """
-    from sapptk.plan import make_plan
+    from sapptk.plan import Plan, make_plan
     from sapptk.schedules import get
     from sapptk.solver.search import search
 
@@ -143,6 +144,8 @@ def balance(
             free = solve_plan(plan.config.replace(memory_budget=None), float(time_limit) * OFFLOAD_FREE_SHARE, None)
             if free.solved:
                 starts.append(np.asarray(free.counts))
+        if isinstance(start, Plan) and start.offload is not None and start.profile == profile:
+            starts.insert(0, (np.asarray(counts), np.asarray(start.offload)))  # its own offload, kept
         if not plan.solved:  # nothing fits without offload: the even splits are starts too
             from sapptk.plan import even_split_counts, even_split_modes
 
@@ -190,9 +193,11 @@ offload search. The search has the rest, and whatever the solves leave unused.""
 
 
 def with_offload(plan: Plan, *, deadline: float, stop: threading.Event | None = None,
-                 allow_empty_stages: bool = False, starts: Sequence[np.ndarray] = ()) -> Plan:
+                 allow_empty_stages: bool = False,
+                 starts: Sequence[np.ndarray | tuple[np.ndarray, np.ndarray]] = ()) -> Plan:
     """``plan`` improved by activation offload (:func:`sapptk.solver.offload_search.offload_search`,
-    also from the assignments ``starts`` with every mode-``"none"`` layer offloaded) until
+    also from the assignments ``starts`` with every mode-``"none"`` layer offloaded, or with
+    their own offload when a start is a pair ``(counts, offload)``) until
     ``deadline`` (a ``time.perf_counter`` time) or ``stop``; the plan itself (with a note in its
     message) when that is not strictly faster. A plan with no assignment (infeasible without
     offload) or one that does not fit is searched from ``starts`` only. The offload plan's

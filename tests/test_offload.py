@@ -365,3 +365,16 @@ def test_search_without_a_plan_that_fits(llama):
     found = with_offload(nothing, deadline=time.perf_counter() + 60, starts=[free])
     assert found.status == "feasible" and found.fits and "without offload nothing fits" in found.message
     assert with_offload(nothing, deadline=time.perf_counter() + 60) is nothing
+
+
+@pytest.mark.slow
+def test_a_start_plan_with_offload_keeps_its_offload(llama):
+    # the plan of a smaller budget, offload included, seeds a larger budget: never slower than it
+    small = sapptk.balance(llama, _offload_config(memory_budget=62000), time_limit=4)
+    assert small.offload is not None
+    bigger = _offload_config(memory_budget=64000)
+    res = offload_search(llama, bigger, None, deadline=time.perf_counter() + 60,
+                         starts=[(np.asarray(small.counts), np.asarray(small.offload))])
+    assert res.step_time <= small.step_time
+    plan = sapptk.balance(llama, bigger, time_limit=4, start=small)
+    assert plan.fits and plan.step_time <= small.step_time

@@ -185,7 +185,7 @@ def offload_search(
     deadline: float,
     stop: threading.Event | None = None,
     allow_empty_stages: bool = False,
-    starts: Sequence[np.ndarray] = (),
+    starts: Sequence[np.ndarray | tuple[np.ndarray, np.ndarray]] = (),
 ) -> OffloadResult:
     """Improve ``counts`` (a plan that fits, no offload) with offload choices; see the module docstring.
 
@@ -195,7 +195,9 @@ def offload_search(
 
     ``starts``: further assignments (same shape; typically the plan balanced without a memory
     budget) to search from, each with every mode-``"none"`` layer offloaded; one that does not
-    fit that way, or uses a mode the config does not allow, is skipped. They are searched
+    fit that way, or uses a mode the config does not allow, is skipped. A start may also be a
+    pair ``(counts, offload)`` (a plan with offload, e.g. of a smaller budget): then its own
+    offload is kept. They are searched
     first, with half the time left each, then ``counts``; the best result of all is returned,
     never worse than ``counts``.
     ``deadline`` is a :func:`time.perf_counter` time: the search returns by it (one candidate
@@ -224,10 +226,16 @@ def offload_search(
 
     best, accepted, complete = base, 0, True
     for extra in starts:
-        c = np.array(extra, dtype=np.int64, copy=True)
+        given = extra[1] if isinstance(extra, tuple) else None
+        c = np.array(extra[0] if isinstance(extra, tuple) else extra, dtype=np.int64, copy=True)
         if c.shape != shape or out_of_time(deadline) or (c.sum(axis=2) > 0)[~space.movable].any():
             continue  # another setup's, out of time, or a mode the config does not allow
-        o = c[:, _NONE, :] * can_offload[:, None]
+        if given is None:
+            o = c[:, _NONE, :] * can_offload[:, None]
+        else:
+            o = np.array(given, dtype=np.int64, copy=True)
+            if o.shape != (shape[0], shape[2]) or (o < 0).any() or (o > c[:, _NONE, :]).any():
+                continue
         step, peaks, overhead, traffic = ev(c, o)
         if not ev.fits(peaks):
             continue
