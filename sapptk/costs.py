@@ -47,14 +47,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_UNITS",
+    "AlternativeLayout",
     "MEMORY_UNIT_MB",
     "TIME_UNIT_MS",
     "WEIGHT_SHARE",
     "LayerCoefficients",
     "StageCosts",
+    "check_alternative",
     "check_counts",
     "layer_coefficients",
     "memory_units",
+    "micro_batch_costs",
     "peak_memory",
     "simulate_counts",
     "stage_costs",
@@ -270,6 +273,80 @@ def _check_magnitudes(
 
 
 @dataclass(frozen=True, eq=False)
+class AlternativeLayout:
+    """A second layout for chosen micro-batches: recompute per micro-batch.
+
+    ``counts``: an assignment like a plan's own (groups, modes, virtual stages) with the same
+    layers of every body group on every virtual stage, in other recompute modes;
+    ``mask[vs, mb]`` (bool, virtual stages × micro-batches): micro-batch ``mb`` of virtual
+    stage ``vs`` runs this layout (its backward and its activation), the others the plan's
+    ``counts``. Both arrays are read-only; build one with :func:`check_alternative`.
+    """
+
+    counts: np.ndarray
+    mask: np.ndarray
+
+    @property
+    def used(self) -> bool:
+        """Whether any micro-batch runs the alternative layout where it differs from the base."""
+        return bool(self.mask.any())
+
+    def micro_batches(self) -> np.ndarray:
+        """Micro-batches on the alternative layout, per virtual stage (int array)."""
+        return self.mask.sum(axis=1).astype(np.int64)
+
+
+def check_alternative(
+    profile: Profile, config: PipelineConfig, counts: Any, alternative: Any, mask: Any = None
+) -> AlternativeLayout:
+    """Validate a second layout against the plan's ``counts``; return it read-only, or raise :class:`ConfigError`.
+
+    ``alternative`` is an :class:`AlternativeLayout` or an assignment array (then ``mask`` is
+    required). The alternative must hold, on every virtual stage, the same layers of every
+    body group as ``counts`` (only the recompute modes differ); ``mask`` must be a boolean
+    array of shape (virtual stages, micro-batches) (0/1 integers are accepted).
+    """
+    if isinstance(alternative, AlternativeLayout):
+        if mask is not None:
+            raise ConfigError("alternative: an AlternativeLayout carries its own mask: pass mask=None")
+        alt_counts, mask = alternative.counts, alternative.mask
+    else:
+        alt_counts = alternative
+    base = check_counts(profile, config, counts)
+    try:
+        alt = check_counts(profile, config, alt_counts)
+    except ConfigError as exc:
+        raise ConfigError(f"alternative.{exc}") from None
+    per_group, alt_group = base.sum(axis=1), alt.sum(axis=1)
+    if not np.array_equal(per_group, alt_group):
+        g, vs = (int(i) for i in np.argwhere(per_group != alt_group)[0])
+        raise ConfigError(
+            f"alternative.counts: group {profile.body[g].name!r} has {int(alt_group[g, vs])} layers on virtual "
+            f"stage {vs}, the plan {int(per_group[g, vs])}: expected the same layers per group and virtual stage "
+            "(only the recompute modes may differ)"
+        )
+    shape = (config.num_virtual_stages, config.micro_batches)
+    if mask is None:
+        raise ConfigError(f"alternative.mask: expected a boolean array of shape {shape} (virtual stages, "
+                          "micro-batches), got None")
+    try:
+        arr = np.asarray(mask)
+    except Exception as exc:  # noqa: BLE001 - ragged lists: one clear message
+        raise ConfigError(f"alternative.mask: expected a boolean array of shape {shape}, got {exc}") from None
+    if arr.shape != shape:
+        raise ConfigError(f"alternative.mask: expected shape {shape} (virtual stages, micro-batches), got {arr.shape}")
+    if arr.dtype != bool:
+        if arr.dtype.kind not in "iu" or not np.isin(arr, (0, 1)).all():
+            raise ConfigError(f"alternative.mask: expected booleans (or 0/1), got dtype {arr.dtype}")
+        arr = arr.astype(bool)
+    arr = np.array(arr, dtype=bool, copy=True)
+    alt = np.array(alt, dtype=np.int64, copy=True)
+    arr.setflags(write=False)
+    alt.setflags(write=False)
+    return AlternativeLayout(counts=alt, mask=arr)
+
+
+@dataclass(frozen=True, eq=False)
 class StageCosts:
     """Per-virtual-stage costs of an assignment, in ms per micro-batch and MB.
 
@@ -277,6 +354,10 @@ class StageCosts:
     ``weight`` (``W``; 0 without split backward), ``activation`` (MB per in-flight
     micro-batch), ``params`` (static MB), ``recompute_overhead`` (ms of backward above the
     no-recompute backward). ``comm`` (ms) and ``constant`` (MB) are the rounded setup values.
+    With an :class:`AlternativeLayout` (:func:`micro_batch_costs`), ``backward``,
+    ``activation`` and ``recompute_overhead`` have shape (virtual stages, micro-batches);
+    the others stay per virtual stage (the layers, hence forward, weight and parameters, are
+    the same for every micro-batch).
     """
 
     forward: np.ndarray
@@ -374,9 +455,40 @@ def stage_costs(profile: Profile, config: PipelineConfig, counts: Any) -> StageC
     )
 
 
-def simulate_counts(profile: Profile, config: PipelineConfig, counts: Any, **kw: Any) -> Simulation:
-    """Simulate ``counts`` on the config's program (costs from :func:`stage_costs`, its comm and constant)."""
-    return stage_costs(profile, config, counts).simulate(config, **kw)
+def micro_batch_costs(
+    profile: Profile, config: PipelineConfig, counts: Any, alternative: AlternativeLayout
+) -> StageCosts:
+    """Costs of ``counts`` with ``alternative`` on its micro-batches: backward, activation and
+    recompute overhead of shape (virtual stages, micro-batches), the rest per virtual stage.
+    Same rounded figures as :func:`stage_costs` (which it equals micro-batch by micro-batch)."""
+    alt = check_alternative(profile, config, counts, alternative)
+    coef = layer_coefficients(profile, config)
+    base = coef.per_stage(check_counts(profile, config, counts))
+    other = coef.per_stage(alt.counts)
+
+    def per_cell(key: str) -> np.ndarray:
+        return np.where(alt.mask, other[key][:, None], base[key][:, None])
+
+    return StageCosts(
+        forward=base["forward"] * TIME_UNIT_MS,
+        backward=per_cell("backward") * TIME_UNIT_MS,
+        weight=base["weight"] * TIME_UNIT_MS,
+        activation=per_cell("activation") * MEMORY_UNIT_MB,
+        params=base["params"] * MEMORY_UNIT_MB,
+        recompute_overhead=per_cell("overhead") * TIME_UNIT_MS,
+        comm=coef.comm * TIME_UNIT_MS,
+        constant=coef.constant * MEMORY_UNIT_MB,
+    )
+
+
+def simulate_counts(
+    profile: Profile, config: PipelineConfig, counts: Any, alternative: AlternativeLayout | None = None, **kw: Any
+) -> Simulation:
+    """Simulate ``counts`` on the config's program (costs from :func:`stage_costs`, its comm and constant);
+    with ``alternative``, its micro-batches run that layout (:func:`micro_batch_costs`)."""
+    if alternative is None:
+        return stage_costs(profile, config, counts).simulate(config, **kw)
+    return micro_batch_costs(profile, config, counts, alternative).simulate(config, **kw)
 
 
 def peak_memory(profile: Profile, config: PipelineConfig, counts: Any) -> np.ndarray:

@@ -26,7 +26,15 @@ import pandas as pd
 import yaml
 
 from sapptk.config import MAX_PROGRAM_OPS
-from sapptk.costs import StageCosts, check_counts, simulate_counts, stage_costs
+from sapptk.costs import (
+    AlternativeLayout,
+    StageCosts,
+    check_alternative,
+    check_counts,
+    micro_batch_costs,
+    simulate_counts,
+    stage_costs,
+)
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.files import write_text
 from sapptk.formats import megatron, mindformers, plan_file, torchtitan
@@ -70,6 +78,9 @@ class Plan:
     source: ``"balance"``, ``"even_split(none)"``, ``"mindformers:<name>"``, ...
     offload: read-only int array (body groups, virtual stages): how many of the mode-``"none"``
         layers there send their activations to host memory (:mod:`sapptk.offload`), or None.
+    alternative: recompute per micro-batch (:class:`~sapptk.costs.AlternativeLayout`): a second
+        layout with the same layers and other recompute modes, and the (virtual stage,
+        micro-batch) cells that run it; None (the default): every micro-batch runs ``counts``.
     """
 
     profile: Profile
@@ -83,6 +94,7 @@ class Plan:
     message: str
     source: str
     offload: np.ndarray | None = None
+    alternative: AlternativeLayout | None = None
 
     # ------------------------------------------------------------------ basics
     @property
@@ -98,25 +110,50 @@ class Plan:
     def __repr__(self) -> str:
         c = self.config
         step = "None" if self.step_time is None else f"{self.step_time:.6g} ms"
+        per_mb = ", per micro-batch" if self.alternative is not None else ""
         return (
             f"Plan({self.source!r}, status={self.status!r}, step_time={step}, profile={self.profile.name!r}, "
-            f"schedule={c.schedule!r}, p={c.stages}, v={c.chunks}, m={c.micro_batches})"
+            f"schedule={c.schedule!r}, p={c.stages}, v={c.chunks}, m={c.micro_batches}{per_mb})"
         )
+
+    def _per_stage_only(self, what: str, runtimes: str = "") -> None:
+        """Refuse ``what`` for a plan that recomputes per micro-batch (it would silently drop the choice)."""
+        if self.alternative is None:
+            return
+        cells = int(self.alternative.mask.sum())
+        raise ConfigError(
+            f"{what}: this plan recomputes per micro-batch ({cells} (virtual stage, micro-batch) cells run its "
+            f"alternative layout), which {what} cannot express{runtimes}. Export the per-stage part with "
+            "plan.per_stage_plan() (it is slower or needs more memory: simulate it), or write the "
+            "per-micro-batch choice from plan.micro_batch_layout"
+        )
+
+    def per_stage_plan(self) -> Plan:
+        """The plan without its per-micro-batch choice: every micro-batch runs ``counts`` (simulated
+        anew; it may be slower than this plan, or exceed the budget where the choice made room)."""
+        self._need_solution("a per-stage plan")
+        if self.alternative is None:
+            return self
+        return make_plan(self.profile, self.config, self.counts, status="given", message=self.message,
+                         source=f"{self.source} (per-stage part)")
 
     # ------------------------------------------------------------------- costs
     @cached_property
     def costs(self) -> StageCosts:
         """Per-virtual-stage costs of the assignment (:func:`sapptk.costs.stage_costs`)."""
         self._need_solution("costs")
+        if self.alternative is not None:
+            return micro_batch_costs(self.profile, self.config, self.counts, self.alternative)
         return stage_costs(self.profile, self.config, self.counts)
 
     def simulate(self, **kw: Any) -> Simulation:
         """Simulate the plan on its program (:func:`sapptk.costs.simulate_counts`; with offload
-        :func:`sapptk.offload.simulate_plan_offload`, a copy stream per device); ``kw`` go to the simulator."""
+        :func:`sapptk.offload.simulate_plan_offload`, a copy stream per device); ``kw`` go to the simulator.
+        A plan with an alternative layout runs it on its micro-batches."""
         self._need_solution("a simulation")
         if self.offload is not None:
             return simulate_plan_offload(self.profile, self.config, self.counts, self.offload, **kw)
-        return simulate_counts(self.profile, self.config, self.counts, **kw)
+        return simulate_counts(self.profile, self.config, self.counts, self.alternative, **kw)
 
     def _no_offload(self, what: str) -> None:
         if self.offload is not None:
@@ -147,14 +184,17 @@ class Plan:
     ) -> Sensitivity:
         """The plan under ``samples`` perturbed profiles, per error model (independent and shared):
         step-time quantiles and each device's chance of exceeding the budget
-        (:func:`sapptk.sensitivity.sensitivity`)."""
+        (:func:`sapptk.sensitivity.sensitivity`). Not for plans that recompute per micro-batch."""
         self._no_offload("sensitivity (it re-times the plan without a copy stream)")
+        self._per_stage_only("sensitivity")
         return sensitivity(self, time_error=time_error, memory_error=memory_error, samples=samples, seed=seed)
 
     def critical(self) -> pd.DataFrame:
         """The (virtual stage, op kind) pairs on the critical path and how many ms the step time
-        grows per ms of each (:func:`sapptk.sensitivity.critical_path`)."""
+        grows per ms of each (:func:`sapptk.sensitivity.critical_path`). Not for plans that recompute
+        per micro-batch."""
         self._no_offload("critical (the critical path without a copy stream)")
+        self._per_stage_only("critical")
         return critical_path(self)
 
     # ------------------------------------------------------------------ frames
@@ -167,30 +207,87 @@ class Plan:
         ``device`` (where it runs; equal to ``stage`` except on V-shaped placements),
         ``virtual_stage``, ``mode`` (ordered categorical, :data:`MODES` order), ``layers``;
         for a plan with offload also ``offloaded`` (layers of the row whose activations go to
-        host memory: only mode ``"none"`` rows have any).
+        host memory: only mode ``"none"`` rows have any). A plan that recomputes per
+        micro-batch has two more: ``variant`` (categorical ``base``/``alternative``: which
+        layout the row belongs to) and ``micro_batches`` (how many micro-batches of the virtual
+        stage run it); layouts run by no micro-batch are left out.
         """
         program = self.config.program()
         p = self.config.stages
         chunk_of = np.asarray(program.chunk_of, dtype=np.int64)
         placement = np.asarray(program.placement, dtype=np.int64)
-        g, r, vs = np.nonzero(self.counts)
-        order = np.lexsort((r, g, vs))
-        g, r, vs = g[order], r[order], vs[order]
         names = [grp.name for grp in self.profile.body]
-        frame = pd.DataFrame(
+
+        def rows(counts: np.ndarray) -> pd.DataFrame:
+            g, r, vs = np.nonzero(counts)
+            order = np.lexsort((r, g, vs))
+            g, r, vs = g[order], r[order], vs[order]
+            frame = pd.DataFrame(
+                {
+                    "group": pd.Categorical.from_codes(g, dtype=pd.CategoricalDtype(names, ordered=True)),
+                    "chunk": chunk_of[vs],
+                    "stage": vs - chunk_of[vs] * p,
+                    "device": placement[vs],
+                    "virtual_stage": vs.astype(np.int64),
+                    "mode": pd.Categorical.from_codes(r, dtype=pd.CategoricalDtype(list(MODES), ordered=True)),
+                    "layers": counts[g, r, vs].astype(np.int64),
+                }
+            )
+            if self.offload is not None:
+                frame["offloaded"] = np.where(r == MODES.index("none"), self.offload[g, vs], 0).astype(np.int64)
+            return frame
+
+        if self.alternative is None:
+            return rows(self.counts)
+        on_alt = self.alternative.micro_batches()
+        parts = []
+        for variant, counts, runs in (("base", self.counts, self.config.micro_batches - on_alt),
+                                      ("alternative", self.alternative.counts, on_alt)):
+            frame = rows(counts)
+            frame["variant"] = variant
+            frame["micro_batches"] = runs[frame["virtual_stage"].to_numpy()]
+            parts.append(frame[frame["micro_batches"] > 0])
+        out = pd.concat(parts, ignore_index=True)
+        out["variant"] = pd.Categorical(out["variant"], categories=["base", "alternative"])
+        return out.sort_values(["virtual_stage", "variant", "group", "mode"], kind="stable",
+                               ignore_index=True)
+
+    @cached_property
+    def micro_batch_layout(self) -> pd.DataFrame:
+        """One row per (virtual stage, micro-batch): which layout it runs and what that costs.
+
+        Columns: ``virtual_stage``, ``chunk``, ``stage``, ``device``, ``micro_batch``,
+        ``variant`` (categorical ``base``/``alternative``), ``backward_ms`` (input- and
+        weight-gradient work, recompute included), ``recompute_ms`` (backward above no
+        recompute), ``activation_mb`` (kept from the forward to the backward). Every row is
+        ``base`` for a plan without an alternative layout.
+        """
+        self._need_solution("a per-micro-batch layout")
+        program = self.config.program()
+        nvs, m, p = self.config.num_virtual_stages, self.config.micro_batches, self.config.stages
+        chunk_of = np.asarray(program.chunk_of, dtype=np.int64)
+        vs = np.repeat(np.arange(nvs, dtype=np.int64), m)
+        mask = np.zeros((nvs, m), dtype=bool) if self.alternative is None else self.alternative.mask
+        costs = self.costs
+
+        def cells(values: np.ndarray) -> np.ndarray:
+            arr = np.asarray(values, dtype=float)
+            return (arr if arr.ndim == 2 else np.repeat(arr[:, None], m, axis=1)).ravel()
+
+        return pd.DataFrame(
             {
-                "group": pd.Categorical.from_codes(g, dtype=pd.CategoricalDtype(names, ordered=True)),
+                "virtual_stage": vs,
                 "chunk": chunk_of[vs],
                 "stage": vs - chunk_of[vs] * p,
-                "device": placement[vs],
-                "virtual_stage": vs.astype(np.int64),
-                "mode": pd.Categorical.from_codes(r, dtype=pd.CategoricalDtype(list(MODES), ordered=True)),
-                "layers": self.counts[g, r, vs].astype(np.int64),
+                "device": np.asarray(program.placement, dtype=np.int64)[vs],
+                "micro_batch": np.tile(np.arange(m, dtype=np.int64), nvs),
+                "variant": pd.Categorical.from_codes(mask.ravel().astype(np.int8),
+                                                     categories=["base", "alternative"]),
+                "backward_ms": cells(costs.backward) + cells(costs.weight),
+                "recompute_ms": cells(costs.recompute_overhead),
+                "activation_mb": cells(costs.activation),
             }
         )
-        if self.offload is not None:
-            frame["offloaded"] = np.where(r == MODES.index("none"), self.offload[g, vs], 0).astype(np.int64)
-        return frame
 
     @property
     def stages(self) -> pd.DataFrame:
@@ -205,7 +302,8 @@ class Plan:
         Columns: ``device``, ``layers`` (body layers), ``params_mb`` (static memory incl.
         head/tail), ``peak_mb`` (simulated, incl. the constant), ``budget_mb`` (NaN without
         a budget), ``fits``, ``forward_ms``, ``backward_ms`` (input- and weight-gradient
-        work, recompute included), ``recompute_ms`` (backward time above no recompute).
+        work, recompute included), ``recompute_ms`` (backward time above no recompute). For a
+        plan that recomputes per micro-batch the last two are means over the micro-batches.
         """
         self._need_solution("per-device figures")
         costs = self.costs
@@ -213,7 +311,10 @@ class Plan:
         p = self.config.stages
 
         def per_device(values: np.ndarray) -> np.ndarray:
-            return np.bincount(placement, weights=np.asarray(values, dtype=float), minlength=p)
+            arr = np.asarray(values, dtype=float)
+            if arr.ndim == 2:  # per (virtual stage, micro-batch): the mean micro-batch
+                arr = arr.mean(axis=1)
+            return np.bincount(placement, weights=arr, minlength=p)
 
         peak = self.simulation.peak_memory.to_numpy(dtype=float)
         budget = self.config.memory_budget
@@ -243,6 +344,8 @@ class Plan:
         """
         self._need_solution("a MindFormers config")
         self._no_offload("MindFormers' offset and recompute lists")
+        self._per_stage_only("a MindFormers config", " (its recompute lists are per (chunk, stage), for every "
+                             "micro-batch)")
         return mindformers.encode(self.profile, self.config.program(), self.counts)
 
     def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
@@ -284,6 +387,9 @@ class Plan:
                          "recompute; --fine-grained-activation-offloading with --offload-modules offloads the same "
                          "submodules' inputs in every layer of every stage, with no per-stage layer count; see "
                          "docs/offload.md)")
+        self._per_stage_only("Megatron-LM arguments", " (--recompute-num-layers holds for every micro-batch; "
+                             "FlagScale's --recompute-num-layers-per-stage-micro-batch can vary full recompute "
+                             "per pipeline rank and micro-batch, not per chunk or group)")
         return megatron.export(self.profile, self.config, self.counts, self.simulation)
 
     def to_torchtitan(self, csv_name: str = "schedule.csv") -> torchtitan.TorchtitanExport:
@@ -291,6 +397,8 @@ class Plan:
         partition, the schedule (or its CSV, saved as ``csv_name``), the checkpointing mode."""
         self._need_solution("torchtitan settings")
         self._no_offload("torchtitan's settings (activation checkpointing only)")
+        self._per_stage_only("torchtitan settings", " (activation checkpointing is set per model, for every "
+                             "micro-batch)")
         return torchtitan.export(self.profile, self.config, self.counts, self.simulation, status=self.status,
                                  csv_name=csv_name)
 
@@ -305,7 +413,8 @@ class Plan:
         profile, so the file stands alone. Returns the text; writes it to ``path`` when given."""
         text = plan_file.dumps(self.profile, self.config, self.counts, status=self.status, step_time=self.step_time,
                                bound=self.bound, gap=self.gap, solve_seconds=self.solve_seconds,
-                               message=self.message, source=self.source, offload=self.offload)
+                               message=self.message, source=self.source, offload=self.offload,
+                               alternative=self.alternative)
         if path is not None:
             Path(path).write_text(text, encoding="utf-8")
         return text
@@ -331,15 +440,20 @@ class Plan:
         if not self.solved:
             return "\n".join(lines)
         sim = self.simulation
+        step = f"step time {_ms(self.step_time)}"
+        if self.step_time is None or not math.isclose(self.step_time, sim.step_time, rel_tol=1e-9, abs_tol=1e-6):
+            step += f" (simulated {_ms(sim.step_time)})"
+        lines.append(f"{step}, bubble {sim.bubble.of_compute:.1%} of compute")
         if self.offload is not None:
             waited = getattr(sim, "fetch_wait_ms", 0.0)
             lines.append(f"activation offload: {int(self.offload.sum())} layers on "
                          f"{int((self.offload.sum(axis=0) > 0).sum())} virtual stages, host link "
                          f"{c.host_bandwidth:g} MB/ms, backwards waited {waited:.1f} ms for fetches")
-        step = f"step time {_ms(self.step_time)}"
-        if self.step_time is None or not math.isclose(self.step_time, sim.step_time, rel_tol=1e-9, abs_tol=1e-6):
-            step += f" (simulated {_ms(sim.step_time)})"
-        lines.append(f"{step}, bubble {sim.bubble.of_compute:.1%} of compute")
+        if self.alternative is not None:
+            on_alt = self.alternative.micro_batches()
+            stages = int((on_alt > 0).sum())
+            lines.append(f"recompute per micro-batch: {int(on_alt.sum())} of {on_alt.size * c.micro_batches} "
+                         f"(virtual stage, micro-batch) cells on {stages} virtual stage(s) run the alternative layout")
         frame = self.devices
         budget = c.memory_budget
         if budget is None:
@@ -374,12 +488,16 @@ def make_plan(
     message: str = "",
     source: str = "balance",
     offload: Any = None,
+    alternative: AlternativeLayout | None = None,
 ) -> Plan:
     """Build a :class:`Plan`, validating ``counts`` (a read-only copy is kept).
 
     With status ``infeasible`` or ``unknown``, ``counts`` may be ``None`` (stored as zeros).
     A ``given`` plan without ``step_time`` is simulated for it. ``offload`` (body groups,
     virtual stages) is checked by :func:`sapptk.offload.check_offload`; all zeros is stored as None.
+    ``alternative`` (recompute per micro-batch) is validated against ``counts``
+    (:func:`sapptk.costs.check_alternative`); only a plan with an assignment and without
+    offload may carry one.
     """
     if status not in PLAN_STATUSES:
         raise ConfigError(f"status = {status!r}: expected one of {', '.join(PLAN_STATUSES)}")
@@ -400,9 +518,17 @@ def make_plan(
         if status not in _SOLVED:
             raise ConfigError(f"offload: a plan with status {status!r} has no layer assignment to offload")
         off = check_offload(profile, config, arr, offload)
+    alt = None
+    if alternative is not None:
+        if status not in _SOLVED:
+            raise ConfigError(f"alternative: a plan with status {status!r} has no layer assignment to vary")
+        if off is not None:
+            raise ConfigError("alternative: recompute per micro-batch cannot be combined with activation offload "
+                              "(offload: a plan offloads or varies its recompute per micro-batch, not both)")
+        alt = check_alternative(profile, config, arr, alternative)
     sim = None
     if status == "given" and step_time is None:
-        sim = (simulate_counts(profile, config, arr) if off is None
+        sim = (simulate_counts(profile, config, arr, alt) if off is None
                else simulate_plan_offload(profile, config, arr, off))
         step_time = sim.step_time
     plan = Plan(
@@ -417,6 +543,7 @@ def make_plan(
         message=message,
         source=source,
         offload=off,
+        alternative=alt,
     )
     if sim is not None:
         plan.__dict__["simulation"] = sim  # seed the cached property

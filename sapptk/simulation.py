@@ -5,14 +5,15 @@ works small cases by hand):
 
 * **Costs** are given per virtual stage and per micro-batch, in ms: ``forward`` for an
   ``F``; ``backward`` for the input-gradient work and ``weight`` for the weight-gradient
-  work. A full backward ``B`` lasts ``backward + weight``; a split one runs ``I`` for
+  work. Each is one number, one number per virtual stage, or one per (virtual stage,
+  micro-batch) — a virtual stage whose micro-batches recompute differently. A full backward ``B`` lasts ``backward + weight``; a split one runs ``I`` for
   ``backward`` and ``W`` for ``weight``. A sequence slice lasts ``1/splits`` of its op.
 * **Time.** A unit starts when the previous unit of its device has ended and every op
   it depends on has ended, plus ``comm`` ms when that op ran on another device. An
   overlapped unit lasts ``overlap(op durations)``: by default their sum (overlap hides
   communication, not compute).
 * **Memory**, in MB. A device always holds ``params`` of its virtual stages plus
-  ``constant``. An ``F`` allocates its virtual stage's ``activation`` (per micro-batch,
+  ``constant``. An ``F`` allocates its virtual stage's ``activation`` (of its micro-batch,
   ``1/splits`` per slice) when its unit *starts*; a ``B`` frees it when its unit *ends*;
   an ``I`` frees ``1 - weight_holds`` of it and its ``W`` the remaining ``weight_holds``.
   Within a unit, allocations come before frees.
@@ -45,6 +46,7 @@ __all__ = [
     "Simulation",
     "op_durations",
     "op_durations_batch",
+    "per_op_costs",
     "per_stage",
     "simulate",
     "unit_durations",
@@ -161,6 +163,40 @@ def per_stage(name: str, value: Costs, n: int) -> np.ndarray:
     return arr
 
 
+def per_op_costs(name: str, value: Costs, n: int, micro_batches: int) -> np.ndarray:
+    """A cost given as a scalar, one value per virtual stage, or one per (virtual stage, micro-batch).
+
+    Returns a float array of shape ``(n,)``, or ``(n, micro_batches)`` when the values differ
+    between micro-batches of some virtual stage (a 2-D cost equal along every row collapses to
+    its first column, so it behaves exactly as the per-stage form). Raises :class:`SapptkError`
+    like :func:`per_stage`, and for a 2-D shape other than ``(n, micro_batches)``.
+    """
+    raw = value
+    if not isinstance(value, np.ndarray) and isinstance(value, list | tuple) and value and all(
+        isinstance(row, list | tuple | np.ndarray) for row in value
+    ):
+        if any(isinstance(x, bool | np.bool_) for row in value for x in np.ravel(np.asarray(row, dtype=object))):
+            raise SapptkError(f"{name}: expected numbers, got a bool in {_describe(value)}")
+        try:
+            raw = np.asarray(value)
+        except Exception as exc:  # noqa: BLE001 - ragged lists: one clear message
+            raise SapptkError(f"{name}: expected {n} rows of {micro_batches} numbers, got {_describe(value)} "
+                              f"({exc})") from None
+    if not (isinstance(raw, np.ndarray) and raw.ndim == 2):
+        return per_stage(name, value, n)
+    if raw.dtype.kind not in "iuf":
+        raise SapptkError(f"{name}: expected numbers >= 0, got {_describe(value)} (dtype {raw.dtype})")
+    arr = raw.astype(float)
+    if arr.shape != (n, micro_batches):
+        raise SapptkError(f"{name}: expected a number or {n} values (one per virtual stage) or shape "
+                          f"({n}, {micro_batches}) (virtual stages, micro-batches), got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)) or (arr < 0).any():
+        raise SapptkError(f"{name}: expected finite values >= 0, got {_describe(arr.tolist())}")
+    if micro_batches == 0 or (arr == arr[:, :1]).all():
+        return arr[:, 0].copy() if micro_batches else np.zeros(n)
+    return arr
+
+
 def _check_program(program: Any) -> Program:
     if isinstance(program, Program):
         return program
@@ -186,14 +222,21 @@ def _kind_table(forward: np.ndarray, backward: np.ndarray, weight: np.ndarray) -
 
 
 def op_durations(program: Program, forward: Costs, backward: Costs, weight: Costs = 0.0) -> np.ndarray:
-    """Duration in ms of every op of the program, in op order."""
+    """Duration in ms of every op of the program, in op order.
+
+    Costs per virtual stage, or per (virtual stage, micro-batch) (see :func:`per_op_costs`).
+    """
     g = program.graph
-    nvs = program.num_virtual_stages
-    f = per_stage("forward", forward, nvs)
-    b = per_stage("backward", backward, nvs)
-    w = per_stage("weight", weight, nvs)
-    table = _kind_table(f, b, w) / program.splits
-    return table[g.op_kind, g.op_virtual_stage]
+    nvs, m = program.num_virtual_stages, program.micro_batches
+    f = per_op_costs("forward", forward, nvs, m)
+    b = per_op_costs("backward", backward, nvs, m)
+    w = per_op_costs("weight", weight, nvs, m)
+    if f.ndim == b.ndim == w.ndim == 1:
+        table = _kind_table(f, b, w) / program.splits
+        return table[g.op_kind, g.op_virtual_stage]
+    f, b, w = (x if x.ndim == 2 else np.repeat(x[:, None], m, axis=1) for x in (f, b, w))
+    table = _kind_table(f, b, w) / program.splits  # (4, stages, micro-batches)
+    return table[g.op_kind, g.op_virtual_stage, g.op_micro_batch]
 
 
 def op_durations_batch(
@@ -259,8 +302,10 @@ def simulate(
     Parameters
     ----------
     program: the schedule instance (:func:`sapptk.schedules.build`, ``config.program()``).
-    forward, backward, weight: ms per micro-batch for each virtual stage (or one number).
-    activation: MB an in-flight micro-batch keeps on each virtual stage.
+    forward, backward, weight: ms per micro-batch for each virtual stage (or one number), or
+        an array of shape (virtual stages, micro-batches): the cost of each micro-batch.
+    activation: MB an in-flight micro-batch keeps on each virtual stage; like the times, also
+        per (virtual stage, micro-batch): each ``F`` then allocates its own micro-batch's amount.
     params: static MB of each virtual stage (weights, gradients, optimizer share).
     comm: point-to-point latency in ms between devices.
     constant: MB every device holds besides parameters and activations.
@@ -281,21 +326,22 @@ def simulate(
             raise SapptkError(f"memory_budget: expected MB > 0 per device, or None, got {memory_budget!r}")
     if not isinstance(overlap, str) or overlap not in _OVERLAPS:
         raise SapptkError(f"overlap: expected one of {sorted(_OVERLAPS)}, got {_describe(overlap)}")
-    nvs = program.num_virtual_stages
-    f = per_stage("forward", forward, nvs)
-    b = per_stage("backward", backward, nvs)
-    w = per_stage("weight", weight, nvs)
-    act = per_stage("activation", activation, nvs)
+    nvs, m = program.num_virtual_stages, program.micro_batches
+    f = per_op_costs("forward", forward, nvs, m)
+    b = per_op_costs("backward", backward, nvs, m)
+    w = per_op_costs("weight", weight, nvs, m)
+    act = per_op_costs("activation", activation, nvs, m)
     par = per_stage("params", params, nvs)
 
     g = program.graph
     # no path is longer than every unit at its longest plus a latency before each: refuse
     # costs whose step could overflow before running anything
-    worst = (float(max(f.max(), (b + w).max())) + comm) * g.n_units
+    longest_op = max(float(f.max(initial=0.0)), float(b.max(initial=0.0)) + float(w.max(initial=0.0)))
+    worst = (longest_op + comm) * g.n_units
     if not worst < _HUGE:
         raise SapptkError(
             f"forward/backward/weight/comm: too large: the step time could overflow ({g.n_units} units of up to "
-            f"{max(f.max(), (b + w).max()):.3g} ms); give ms per micro-batch"
+            f"{longest_op:.3g} ms); give ms per micro-batch"
         )
     worst_mb = float(act.max()) * g.n_ops + float(par.sum()) + constant
     if not worst_mb < _HUGE:
@@ -309,8 +355,11 @@ def simulate(
     chunk = np.asarray(program.chunk_of, dtype=np.int64)
     static = np.bincount(placement, weights=par, minlength=p) + constant
     events_m = program.memory_events
-    act_by_chunk = np.zeros((p, events_m.width))
-    act_by_chunk[placement, chunk] = act
+    if act.ndim == 1:
+        act_by_chunk = np.zeros((p, events_m.width))
+        act_by_chunk[placement, chunk] = act
+    else:  # a column per (chunk, amount) on each device: live counts stay exact integers
+        events_m, act_by_chunk = events_m.by_amount(act[g.op_virtual_stage, g.op_micro_batch][events_m.op], p)
     dev_col, time_col, mem_col = memory_steps(events_m, start, end, act_by_chunk, static, weight_holds)
     # the frames own fresh arrays (copied where they are the graph's), so copy=False is safe
     memory = pd.DataFrame({"device": dev_col, "time_ms": time_col, "memory_mb": mem_col}, copy=False)

@@ -7,7 +7,10 @@ Keys: ``format``; ``source``, ``status``, ``step_time_ms``, ``bound_ms``, ``gap`
 set), and ``program_csv``: the op order in PyTorch's schedule CSV when the setup carries its
 own program); ``layout`` (one entry ``{group, virtual_stage, mode, layers}`` per non-empty
 cell); ``offload`` (only for a plan with activation offload: one entry ``{group,
-virtual_stage, layers}`` per virtual stage offloading mode-``none`` layers); ``profile`` (the profile in
+virtual_stage, layers}`` per virtual stage offloading mode-``none`` layers); ``alternative``
+(only for a plan that recomputes per micro-batch: ``layout``, the second layout in the same
+form as ``layout``, and ``micro_batches``, one list per virtual stage of the micro-batches
+that run it); ``profile`` (the profile in
 ``sapptk-profile/1`` form, so the file stands alone). :func:`dumps` writes it, :func:`load`
 reads and checks every field; :meth:`sapptk.plan.Plan.save` and :func:`sapptk.plan.load_plan`
 are the plan-level calls.
@@ -35,11 +38,12 @@ FORMAT = "sapptk-plan/1"
 _SETUP_KEYS = ("stages", "micro_batches", "chunks", "schedule", "splits", "memory_budget_mb", "constant_memory_mb",
                "comm_ms", "recompute", "host_bandwidth_mb_per_ms", "program_csv")
 _KEYS = ("format", "source", "status", "step_time_ms", "bound_ms", "gap", "solve_seconds", "message", "setup",
-         "layout", "offload", "profile")
+         "layout", "offload", "alternative", "profile")
 
 
 def to_dict(profile: Profile, config: PipelineConfig, counts: np.ndarray, **meta: Any) -> dict[str, Any]:
-    """The plan as plain data; ``meta``: status, step_time, bound, gap, solve_seconds, message, source."""
+    """The plan as plain data; ``meta``: status, step_time, bound, gap, solve_seconds, message, source, and
+    optionally ``offload`` and ``alternative`` (a :class:`sapptk.costs.AlternativeLayout`)."""
     c = config
     setup: dict[str, Any] = {
         "stages": c.stages,
@@ -57,10 +61,7 @@ def to_dict(profile: Profile, config: PipelineConfig, counts: np.ndarray, **meta
     if c.custom_program is not None:
         setup["program_csv"] = c.custom_program.to_csv()
     names = [g.name for g in profile.body]
-    g_, r_, v_ = np.nonzero(counts)
-    order = np.lexsort((r_, g_, v_))
-    layout = [{"group": names[g_[i]], "virtual_stage": int(v_[i]), "mode": MODES[r_[i]],
-               "layers": int(counts[g_[i], r_[i], v_[i]])} for i in order]
+    layout = _layout_entries(profile, counts)
     out: dict[str, Any] = {
         "format": FORMAT,
         "source": meta["source"],
@@ -78,8 +79,22 @@ def to_dict(profile: Profile, config: PipelineConfig, counts: np.ndarray, **meta
         og, ov = np.nonzero(offload)
         out["offload"] = [{"group": names[g], "virtual_stage": int(v), "layers": int(offload[g, v])}
                           for g, v in sorted(zip(og.tolist(), ov.tolist(), strict=True), key=lambda t: (t[1], t[0]))]
+    alternative = meta.get("alternative")
+    if alternative is not None:
+        out["alternative"] = {
+            "layout": _layout_entries(profile, alternative.counts),
+            "micro_batches": [[int(mb) for mb in np.flatnonzero(row)] for row in alternative.mask],
+        }
     out["profile"] = profile.to_dict()
     return out
+
+
+def _layout_entries(profile: Profile, counts: np.ndarray) -> list[dict[str, Any]]:
+    names = [g.name for g in profile.body]
+    g_, r_, v_ = np.nonzero(counts)
+    order = np.lexsort((r_, g_, v_))
+    return [{"group": names[g_[i]], "virtual_stage": int(v_[i]), "mode": MODES[r_[i]],
+             "layers": int(counts[g_[i], r_[i], v_[i]])} for i in order]
 
 
 def dumps(profile: Profile, config: PipelineConfig, counts: np.ndarray, **meta: Any) -> str:
@@ -161,22 +176,50 @@ def load(source: str | os.PathLike[str] | Any) -> dict[str, Any]:
     if not isinstance(message, str) or not isinstance(plan_source, str):
         fail("message and source: expected text")
     solved = status in ("optimal", "feasible", "given")
+    alternative = _alternative(data.get("alternative"), profile, config, fail) if solved else None
     return {
         "where": where, "profile": profile, "config": config, "counts": counts if solved else None,
         "status": status, "step_time": numbers["step_time_ms"], "bound": numbers["bound_ms"], "gap": numbers["gap"],
         "solve_seconds": numbers["solve_seconds"] or 0.0, "message": message, "source": plan_source,
         "offload": offload if solved else None,
+        "alternative": alternative,
     }
 
 
-def _layout(layout: Any, profile: Profile, virtual_stages: int, fail: Any) -> np.ndarray:
+def _alternative(data: Any, profile: Profile, config: PipelineConfig, fail: Any) -> Any:
+    """The ``alternative`` block as ``AlternativeLayout`` arguments (counts, mask), or None."""
+    from sapptk.costs import AlternativeLayout
+
+    if data is None:
+        return None
+    if not isinstance(data, dict) or set(data) != {"layout", "micro_batches"}:
+        fail(f"alternative = {data!r}: expected a mapping with layout and micro_batches")
+    nvs, m = config.num_virtual_stages, config.micro_batches
+    counts = _layout(data["layout"], profile, nvs, fail, label="alternative.layout")
+    rows = data["micro_batches"]
+    if not isinstance(rows, list) or len(rows) != nvs:
+        fail(f"alternative.micro_batches: expected {nvs} lists (one per virtual stage) of micro-batches, "
+             f"got {rows!r}"[:300])
+    mask = np.zeros((nvs, m), dtype=bool)
+    for vs, row in enumerate(rows):
+        if not isinstance(row, list):
+            fail(f"alternative.micro_batches[{vs}] = {row!r}: expected a list of micro-batches 0..{m - 1}")
+        for mb in row:
+            if not isinstance(mb, int) or isinstance(mb, bool) or not 0 <= mb < m:
+                fail(f"alternative.micro_batches[{vs}]: {mb!r}: expected a micro-batch 0..{m - 1}")
+            mask[vs, mb] = True
+    return AlternativeLayout(counts=counts, mask=mask)
+
+
+def _layout(layout: Any, profile: Profile, virtual_stages: int, fail: Any, label: str = "layout") -> np.ndarray:
     counts = np.zeros((len(profile.body), len(MODES), virtual_stages), dtype=np.int64)
     groups = {g.name: i for i, g in enumerate(profile.body)}
     layout = layout or []
+    name = label
     if not isinstance(layout, list):
-        fail(f"layout = {layout!r}: expected a list of {{group, virtual_stage, mode, layers}}")
+        fail(f"{name} = {layout!r}: expected a list of {{group, virtual_stage, mode, layers}}")
     for i, cell in enumerate(layout):
-        label = f"layout[{i}]"
+        label = f"{name}[{i}]"
         if not isinstance(cell, dict) or set(cell) != {"group", "virtual_stage", "mode", "layers"}:
             fail(f"{label} = {cell!r}: expected a mapping with group, virtual_stage, mode, layers")
         if cell["group"] not in groups:

@@ -90,6 +90,36 @@ class MemoryEvents:
         bounds = np.searchsorted(cand, self.ptr)
         return [rows[bounds[d] : bounds[d + 1], : chunks[d]] for d in range(len(self.ptr) - 1)]
 
+    def by_amount(self, amount: np.ndarray, devices: int) -> tuple[MemoryEvents, np.ndarray]:
+        """The events with a column per (chunk, activation amount) of each device instead of a
+        column per chunk, and the MB of each column: ``(events, activation[d, column])``.
+
+        ``amount[e]``: MB per micro-batch of event ``e``'s op (micro-batches of one virtual
+        stage may keep different amounts, e.g. when they recompute differently). The live
+        counts of the new columns are exact integers as before, and ``activation[d] @ live``
+        is the memory in use.
+        """
+        amount = np.asarray(amount, dtype=np.float64)
+        n = len(self.op)
+        activation = np.zeros((devices, 1))
+        if n == 0:
+            return self, activation
+        order = np.lexsort((amount, self.chunk, self.device))
+        dev, chk, amt = self.device[order], self.chunk[order], amount[order]
+        new = np.r_[True, (dev[1:] != dev[:-1]) | (chk[1:] != chk[:-1]) | (amt[1:] != amt[:-1])]
+        group = np.cumsum(new) - 1  # a group per (device, chunk, amount), device-major
+        first_of_device = np.r_[True, dev[1:] != dev[:-1]]
+        base = np.maximum.accumulate(np.where(first_of_device, group, 0))
+        column = np.empty(n, dtype=np.int64)
+        column[order] = group - base
+        width = int(column.max()) + 1
+        activation = np.zeros((devices, width))
+        activation[dev, group - base] = amt
+        events = MemoryEvents(op=self.op, unit=self.unit, device=self.device, alloc=self.alloc, chunk=column,
+                              full=self.full, held=self.held, ptr=self.ptr, candidate=self.candidate, width=width,
+                              splits=self.splits)
+        return events, activation
+
     def peak_live(self, weight_holds: float) -> np.ndarray:
         """Most activations alive at once on each device (chunks summed; 0 for an idle device)."""
         full, held = self.counts
