@@ -53,6 +53,7 @@ def balance(
     memory_margin: float | None = None,
     oom_risk: float | None = None,
     memory_error: Any = None,
+    per_micro_batch: bool = False,
 ) -> Plan:
     """The plan with the shortest simulated step time that fits the memory budget.
 
@@ -82,6 +83,12 @@ def balance(
         are off by ``memory_error`` (a relative error, or a calibration / its residuals).
         The plan keeps ``config`` (so ``fits`` is against the real budget) and its message
         names the safe budget it was solved for.
+    per_micro_batch: also let chosen micro-batches of a virtual stage recompute less
+        (:mod:`sapptk.solver.micro_batches`): the per-stage search gets three quarters of
+        the time limit, then an exact greedy search moves micro-batches to a second layout while the
+        budget holds; the result is kept only when its simulation fits and is faster, so the
+        plan is never slower than the per-stage plan it started from. The plan then carries
+        an :class:`~sapptk.costs.AlternativeLayout` and its ``message`` says what was gained.
 
     With ``"offload"`` in ``config.recompute`` the usual solve gets :data:`OFFLOAD_BASE_SHARE`
     of the time, a solve without the memory budget :data:`OFFLOAD_FREE_SHARE`, and
@@ -109,6 +116,21 @@ def balance(
     counts = check_arguments(profile, safe_config, time_limit=time_limit, workers=workers, seed=seed,
                              deterministic=deterministic, allow_empty_stages=allow_empty_stages, start=start,
                              stop=stop, options=options)
+    if not isinstance(per_micro_batch, (bool, np.bool_)):
+        raise ConfigError(f"per_micro_batch = {per_micro_batch!r}: expected True or False")
+    if per_micro_batch:
+        from sapptk.config import OFFLOAD
+
+        if OFFLOAD in config.recompute:
+            raise ConfigError(f"per_micro_batch = True with {OFFLOAD!r} in config.recompute: expected one of the two "
+                              "(a plan either offloads activations or varies its recompute per micro-batch)")
+        return _balance_per_micro_batch(profile, config, time_limit=float(time_limit), stop=stop,
+                                        budget=safe_config.memory_budget,
+                                        solve=lambda limit: balance(
+                                            profile, config, time_limit=limit, workers=workers, seed=seed,
+                                            deterministic=deterministic, allow_empty_stages=allow_empty_stages,
+                                            start=start, stop=stop, options=options, memory_margin=memory_margin,
+                                            oom_risk=oom_risk, memory_error=memory_error))
 
     def solve_plan(cfg: PipelineConfig, limit: float, seed_counts: np.ndarray | None) -> Plan:
         res = search(
@@ -233,6 +255,39 @@ def with_offload(plan: Plan, *, deadline: float, stop: threading.Event | None = 
 
 def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.6g} ms"
+
+
+PER_STAGE_SHARE = 0.5
+"""Share of ``time_limit`` the per-stage search gets under ``per_micro_batch=True``."""
+
+
+def _balance_per_micro_batch(
+    profile: Profile, config: PipelineConfig, *, time_limit: float, stop: Any, budget: float | None,
+    solve: Callable[[float], Plan]
+) -> Plan:
+    """The per-stage plan (half the time), then recompute per micro-batch on it (the rest)."""
+    from sapptk.plan import make_plan
+    from sapptk.solver.micro_batches import improve_per_micro_batch
+
+    began = time.monotonic()
+    deadline = began + time_limit
+    plan = solve(time_limit * PER_STAGE_SHARE)
+    if not plan.solved or not plan.fits or plan.offload is not None:
+        return plan
+    # against the budget the per-stage plan was solved for (the safe one under memory_margin / oom_risk)
+    search_config = dataclasses.replace(plan.config, memory_budget=budget)
+    found = improve_per_micro_batch(profile, search_config, plan.counts, deadline=deadline, stop=stop)
+    note = f"{plan.message}; {found.message}" if plan.message else found.message
+    seconds = time.monotonic() - began
+    if found.alternative is not None:
+        better = make_plan(profile, plan.config, plan.counts, status="given", alternative=found.alternative)
+        within = budget is None or bool((better.simulation.peak_memory.to_numpy() <= budget + 1e-6).all())
+        if better.fits and within and better.step_time < plan.step_time:
+            # the per-stage bound does not bound per-micro-batch plans: no bound, not proven
+            return dataclasses.replace(better, status="feasible", bound=None, gap=None, solve_seconds=seconds,
+                                       message=note, source=f"{plan.source} (per micro-batch)")
+        note += "; its simulation did not confirm the gain, the per-stage plan is kept"
+    return dataclasses.replace(plan, message=note, solve_seconds=seconds)
 
 
 # ------------------------------------------------------------ cost-driven schedules

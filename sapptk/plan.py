@@ -329,7 +329,8 @@ class Plan:
                 "budget_mb": budget_mb,
                 "fits": fits,
                 "forward_ms": per_device(costs.forward),
-                "backward_ms": per_device(costs.backward + costs.weight),
+                "backward_ms": per_device(np.asarray(costs.backward)
+                                          + np.reshape(costs.weight, (-1,) + (1,) * (np.ndim(costs.backward) - 1))),
                 "recompute_ms": per_device(costs.recompute_overhead),
             }
         )

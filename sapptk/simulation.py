@@ -6,8 +6,9 @@ works small cases by hand):
 * **Costs** are given per virtual stage and per micro-batch, in ms: ``forward`` for an
   ``F``; ``backward`` for the input-gradient work and ``weight`` for the weight-gradient
   work. Each is one number, one number per virtual stage, or one per (virtual stage,
-  micro-batch) — a virtual stage whose micro-batches recompute differently. A full backward ``B`` lasts ``backward + weight``; a split one runs ``I`` for
-  ``backward`` and ``W`` for ``weight``. A sequence slice lasts ``1/splits`` of its op.
+  micro-batch) — a virtual stage whose micro-batches recompute differently. A full
+  backward ``B`` lasts ``backward + weight``; a split one runs ``I`` for ``backward`` and
+  ``W`` for ``weight``. A sequence slice lasts ``1/splits`` of its op.
 * **Time.** A unit starts when the previous unit of its device has ended and every op
   it depends on has ended, plus ``comm`` ms when that op ran on another device. An
   overlapped unit lasts ``overlap(op durations)``: by default their sum (overlap hides
