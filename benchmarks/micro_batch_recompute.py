@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python benchmarks/micro_batch_recompute.py [--time-limit S] [--budget-deepseek MB]``
 
 For each case: ``balance(..., time_limit=S)`` (per-stage) and ``balance(..., time_limit=S,
-per_micro_batch=True)`` (half of S for the per-stage search, the rest for the micro-batch
+per_micro_batch=True)`` (three quarters of S for the per-stage search, the rest for the micro-batch
 search), both in this process one after the other. Prints both simulated step times, the
 gain of the per-micro-batch plan over the per-stage plan of the same call (its own
 starting point, which it never loses to) and over the separate per-stage call, the wall

@@ -257,7 +257,7 @@ def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.6g} ms"
 
 
-PER_STAGE_SHARE = 0.5
+PER_STAGE_SHARE = 0.75
 """Share of ``time_limit`` the per-stage search gets under ``per_micro_batch=True``."""
 
 
@@ -265,7 +265,7 @@ def _balance_per_micro_batch(
     profile: Profile, config: PipelineConfig, *, time_limit: float, stop: Any, budget: float | None,
     solve: Callable[[float], Plan]
 ) -> Plan:
-    """The per-stage plan (half the time), then recompute per micro-batch on it (the rest)."""
+    """The per-stage plan (:data:`PER_STAGE_SHARE` of the time), then recompute per micro-batch on it (the rest)."""
     from sapptk.plan import make_plan
     from sapptk.solver.micro_batches import improve_per_micro_batch
 
@@ -280,7 +280,7 @@ def _balance_per_micro_batch(
     note = f"{plan.message}; {found.message}" if plan.message else found.message
     seconds = time.monotonic() - began
     if found.alternative is not None:
-        better = make_plan(profile, plan.config, plan.counts, status="given", alternative=found.alternative)
+        better = make_plan(profile, plan.config, found.counts, status="given", alternative=found.alternative)
         within = budget is None or bool((better.simulation.peak_memory.to_numpy() <= budget + 1e-6).all())
         if better.fits and within and better.step_time < plan.step_time:
             # the per-stage bound does not bound per-micro-batch plans: no bound, not proven

@@ -192,7 +192,7 @@ def test_search_model_equals_simulation_on_every_schedule(schedule):
         found = improve_per_micro_batch(profile, config, counts, deadline=time.monotonic() + 10)
         if found.alternative is None:
             continue
-        plan = make_plan(profile, config, counts, status="given", alternative=found.alternative)
+        plan = make_plan(profile, config, found.counts, status="given", alternative=found.alternative)
         assert found.step_ms == pytest.approx(plan.step_time, abs=1e-6)
         assert plan.fits and plan.step_time < found.base_step_ms
 
@@ -213,7 +213,7 @@ def test_per_micro_batch_never_loses_and_keeps_its_time_limit(deepseek):
         assert found.base_step_ms == pytest.approx(stage.step_time, abs=1e-6)
         assert found.step_ms <= stage.step_time + 1e-6
         if found.alternative is not None:
-            plan = make_plan(deepseek, config, stage.counts, status="given", alternative=found.alternative)
+            plan = make_plan(deepseek, config, found.counts, status="given", alternative=found.alternative)
             assert plan.fits and plan.step_time == pytest.approx(found.step_ms, abs=1e-6)
 
 

@@ -3,29 +3,38 @@
 The model
 ---------
 A per-stage plan gives every (virtual stage, micro-batch) cell the same layout. Here each
-virtual stage gets a second layout, ``weak``: the same layers per body group, every layer in
-its group's allowed mode with the shortest backward (the least recompute). A cell moved to
-``weak`` has a shorter backward and keeps more activation memory from its forward to its
-backward. Memory is linear in the choice: the memory a device holds after each of its
-allocation and free events (the op order alone fixes which cells are alive then) is the
-base plan's plus, for every moved cell alive at that event, its extra activation. So a move
-is safe exactly when no event of its device goes over the budget, whatever the durations;
-time comes from the same longest-path kernel as the simulator, at integer costs.
+virtual stage has two layouts with the same layers per body group: the plan's ``counts``
+(``base``) and a second one with less recompute (``weak``). A cell moved to ``weak`` has a
+shorter backward and keeps more activation memory from its forward to its backward. Memory
+is linear in the choice: the memory a device holds after each of its allocation and free
+events (the op order alone fixes which cells are alive then) is the base layout's plus, for
+every moved cell alive at that event, its extra activation. So a move is safe exactly when
+no event of its device goes over the budget, whatever the durations; time comes from the
+same longest-path kernel as the simulator, at the same integer costs, so the step time the
+search predicts is the one the simulator measures.
 
 The search
 ----------
-Greedy and exact: start from the per-stage plan (every cell on its base layout, so the
-result is never slower); in each round take every cell not yet moved whose move keeps its
-device within the budget, time all of these single moves in one batched longest-path pass,
-and sort them by the step time they give (then by the backward time they save). Accept the
-longest prefix of that order that still fits (checked move by move) and whose combined step
-time is no worse than the best single move (halving the prefix until it is), or else the
-best single move. Rounds end when no move keeps the step time, at the deadline, or when
-``stop`` is set. The caller keeps the result only if its simulation fits and is faster.
+Greedy and exact. In each round take every cell not yet moved whose move keeps its device
+within the budget, time all of these single moves in one batched longest-path pass, and keep
+those that shorten the step, sorted by the step they give (then by the backward they save).
+Accept the longest prefix of that order that still fits (checked move by move) and whose
+combined step is no worse than the best single move (halving the prefix until it is), or
+else the best single move. Rounds end when no single move shortens the step, at the
+deadline, or when ``stop`` is set.
+
+It runs for several pairs of layouts (:data:`FAMILIES`): the per-stage plan with the least
+recompute, or with one, two or three layers per group one mode down, as ``weak``; and, as
+``base``, the per-stage plan itself or the plan with one or two layers one mode *up* (more
+recompute for every micro-batch, which frees the memory that moving others down then
+spends: the converse lever). Starting from the per-stage plan, a pair never gives a slower
+result; a pair starting higher is kept only when it ends faster than the per-stage plan.
+The fastest result wins; the caller keeps it only if its simulation fits and is faster.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,9 +58,12 @@ _FIT_TOLERANCE_MB = 1e-6  # as Plan.fits
 
 @dataclass(frozen=True)
 class MicroBatchResult:
-    """What the search found: ``alternative`` (None when no move helped), the integer-model
-    step time in ms of the base plan and of the result, rounds and moves made, and a note."""
+    """What the search found: ``counts`` (the plan's layout: the per-stage plan's, or one with
+    more recompute that the alternative relieves) and ``alternative`` (None when no move
+    helped), the integer-model step time in ms of the per-stage plan and of the result,
+    rounds and moves made, and a note."""
 
+    counts: np.ndarray
     alternative: AlternativeLayout | None
     base_step_ms: float
     step_ms: float
@@ -60,19 +72,46 @@ class MicroBatchResult:
     message: str
 
 
-def weak_layout(profile: Profile, config: PipelineConfig, counts: np.ndarray) -> np.ndarray:
-    """``counts`` with every layer moved to its group's allowed mode with the shortest backward
-    (ties: the smaller activation); the layers per group and virtual stage stay."""
+def weak_layout(
+    profile: Profile, config: PipelineConfig, counts: np.ndarray, layers: int | None = None, *, up: bool = False
+) -> np.ndarray:
+    """``counts`` with less recompute (more with ``up``); the layers per group and virtual stage stay.
+
+    ``layers=None``: every layer moves to its group's allowed mode with the shortest backward
+    (ties: the smaller activation). ``layers=n``: on each virtual stage, at most ``n`` layers
+    of each group move one allowed mode down (to the next shorter backward), the ones with the
+    longest backward first; with ``up``, one allowed mode up, the ones with the shortest
+    backward first. ``layers=0`` is ``counts``.
+    """
     coef = layer_coefficients(profile, config)
-    out = np.zeros_like(counts)
+    out = np.array(counts, dtype=np.int64, copy=True)
     for g in range(counts.shape[0]):
         allowed = np.flatnonzero(coef.allowed[g])
         if not len(allowed):  # nothing allowed: the plan's own modes stay
-            out[g] = counts[g]
             continue
-        r = int(allowed[np.lexsort((coef.activation[g, allowed], coef.backward[g, allowed]))[0]])
-        out[g, r] = counts[g].sum(axis=0)
+        ranked = allowed[np.lexsort((coef.activation[g, allowed], coef.backward[g, allowed]))]  # weakest first
+        if layers is None:
+            out[g] = 0
+            out[g, int(ranked[0] if not up else ranked[-1])] = counts[g].sum(axis=0)
+            continue
+        steps = [(int(ranked[i]), int(ranked[i - 1])) for i in range(len(ranked) - 1, 0, -1)]  # strongest first
+        if up:
+            steps = [(b, a) for a, b in reversed(steps)]  # weakest first, one mode up
+        for vs in range(counts.shape[2]):
+            left = int(layers)
+            for r, to in steps:
+                n = min(left, int(out[g, r, vs]))
+                out[g, r, vs] -= n
+                out[g, to, vs] += n
+                left -= n
     return out
+
+
+FAMILIES: tuple[tuple[int, int | None], ...] = ((0, None), (0, 1), (0, 2), (1, 1), (1, None), (2, 2), (0, 3))
+"""Pairs of layouts tried, in order: ``(up, down)`` — the plan's layout with ``up`` layers per
+group and virtual stage one mode up (more recompute; 0: the per-stage plan itself) and the
+second layout with ``down`` layers one mode down (None: the least recompute), both from the
+per-stage plan (:func:`weak_layout`). The fastest result that beats the per-stage plan is kept."""
 
 
 class _Model:
@@ -155,22 +194,56 @@ def improve_per_micro_batch(
     profile: Profile, config: PipelineConfig, counts: Any, *, deadline: float, stop: Any = None
 ) -> MicroBatchResult:
     """Move micro-batches of ``counts`` (a per-stage plan that fits) to less recompute while the
-    budget holds and the step time does not grow (see the module docstring). ``deadline`` is a
-    :func:`time.monotonic` time; ``stop`` an optional :class:`threading.Event`."""
+    budget holds and the step time does not grow (see the module docstring), once for each
+    second layout of :data:`FAMILIES` (the time left shared among those still to run); the
+    fastest result. ``deadline`` is a :func:`time.monotonic` time; ``stop`` an optional
+    :class:`threading.Event`."""
     counts = np.asarray(counts, dtype=np.int64)
-    weak = weak_layout(profile, config, counts)
+    best: MicroBatchResult | None = None
+    tried: list[tuple[np.ndarray, np.ndarray]] = []
+    reference: int | None = None
+    for i, (up, down) in enumerate(FAMILIES):
+        base = weak_layout(profile, config, counts, up, up=True) if up else counts
+        weak = weak_layout(profile, config, counts, down)
+        if np.array_equal(base, weak) or any(np.array_equal(base, b) and np.array_equal(weak, w) for b, w in tried):
+            continue
+        tried.append((base, weak))
+        now = time.monotonic()
+        share = now + max(0.0, deadline - now) / (len(FAMILIES) - i)
+        if reference is None:
+            model = _Model(profile, config, counts, weak)
+            reference = int(model.steps(model.durations(np.zeros(model.m * len(model.d_backward), dtype=bool))
+                                        [:, None])[0])
+        found = _greedy(profile, config, base, weak, reference=reference, deadline=share, stop=stop)
+        if best is None or (found.alternative is not None and found.step_ms < best.step_ms):
+            best = found
+        if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+            break
+    if best is None:
+        return MicroBatchResult(counts, None, 0.0, 0.0, 0, 0, "recompute per micro-batch: the plan already "
+                                "recomputes as little as allowed")
+    return best
+
+
+def _greedy(
+    profile: Profile, config: PipelineConfig, counts: np.ndarray, weak: np.ndarray, *, reference: int,
+    deadline: float, stop: Any
+) -> MicroBatchResult:
+    """The greedy search of the module docstring from ``counts`` towards ``weak``; a result only
+    when it is faster than ``reference`` (the per-stage plan's step, in ticks)."""
     nvs, m = config.num_virtual_stages, config.micro_batches
     model = _Model(profile, config, counts, weak)
     mask = np.zeros(nvs * m, dtype=bool)
-    base_step = int(model.steps(model.durations(mask)[:, None])[0])
-    none = MicroBatchResult(None, base_step * model.ticks_ms, base_step * model.ticks_ms, 0, 0, "")
+    start = int(model.steps(model.durations(mask)[:, None])[0])
+    base_step = reference
+    none = MicroBatchResult(counts, None, base_step * model.ticks_ms, base_step * model.ticks_ms, 0, 0, "")
     if np.array_equal(weak, counts) or not (model.d_backward < 0).any():
         return _with(none, "recompute per micro-batch: the plan already recomputes as little as allowed")
     if not all(model.fits(mem) for mem in model.memory):
         return _with(none, "recompute per micro-batch: the per-stage plan does not fit the budget; nothing to improve")
     useful = np.repeat(model.d_backward < 0, m)  # cells whose move saves time
     memory = [mem.copy() for mem in model.memory]
-    step = base_step
+    step = start
     moves = rounds = 0
     cut = ""
 
@@ -208,7 +281,9 @@ def improve_per_micro_batch(
             break
         order = np.lexsort((model.d_backward[np.asarray(cand) // m], singles))
         best = int(singles[order[0]])
-        if best > step:
+        if best < step:  # moves that shorten the step first; the others only once none does
+            order = order[singles[order] < step]
+        if best >= step:
             break
         chosen = _prefix(model, memory, [cand[i] for i in order], [extras[i] for i in order],
                          mask, best)
@@ -226,7 +301,10 @@ def improve_per_micro_batch(
     msg = (f"recompute per micro-batch: {moves} of {int(useful.sum())} (virtual stage, micro-batch) cells recompute "
            f"less; step {base_step * model.ticks_ms:.6g} -> {step * model.ticks_ms:.6g} ms ({gain:.2%} faster) "
            f"in {rounds} round(s){cut}")
-    return MicroBatchResult(alternative, base_step * model.ticks_ms, step * model.ticks_ms, moves, rounds, msg)
+    if start != base_step:
+        msg += " (from a layout with more recompute)"
+    return MicroBatchResult(np.array(counts), alternative, base_step * model.ticks_ms, step * model.ticks_ms, moves,
+                            rounds, msg)
 
 
 def _prefix(model: _Model, memory: list[np.ndarray], cells: list[int], extras: list[tuple[int, np.ndarray]],
@@ -250,5 +328,4 @@ def _prefix(model: _Model, memory: list[np.ndarray], cells: list[int], extras: l
 
 
 def _with(result: MicroBatchResult, message: str) -> MicroBatchResult:
-    return MicroBatchResult(result.alternative, result.base_step_ms, result.step_ms, result.moves, result.rounds,
-                            message)
+    return dataclasses.replace(result, message=message)
