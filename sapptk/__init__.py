@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "OffloadSimulation": "sapptk.offload",
     "simulate_offload": "sapptk.offload",
     "PipelineConfig": "sapptk.config",
+    "AlternativeLayout": "sapptk.costs",
     "Plan": "sapptk.plan",
     "even_baseline": "sapptk.plan",
     "even_split": "sapptk.plan",
@@ -58,6 +59,7 @@ _EXPORTS: dict[str, str] = {
 _MODULES = ("schedules", "calibration")
 
 __all__ = [
+    "AlternativeLayout",
     "Bubble",
     "Calibration",
     "CalibrationError",
