@@ -286,11 +286,6 @@ class AlternativeLayout:
     counts: np.ndarray
     mask: np.ndarray
 
-    @property
-    def used(self) -> bool:
-        """Whether any micro-batch runs the alternative layout where it differs from the base."""
-        return bool(self.mask.any())
-
     def micro_batches(self) -> np.ndarray:
         """Micro-batches on the alternative layout, per virtual stage (int array)."""
         return self.mask.sum(axis=1).astype(np.int64)

@@ -227,3 +227,14 @@ def test_per_micro_batch_wins_on_a_small_tight_case(demo):
     micro = balance(demo, config, time_limit=10, deterministic=True, per_micro_batch=True)
     assert stage.status == "optimal"
     assert micro.fits and micro.step_time <= stage.step_time + 1e-6
+
+
+@pytest.mark.slow
+def test_per_micro_batch_keeps_a_safe_budget(deepseek):
+    from sapptk.sensitivity import robust_budget
+
+    config = PipelineConfig(16, 32, 1, "1f1b", memory_budget=36000.0)
+    safe = robust_budget(config, memory_margin=0.05)
+    plan = balance(deepseek, config, time_limit=4, per_micro_batch=True, memory_margin=0.05)
+    assert plan.config.memory_budget == 36000.0
+    assert (plan.simulation.peak_memory.to_numpy() <= safe + 1e-6).all()
