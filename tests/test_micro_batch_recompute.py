@@ -113,6 +113,9 @@ def test_bad_alternatives_are_refused_at_the_boundary(demo):
         make_plan(demo, config, None, status="unknown", alternative=AlternativeLayout(weak, mask))
     with pytest.raises(ConfigError, match="per_micro_batch = 'yes': expected True or False"):
         balance(demo, config, per_micro_batch="yes")
+    offload = config.replace(host_bandwidth=10.0, recompute=("none", "full", "offload"))
+    with pytest.raises(ConfigError, match="per_micro_batch = True with 'offload' in config.recompute"):
+        balance(demo, offload, per_micro_batch=True)
 
 
 def _mixed_plan(demo):
@@ -238,3 +241,17 @@ def test_per_micro_batch_keeps_a_safe_budget(deepseek):
     plan = balance(deepseek, config, time_limit=4, per_micro_batch=True, memory_margin=0.05)
     assert plan.config.memory_budget == 36000.0
     assert (plan.simulation.peak_memory.to_numpy() <= safe + 1e-6).all()
+
+
+def test_a_plan_offloads_or_varies_its_recompute_not_both(demo):
+    config = PipelineConfig(4, 8, 1, "1f1b", host_bandwidth=10.0, recompute=("none", "both", "offload"))
+    counts = even_split(demo, config, "none").counts
+    offload = np.zeros((counts.shape[0], counts.shape[2]), dtype=np.int64)
+    offload[0, 1] = 1
+    mask = np.zeros((4, 8), dtype=bool)
+    mask[1, 0] = True
+    weak = np.array(counts)
+    both = MODES.index("both")
+    weak[0, both, 2], weak[0, 0, 2] = weak[0, 0, 2], 0
+    with pytest.raises(ConfigError, match="cannot be combined with activation offload"):
+        make_plan(demo, config, counts, status="given", offload=offload, alternative=AlternativeLayout(weak, mask))
