@@ -17,9 +17,31 @@ import numpy as np
 
 from sapptk.profile import MODES
 
-__all__ = ["FIT_TOLERANCE_MB", "closest", "counts_from_layers", "modes_used"]
+__all__ = ["FIT_TOLERANCE_MB", "ExpressedCost", "closest", "counts_from_layers", "modes_used"]
 
 _NONE = MODES.index("none")
+
+
+class ExpressedCost:
+    """What an export lost, for export dataclasses with ``notes`` (what the runtime cannot
+    express), ``step_time_ms`` (the plan's) and ``expressed_step_time_ms`` (what the runtime
+    runs instead)."""
+
+    notes: tuple[str, ...]
+    step_time_ms: float | None
+    expressed_step_time_ms: float | None
+
+    @property
+    def exact(self) -> bool:
+        """Whether the runtime runs the plan as made (nothing lost)."""
+        return not self.notes
+
+    @property
+    def cost_ms(self) -> float | None:
+        """Step time lost by forcing the plan into the runtime's settings (ms)."""
+        if self.step_time_ms is None or self.expressed_step_time_ms is None:
+            return None
+        return self.expressed_step_time_ms - self.step_time_ms
 
 
 def counts_from_layers(profile: Any, layers: Sequence[int], mode_of: Any = None) -> np.ndarray:

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from sapptk.errors import ConfigError
-from sapptk.formats.expressible import FIT_TOLERANCE_MB, closest, counts_from_layers, modes_used
+from sapptk.formats.expressible import FIT_TOLERANCE_MB, ExpressedCost, closest, counts_from_layers, modes_used
 from sapptk.profile import MODES
 
 __all__ = [
@@ -75,7 +75,7 @@ _ALLOWED = set("EtLm|,()*0123456789 ")
 
 
 @dataclass(frozen=True)
-class MegatronExport:
+class MegatronExport(ExpressedCost):
     """A plan spelled as Megatron-LM arguments.
 
     ``args``: the arguments to pass (layout form); ``uniform``: the same partition with the
@@ -101,18 +101,6 @@ class MegatronExport:
     expressed_peak_mb: float | None = None
     expressed_fits: bool | None = None
     expressed_counts: np.ndarray | None = field(default=None, repr=False)
-
-    @property
-    def exact(self) -> bool:
-        """Whether Megatron runs the plan as made (nothing lost)."""
-        return not self.notes
-
-    @property
-    def cost_ms(self) -> float | None:
-        """Step time lost by forcing the plan into Megatron's arguments (ms)."""
-        if self.step_time_ms is None or self.expressed_step_time_ms is None:
-            return None
-        return self.expressed_step_time_ms - self.step_time_ms
 
     def command_line(self) -> str:
         """The arguments as one shell-quoted line."""

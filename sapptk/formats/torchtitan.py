@@ -40,7 +40,7 @@ import numpy as np
 
 from sapptk.errors import ConfigError
 from sapptk.files import load_toml_text, read_text
-from sapptk.formats.expressible import FIT_TOLERANCE_MB, closest, counts_from_layers, modes_used
+from sapptk.formats.expressible import FIT_TOLERANCE_MB, ExpressedCost, closest, counts_from_layers, modes_used
 from sapptk.profile import MODES
 
 __all__ = ["AC_SETTINGS", "TORCH_SCHEDULES", "TorchtitanConfig", "TorchtitanExport", "ac_counts", "decode", "export",
@@ -84,7 +84,7 @@ class TorchtitanConfig:
 
 
 @dataclass(frozen=True)
-class TorchtitanExport:
+class TorchtitanExport(ExpressedCost):
     """A plan as torchtitan settings: ``toml`` to paste into the job file; ``csv`` the
     schedule CSV to save as ``csv_name`` when the schedule needs one (else None); ``notes``
     what torchtitan cannot express; step times and peaks as in
@@ -102,18 +102,6 @@ class TorchtitanExport:
     expressed_peak_mb: float | None = None
     expressed_fits: bool | None = None
     expressed_counts: np.ndarray | None = field(default=None, repr=False)
-
-    @property
-    def exact(self) -> bool:
-        """Whether torchtitan runs the plan as made."""
-        return not self.notes
-
-    @property
-    def cost_ms(self) -> float | None:
-        """Step time lost by forcing the plan into torchtitan's settings (ms)."""
-        if self.step_time_ms is None or self.expressed_step_time_ms is None:
-            return None
-        return self.expressed_step_time_ms - self.step_time_ms
 
     def text(self) -> str:
         """The TOML, then what is lost (as comments)."""
