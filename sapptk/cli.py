@@ -59,6 +59,16 @@ def _finite_nonnegative(text: str) -> float:
 _finite_nonnegative.__name__ = "number (finite, >= 0)"
 
 
+def _positive_bandwidth(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise ValueError(text)
+    return value
+
+
+_positive_bandwidth.__name__ = "bandwidth (MB per ms > 0)"
+
+
 def _workers(text: str) -> int:
     value = int(text)
     if not 1 <= value <= _MAX_WORKERS:
@@ -102,9 +112,12 @@ def add_pipeline_args(parser: argparse.ArgumentParser, *, sizes_required: bool =
 
 def pipeline_config(args: argparse.Namespace, profile: Profile | None = None):  # -> PipelineConfig
     """The :class:`~sapptk.config.PipelineConfig` of parsed :func:`add_pipeline_args` options."""
-    from sapptk.config import PipelineConfig
+    from sapptk.config import OFFLOAD, PipelineConfig
 
     recompute = tuple(getattr(args, "recompute", None) or MODES)
+    host_bandwidth = getattr(args, "host_bandwidth", None)
+    if host_bandwidth is not None and OFFLOAD not in recompute:
+        recompute = (*recompute, OFFLOAD)  # a host link given means offload is allowed
     config = PipelineConfig(
         stages=args.stages,
         micro_batches=args.micro_batches,
@@ -115,6 +128,7 @@ def pipeline_config(args: argparse.Namespace, profile: Profile | None = None):  
         constant_memory=args.constant,
         comm=args.comm,
         recompute=recompute,
+        host_bandwidth=host_bandwidth,
     )
     if profile is not None:
         config.check(profile)
@@ -162,12 +176,18 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("profile", metavar="PROFILE", help="profile file, or a bundled name (llama2_70b, demo, ...)")
     add_pipeline_args(parser)
-    parser.add_argument("--recompute", nargs="+", choices=MODES, default=None, metavar="MODE",
-                        help=f"modes the solver may use (default all: {' '.join(MODES)})")
+    parser.add_argument("--recompute", nargs="+", choices=(*MODES, "offload"), default=None, metavar="MODE",
+                        help=f"modes the solver may use (default all: {' '.join(MODES)}; 'offload' allows "
+                        "activation offload, with --host-bandwidth)")
     parser.add_argument("--time-limit", type=_positive_seconds, default=30.0, metavar="S",
                         help="solver time limit, s (30)")
     parser.add_argument("--workers", type=_workers, default=2, help="solver worker threads (2)")
     parser.add_argument("--seed", type=_seed, default=0, help="solver random seed (0)")
+    levers = parser.add_argument_group("levers (docs/micro_batch_recompute.md, docs/offload.md)")
+    levers.add_argument("--per-micro-batch", action="store_true",
+                        help="let a stage recompute less for the micro-batches not alive at its memory peaks")
+    levers.add_argument("--host-bandwidth", type=_positive_bandwidth, default=None, metavar="MB_PER_MS",
+                        help="host link per device, MB/ms (25 is about PCIe 4.0 x16); allows activation offload")
     safety = parser.add_argument_group("safety (docs/robustness.md)")
     safety.add_argument("--memory-margin", type=_finite_nonnegative, default=None, metavar="MB",
                         help="keep this many MB free on every device (a value < 1 is a fraction of the budget)")
@@ -193,7 +213,8 @@ def _balance(args: argparse.Namespace) -> int:
     safety = {"memory_margin": args.memory_margin, "oom_risk": args.oom_risk, "memory_error": args.memory_error}
     safe_budget_config(config, **safety)  # a bad safety argument is refused before the setup line
     print(_setup_line(profile, config))
-    plan = balance(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed, **safety)
+    plan = balance(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed,
+                   per_micro_batch=args.per_micro_batch, **safety)
     print(plan.summary())
     print()
     print("compared with the even splits (ratio = baseline step time / plan step time; > 1: the plan is faster):")

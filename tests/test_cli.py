@@ -174,6 +174,28 @@ def test_balance_refuses_bad_safety_before_solving(capsys, args, needle):
     assert "profile demo" not in out  # refused before the setup line: nothing was solved
 
 
+def test_balance_levers_reach_the_balancer(capsys, tmp_path):
+    code, out, err = run(capsys, "balance", "demo", *DEMO_SETUP, "--memory", "110000", "--time-limit", "4",
+                         "--per-micro-batch")
+    assert code == 0, err
+    assert "plan balance (per micro-batch)" in out
+    code, out, err = run(capsys, "balance", "demo", *DEMO_SETUP, "--memory", "110000", "--time-limit", "4",
+                         "--host-bandwidth", "10", "--out", str(tmp_path / "out"))
+    assert code == 0, err
+    saved = load_plan(tmp_path / "out" / "sapptk_plan.yaml")
+    assert saved.config.host_bandwidth == 10 and "offload" in saved.config.recompute  # a link given allows offload
+    assert saved.step_time == pytest.approx(saved.simulate().step_time)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--host-bandwidth", "0"], "--host-bandwidth"),
+    (["--recompute", "offload"], "host_bandwidth"),
+])
+def test_balance_refuses_bad_levers(capsys, args, needle):
+    code, out, err = run(capsys, "balance", "demo", *DEMO_SETUP, "--memory", "110000", "--time-limit", "2", *args)
+    assert code == 2 and needle in err and "Traceback" not in err
+
+
 def test_balance_out_when_the_mindformers_lists_cannot_express_the_plan(capsys, tmp_path, monkeypatch):
     """A cell with select-only and comm-only layers has no MindFormers spelling: layout.csv only."""
     import sapptk.balancer as balance_module
