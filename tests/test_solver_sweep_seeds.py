@@ -115,3 +115,26 @@ def test_a_seed_that_does_not_suit_the_point_is_dropped_not_fatal():
     point.update(profile=prof.to_dict(), profile_name="two", workers=1, start=[[["not", "counts"]]])
     result = solve_point(point)
     assert result["status"] in ("optimal", "feasible"), result
+
+
+@pytest.mark.slow
+def test_a_plan_that_offloads_seeds_with_its_offload(demo, tmp_path):
+    STARTS.clear()
+    PLANS.clear()
+    frame = sweep(demo, {"stages": [4], "micro_batches": [8], "schedule": ["1f1b"], "host_bandwidth": [10.0],
+                         "recompute": [("none", "select", "comm", "both", "offload")],
+                         "memory_budget": [95000.0, 110000.0]},
+                  time_limit=3, deterministic=True, progress=False, solve=recording_solve, cache=tmp_path / "c")
+    steps = frame.sort_values("memory_budget_mb")["step_time_ms"].to_numpy()
+    assert (np.diff(steps) <= 1e-9).all(), steps
+    seed = STARTS[110000.0]
+    assert isinstance(seed, dict) and seed == PLANS[95000.0]  # the counts and the offload of the smaller budget
+    assert np.asarray(seed["offload"]).sum() > 0
+
+
+def test_a_damaged_offload_seed_is_dropped_not_fatal():
+    prof = two_mode_profile((4, 6))
+    point = task(None)
+    point.update(profile=prof.to_dict(), profile_name="two", workers=1, start={"counts": [[[1]]], "offload": "x"})
+    result = solve_point(point)
+    assert result["status"] in ("optimal", "feasible"), result

@@ -167,13 +167,14 @@ def sweep(
     return typed(frame, order)
 
 
-def _layout_of(text: Any) -> list | None:
-    """A cached layout (JSON nested lists), or None when there is none or it is unreadable
-    (a damaged part: that point just seeds nothing; a seed is checked again before use)."""
+def _layout_of(text: Any) -> list | dict | None:
+    """A cached layout (JSON: the counts, or counts and offload), or None when there is none or
+    it is unreadable (a damaged part: that point just seeds nothing; a seed is checked again
+    before use)."""
     if not isinstance(text, str):
         return None
     try:
         layout = json.loads(text)
     except ValueError:
         return None
-    return layout if isinstance(layout, list) else None
+    return layout if isinstance(layout, list | dict) else None

@@ -14,7 +14,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from sapptk.errors import SapptkError
 from sapptk.profile import Profile
 from sapptk.sweeps.frame import SOLVED, no_plan
 
+if TYPE_CHECKING:
+    from sapptk.plan import Plan
+
 __all__ = ["COUNTS_KEY", "Result", "Solve", "Task", "plan_row", "portable", "profile_of", "solve_point", "timed"]
 
 Task = dict[str, Any]
@@ -30,9 +33,10 @@ Result = dict[str, Any]
 Solve = Callable[[Task], Result]
 
 COUNTS_KEY = "_counts"
-"""Key of a result holding the plan's layer assignment (nested lists), for seeding later
-points (:mod:`sapptk.sweeps.seeding`); the driver takes it out before the row reaches the
-cache or the frame."""
+"""Key of a result holding the plan's layer assignment, for seeding later points
+(:mod:`sapptk.sweeps.seeding`): the counts as nested lists, or ``{"counts": ..., "offload":
+...}`` for a plan that offloads activations. The driver keeps it out of the frame (the cache
+stores it as JSON)."""
 
 _PROFILES: dict[str, Profile] = {}  # per worker process: content hash -> rebuilt profile
 
@@ -73,16 +77,21 @@ def plan_row(plan: Any) -> Result:
     return row
 
 
-def _seed_counts(profile: Profile, config: PipelineConfig, start: Any) -> np.ndarray | None:
-    """A seed layout as counts, or None when it does not suit the point (a seed read from a
-    damaged cache must not cost the point its answer: the search then starts without it)."""
+def _seed_start(profile: Profile, config: PipelineConfig, start: Any) -> np.ndarray | Plan | None:
+    """A seed (see :data:`COUNTS_KEY`) as counts, or as a plan when it offloads (so the offload
+    search starts from its own offload); None when it does not suit the point (a seed read from
+    a damaged cache must not cost the point its answer: the search then starts without it)."""
     from sapptk.costs import check_counts
+    from sapptk.plan import make_plan
 
     if start is None:
         return None
     try:
+        if isinstance(start, dict):
+            counts = check_counts(profile, config, np.asarray(start["counts"], dtype=np.int64))
+            return make_plan(profile, config, counts, status="given", offload=np.asarray(start["offload"], np.int64))
         return check_counts(profile, config, np.asarray(start, dtype=np.int64))
-    except (SapptkError, ValueError, TypeError, OverflowError):
+    except (SapptkError, ValueError, TypeError, OverflowError, KeyError):
         return None
 
 
@@ -110,11 +119,13 @@ def solve_point(task: Task) -> Result:
             workers=task["workers"],
             seed=task["seed"],
             deterministic=task["deterministic"],
-            start=_seed_counts(profile, config, task.get("start")),
+            start=_seed_start(profile, config, task.get("start")),
         )
         row = plan_row(plan)
         if plan.solved:
-            row[COUNTS_KEY] = np.asarray(plan.counts).tolist()
+            counts = np.asarray(plan.counts).tolist()
+            offload = getattr(plan, "offload", None)
+            row[COUNTS_KEY] = counts if offload is None else {"counts": counts, "offload": np.asarray(offload).tolist()}
         return row
     except SapptkError as exc:
         return no_plan("invalid", str(exc))
