@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -39,34 +39,24 @@ _MAX_WORKERS = 1024  # solver threads: far beyond any machine's cores, within OR
 
 
 # ------------------------------------------------------------------- argument types
-def _positive_seconds(text: str) -> float:
-    value = float(text)
-    if not 0 < value < float("inf"):
-        raise ValueError(text)
-    return value
+def _float_type(name: str, *, zero: bool) -> Callable[[str], float]:
+    """An argparse type: a finite float > 0 (>= 0 with ``zero``); ``name`` is what argparse's
+    message calls it."""
+
+    def parse(text: str) -> float:
+        value = float(text)
+        above = value >= 0 if zero else value > 0  # False for NaN
+        if not above or value == float("inf"):
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = name
+    return parse
 
 
-_positive_seconds.__name__ = "time limit (seconds > 0)"
-
-
-def _finite_nonnegative(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < float("inf"):
-        raise ValueError(text)
-    return value
-
-
-_finite_nonnegative.__name__ = "number (finite, >= 0)"
-
-
-def _positive_bandwidth(text: str) -> float:
-    value = float(text)
-    if not 0 < value < float("inf"):
-        raise ValueError(text)
-    return value
-
-
-_positive_bandwidth.__name__ = "bandwidth (MB per ms > 0)"
+_positive_seconds = _float_type("time limit (seconds > 0)", zero=False)
+_finite_nonnegative = _float_type("number (finite, >= 0)", zero=True)
+_positive_bandwidth = _float_type("bandwidth (MB per ms > 0)", zero=False)
 
 
 def _workers(text: str) -> int:
