@@ -16,7 +16,7 @@ from sapptk.errors import SapptkError
 from sapptk.plan import even_baseline, even_split
 from sapptk.schedules import Op, build, get, make_program, names
 from sapptk.simulation import simulate
-from sapptk.viz import style
+from sapptk.viz import look
 
 
 def _sim(name="interleaved", p=4, m=8, v=2, k=1, **kw):
@@ -305,7 +305,7 @@ def test_colour_by_kind_and_shade_by_chunk():
     by = frame.drop_duplicates(["category", "chunk"]).set_index(["category", "chunk"])["color"]
     assert by[("forward", 0)] == viz.CATEGORY_COLORS["forward"]
     assert by[("backward", 0)] == viz.CATEGORY_COLORS["backward"]
-    assert by[("forward", 1)] == style.shades(viz.CATEGORY_COLORS["forward"], 2)[1] != by[("forward", 0)]
+    assert by[("forward", 1)] == look.shades(viz.CATEGORY_COLORS["forward"], 2)[1] != by[("forward", 0)]
     # micro-batch numbers in a colour that reads on the box
     labels = _renderer(viz.timeline(sim), "labels")
     texts = np.asarray(labels.glyph.text_color["transform"].palette)[np.asarray(data["style"])]

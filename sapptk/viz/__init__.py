@@ -9,7 +9,9 @@
 * :func:`sensitivity_plot`, :func:`critical_plot` — how sure a plan is, and where its
   critical path runs (:mod:`sapptk.viz.robustness`).
 * :func:`save_html`, :func:`export_png`, :func:`export_svg` — files (:mod:`sapptk.viz.export`).
-* Colours and sizes: :mod:`sapptk.viz.style`; what a figure accepts: :mod:`sapptk.viz.subjects`.
+* :func:`output_notebook` — BokehJS in a notebook, inline but not saved in the file
+  (:mod:`sapptk.viz.jupyter`).
+* Colours and sizes: :mod:`sapptk.viz.look`; what a figure accepts: :mod:`sapptk.viz.subjects`.
 
 Figures take a :class:`~sapptk.plan.Plan` or a :class:`~sapptk.simulation.Simulation`
 alike, and draw the memory budget the subject carries unless told otherwise
@@ -23,7 +25,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
-    "CATEGORY_COLORS": "sapptk.viz.style",
+    "CATEGORY_COLORS": "sapptk.viz.look",
     "timeline": "sapptk.viz.timelines",
     "compare": "sapptk.viz.timelines",
     "op_source": "sapptk.viz.timelines",
@@ -42,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "find_chromium": "sapptk.viz.export",
     "chromium_driver": "sapptk.viz.export",
     "close_driver": "sapptk.viz.export",
+    "output_notebook": "sapptk.viz.jupyter",
 }
 
 __all__ = [
@@ -57,6 +60,7 @@ __all__ = [
     "find_chromium",
     "heatmap",
     "op_source",
+    "output_notebook",
     "pareto",
     "pareto_front",
     "save_html",
@@ -76,9 +80,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         find_chromium,
         save_html,
     )
+    from sapptk.viz.jupyter import output_notebook
+    from sapptk.viz.look import CATEGORY_COLORS
     from sapptk.viz.plan_bars import device_frame, stage_bars
     from sapptk.viz.robustness import critical_plot, sensitivity_plot
-    from sapptk.viz.style import CATEGORY_COLORS
     from sapptk.viz.sweep_plots import heatmap, pareto, pareto_front, step_time_by_budget
     from sapptk.viz.timelines import compare, op_source, timeline
 
