@@ -37,6 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.calibration",),
     ("sapptk.sweeps",),
     ("sapptk.viz",),
+    ("sapptk.explorer_inputs",),  # row 13½ of docs/internals.md
     ("sapptk.widgets",),
     ("sapptk.cli",),
     ("sapptk.__main__",),

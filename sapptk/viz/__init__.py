@@ -11,6 +11,8 @@
 * :func:`save_html`, :func:`export_png`, :func:`export_svg` — files (:mod:`sapptk.viz.export`).
 * :func:`output_notebook` — BokehJS in a notebook, inline but not saved in the file
   (:mod:`sapptk.viz.jupyter`).
+* :func:`style` — ``"notebook"`` (default) or ``"paper"`` (one or two columns) for every
+  figure drawn after it.
 * Colours and sizes: :mod:`sapptk.viz.look`; what a figure accepts: :mod:`sapptk.viz.subjects`.
 
 Figures take a :class:`~sapptk.plan.Plan` or a :class:`~sapptk.simulation.Simulation`
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
     "CATEGORY_COLORS": "sapptk.viz.look",
+    "style": "sapptk.viz.look",
     "timeline": "sapptk.viz.timelines",
     "compare": "sapptk.viz.timelines",
     "op_source": "sapptk.viz.timelines",
@@ -67,6 +70,7 @@ __all__ = [
     "sensitivity_plot",
     "stage_bars",
     "step_time_by_budget",
+    "style",
     "timeline",
 ]
 
@@ -81,7 +85,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         save_html,
     )
     from sapptk.viz.jupyter import output_notebook
-    from sapptk.viz.look import CATEGORY_COLORS
+    from sapptk.viz.look import CATEGORY_COLORS, style
     from sapptk.viz.plan_bars import device_frame, stage_bars
     from sapptk.viz.robustness import critical_plot, sensitivity_plot
     from sapptk.viz.sweep_plots import heatmap, pareto, pareto_front, step_time_by_budget
