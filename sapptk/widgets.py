@@ -92,6 +92,9 @@ class Explorer:
     Attributes (all ipywidgets): ``schedule``, ``stages``, ``micro_batches``, ``chunks``,
     ``splits``, ``budget`` (MB, 0 = no limit), ``recompute`` (``{mode: Checkbox}``),
     ``time_limit``, ``solve_button``, ``cancel_button``, ``status``, ``stale_note``,
+    ``entries`` (the box beside each control where a value can be typed: ``"stages"``,
+    ``"micro-batches"``, ``"chunks"``, ``"splits"``, ``"memory budget"``, ``"time limit"``;
+    a value out of range is corrected and ``input_note`` says how), ``recompute_note``,
     ``results`` (the Tab) and its pages ``timeline``, ``table``, ``yaml``, ``bars`` (Boxes
     holding a ``jupyter_bokeh.BokehModel`` once drawn; ``bars`` when its tab is opened),
     ``exports`` (``export_format``, a Dropdown, and ``export_text``, that format's text; filled
@@ -166,8 +169,11 @@ class Explorer:
         self._constant = float(cfg.constant_memory)
         self._comm = float(cfg.comm)
 
+        self.entries: dict[str, w.Text] = {}  # the typed-value box beside each control, by its name
+
         def typed(control: w.ValueWidget, name: str, **kw: Any) -> w.Text:
-            return checked_entry(control, name, self._report_input, **kw)
+            self.entries[name] = checked_entry(control, name, self._report_input, **kw)
+            return self.entries[name]
 
         for slider in (self.stages, self.micro_batches, self.chunks, self.splits, self.time_limit):
             slider.readout = False  # the box beside it takes typed values, and says what it changed
@@ -337,7 +343,7 @@ class Explorer:
 
     def _report_input(self, what: str) -> None:
         """Say what was changed in a typed value (``checked_entry``)."""
-        self.input_note.value = f'<small style="color:#b26a00">changed: {html.escape(what)}</small>'
+        self.input_note.value = f'<small style="color:#b26a00">{html.escape(what)}</small>'
 
 
     @property
