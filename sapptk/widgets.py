@@ -221,13 +221,13 @@ class Explorer:
             if baseline is not None:
                 subjects.append(baseline)
                 labels.append(baseline.source.replace("even_split(", "even split (").replace("((", "("))
-            self.figure = viz.compare(*subjects, labels=labels, memory=True, width=940)
+            self.figure = viz.compare(*subjects, labels=labels, memory=True)  # as wide as the output
             self.timeline.children = (_bokeh(self.figure),)
 
         def show_bars(plan: Plan, _baseline: Plan | None) -> None:
             from sapptk import viz
 
-            self.bars.children = (_bokeh(viz.stage_bars(plan, width=860)),)
+            self.bars.children = (_bokeh(viz.stage_bars(plan)),)
 
         def show_yaml(plan: Plan, _baseline: Plan | None) -> None:
             try:

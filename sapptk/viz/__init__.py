@@ -13,6 +13,8 @@
   (:mod:`sapptk.viz.jupyter`).
 * :func:`style` — ``"notebook"`` (default) or ``"paper"`` (one or two columns) for every
   figure drawn after it.
+* :func:`finish` — the style in force applied to a Bokeh layout of your own (the figure
+  functions end with it).
 * Colours and sizes: :mod:`sapptk.viz.look`; what a figure accepts: :mod:`sapptk.viz.subjects`.
 
 Figures take a :class:`~sapptk.plan.Plan` or a :class:`~sapptk.simulation.Simulation`
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS: dict[str, str] = {
     "CATEGORY_COLORS": "sapptk.viz.look",
     "style": "sapptk.viz.look",
+    "finish": "sapptk.viz.look",
     "timeline": "sapptk.viz.timelines",
     "compare": "sapptk.viz.timelines",
     "op_source": "sapptk.viz.timelines",
@@ -61,6 +64,7 @@ __all__ = [
     "export_png",
     "export_svg",
     "find_chromium",
+    "finish",
     "heatmap",
     "op_source",
     "output_notebook",
@@ -85,7 +89,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         save_html,
     )
     from sapptk.viz.jupyter import output_notebook
-    from sapptk.viz.look import CATEGORY_COLORS, style
+    from sapptk.viz.look import CATEGORY_COLORS, finish, style
     from sapptk.viz.plan_bars import device_frame, stage_bars
     from sapptk.viz.robustness import critical_plot, sensitivity_plot
     from sapptk.viz.sweep_plots import heatmap, pareto, pareto_front, step_time_by_budget
