@@ -6,9 +6,9 @@
   (:mod:`sapptk.viz.plan_bars`).
 * :func:`step_time_by_budget`, :func:`heatmap`, :func:`pareto`, :func:`pareto_front` —
   a sweep's frame (:mod:`sapptk.viz.sweep_plots`).
-* :func:`sensitivity_plot`, :func:`critical_plot` — how sure a plan is, and where its
-  critical path runs (:mod:`sapptk.viz.robustness`).
-* :func:`save_html`, :func:`export_png`, :func:`export_svg` — files (:mod:`sapptk.viz.export`).
+* :func:`sensitivity_plot`, :func:`critical_plot`, :func:`validation_plot` — how sure a
+  plan is, where its critical path runs, and predicted against measured peaks (:mod:`sapptk.viz.robustness`).
+* :func:`save_html`, :func:`export_png`, :func:`export_svg`, :func:`export_pdf` — files (:mod:`sapptk.viz.export`).
 * :func:`output_notebook` — BokehJS in a notebook, inline but not saved in the file
   (:mod:`sapptk.viz.jupyter`).
 * :func:`style` — ``"notebook"`` (default) or ``"paper"`` (one or two columns) for every
@@ -43,8 +43,10 @@ _EXPORTS: dict[str, str] = {
     "pareto_front": "sapptk.viz.sweep_plots",
     "sensitivity_plot": "sapptk.viz.robustness",
     "critical_plot": "sapptk.viz.robustness",
+    "validation_plot": "sapptk.viz.robustness",
     "save_html": "sapptk.viz.export",
     "export_png": "sapptk.viz.export",
+    "export_pdf": "sapptk.viz.export",
     "export_svg": "sapptk.viz.export",
     "ExportUnavailableError": "sapptk.viz.export",
     "find_chromium": "sapptk.viz.export",
@@ -61,6 +63,7 @@ __all__ = [
     "compare",
     "critical_plot",
     "device_frame",
+    "export_pdf",
     "export_png",
     "export_svg",
     "find_chromium",
@@ -76,6 +79,7 @@ __all__ = [
     "step_time_by_budget",
     "style",
     "timeline",
+    "validation_plot",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
@@ -83,6 +87,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         ExportUnavailableError,
         chromium_driver,
         close_driver,
+        export_pdf,
         export_png,
         export_svg,
         find_chromium,
@@ -91,7 +96,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from sapptk.viz.jupyter import output_notebook
     from sapptk.viz.look import CATEGORY_COLORS, finish, style
     from sapptk.viz.plan_bars import device_frame, stage_bars
-    from sapptk.viz.robustness import critical_plot, sensitivity_plot
+    from sapptk.viz.robustness import critical_plot, sensitivity_plot, validation_plot
     from sapptk.viz.sweep_plots import heatmap, pareto, pareto_front, step_time_by_budget
     from sapptk.viz.timelines import compare, op_source, timeline
 

@@ -130,6 +130,24 @@ def style(name: str = "notebook", *, columns: int = 2) -> Style:
     return new
 
 
+def sequential_palette() -> list[str]:
+    """256 colours for values (heatmaps): Viridis; the paper style: Cividis, made for
+    colour-vision deficiency."""
+    from bokeh.palettes import Cividis256, Viridis256
+
+    return list(Cividis256 if current().paper else Viridis256)
+
+
+def budget_color() -> str:
+    """The memory budget's line and marks."""
+    return "#000000" if current().paper else BUDGET_COLOR
+
+
+def recompute_color() -> str:
+    """The recompute share of a backward."""
+    return OKABE_ITO[2] if current().paper else RECOMPUTE_COLOR
+
+
 def category_colors() -> dict[str, str]:
     """The colour of each op category in the style in force."""
     return PAPER_CATEGORY_COLORS if current().paper else CATEGORY_COLORS
@@ -138,11 +156,7 @@ def category_colors() -> dict[str, str]:
 def series_colors(n: int) -> list[str]:
     """``n`` colours for lines or bars of different series (schedules, devices, parts)."""
     if current().paper:
-        if n <= len(OKABE_ITO):
-            return list(OKABE_ITO[:n])
-        from bokeh.palettes import Cividis256
-
-        return [Cividis256[i] for i in np.linspace(0, 230, n).astype(int)]
+        return list(OKABE_ITO[:n]) if n <= len(OKABE_ITO) else _cividis(n)
     return device_colors(n)
 
 
@@ -174,7 +188,7 @@ def device_colors(n: int) -> list[str]:
     """One colour per device: Category10 up to 10 devices, spread over Turbo beyond (the
     paper style: Okabe–Ito, then Cividis)."""
     if current().paper:
-        return series_colors(n) if n <= len(OKABE_ITO) else _cividis(n)
+        return series_colors(n)
     if n <= len(Category10_10):
         return list(Category10_10[:n])
     idx = np.linspace(20, 235, n).astype(int)

@@ -21,7 +21,7 @@ from sapptk.viz import look
 if TYPE_CHECKING:
     from bokeh.models import UIElement
 
-__all__ = ["critical_plot", "sensitivity_plot"]
+__all__ = ["critical_plot", "sensitivity_plot", "validation_plot"]
 
 _TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
 
@@ -81,7 +81,7 @@ def sensitivity_plot(result: Sensitivity, *, bins: int = 40, width: int | None =
         ]))
     budget = dev.budget_mb.iloc[0] if len(dev) else np.nan
     if np.isfinite(budget):
-        right.add_layout(Span(location=float(budget), dimension="width", line_color=look.BUDGET_COLOR,
+        right.add_layout(Span(location=float(budget), dimension="width", line_color=look.budget_color(),
                               line_dash="dashed", line_width=2))
     right.xaxis.ticker = devices
     right.yaxis.formatter = look.thousands()
@@ -111,4 +111,20 @@ def critical_plot(subject: Plan | pd.DataFrame, *, width: int | None = None) -> 
                    color=[kind_colors[k] for k in kinds], legend_label=kinds)
     fig.add_tools(HoverTool(tooltips=[("virtual stage", "@virtual_stage"), *[(k, f"@{k}") for k in kinds]]))
     fig.legend.location = "top_right"
+    return look.finish(fig, width=width)
+
+
+def validation_plot(frame: pd.DataFrame, *, title: str = "predicted vs observed peak memory",
+                    width: int | None = None) -> UIElement:
+    """Observed peak MB per device as bars, the predicted peaks as markers, from the frame of
+    :func:`sapptk.calibration.validate` (:func:`sapptk.calibration.figures.validation_figure`
+    in the style in force). ``width`` as in :func:`sensitivity_plot`."""
+    from sapptk.calibration.figures import validation_figure
+
+    fig = validation_figure(frame, title=title)
+    for renderer in fig.renderers:
+        if type(renderer.glyph).__name__ == "Scatter":
+            renderer.glyph.fill_color = renderer.glyph.line_color = look.category_colors()["backward"]
+        elif type(renderer.glyph).__name__ == "VBar":
+            renderer.glyph.fill_color = look.category_colors()["forward"]
     return look.finish(fig, width=width)

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LinearColorMapper
-from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
 
 from sapptk.errors import SapptkError
@@ -206,11 +205,12 @@ def heatmap(
     fig.grid.grid_line_color = None
     vals = best[value].to_numpy(dtype=float)
     low, high = (float(np.nanmin(vals)), float(np.nanmax(vals))) if len(vals) else (0.0, 1.0)
-    mapper = LinearColorMapper(palette=Viridis256, low=low, high=high if high > low else low + 1)
+    palette = look.sequential_palette()
+    mapper = LinearColorMapper(palette=palette, low=low, high=high if high > low else low + 1)
     # the number on a cell in black on light colours, white on dark ones
     shade = np.clip(((vals - low) / max(high - low, 1e-12) * 255).astype(int), 0, 255) if len(vals) else []
     src = _source(best, cell_text=[f"{v:,.0f}" for v in vals],
-                  cell_text_color=[look.text_color(Viridis256[i]) for i in shade])
+                  cell_text_color=[look.text_color(palette[i]) for i in shade])
     src.data["_x"], src.data["_y"] = best["_x"].tolist(), best["_y"].tolist()
     cells = fig.rect("_x", "_y", 1, 1, source=src, fill_color={"field": value, "transform": mapper},
                      line_color="white")
