@@ -101,8 +101,10 @@ CHROMIUM_FLAGS = (
 )
 
 
-def chromium_driver(*, console_log: bool = False, window: tuple[int, int] = (1400, 1000)) -> Any:
-    """A headless Chromium Selenium driver with a fresh profile (caller quits it).
+def chromium_driver(*, console_log: bool = False, window: tuple[int, int] = (1400, 1000),
+                    device_scale: float = 1.0) -> Any:
+    """A headless Chromium Selenium driver with a fresh profile (caller quits it);
+    ``device_scale``: device pixels per CSS pixel (a PNG above 96 dpi needs dpi / 96).
 
     Raises :class:`ExportUnavailableError` with the install hint when Selenium or
     Chromium/chromedriver is missing.
@@ -121,6 +123,8 @@ def chromium_driver(*, console_log: bool = False, window: tuple[int, int] = (140
     for flag in CHROMIUM_FLAGS:
         opts.add_argument(flag)
     opts.add_argument(f"--window-size={window[0]},{window[1]}")
+    if device_scale != 1.0:
+        opts.add_argument(f"--force-device-scale-factor={device_scale:g}")
     profile = tempfile.mkdtemp(prefix="sapptk-chromium-")
     opts.add_argument(f"--user-data-dir={profile}")
     if console_log:
@@ -146,28 +150,38 @@ def close_driver(drv: Any) -> None:
 
 @contextmanager
 def _canvas_backend(fig: UIElement) -> Iterator[None]:
-    """Render plots on the 2D canvas while exporting, then put their backends back.
+    """Ready ``fig`` for a file, then put it back as it was: plots drawn on the 2D canvas, and
+    a layout that stretches to its output (the notebook style) fixed at the width it was
+    built for (a file has no output to stretch to).
 
     A static image gains nothing from WebGL, and headless Chromium has no GPU: its
     software WebGL is several times slower than the canvas on large timelines.
     """
+    from bokeh.models import LayoutDOM
+
     plots = [p for p in fig.select({"type": Plot}) if p.output_backend == "webgl"]
+    stretched = [(m, m.sizing_mode) for m in [fig, *fig.select({"type": LayoutDOM})]
+                 if getattr(m, "sizing_mode", None) == "stretch_width"]
     for p in plots:
         p.output_backend = "canvas"
+    for m, _ in stretched:
+        m.sizing_mode = "fixed" if isinstance(m, Plot) else None
     try:
         yield
     finally:
         for p in plots:
             p.output_backend = "webgl"
+        for m, mode in stretched:
+            m.sizing_mode = mode
 
 
 @contextmanager
-def _browser(driver: Any) -> Iterator[Any]:
+def _browser(driver: Any, device_scale: float = 1.0) -> Iterator[Any]:
     """``driver``, or a fresh one closed at the end."""
     if driver is not None:
         yield driver
         return
-    drv = chromium_driver()
+    drv = chromium_driver(device_scale=device_scale)
     try:
         yield drv
     finally:
@@ -184,8 +198,11 @@ def export_png(fig: UIElement, path: str | os.PathLike[str], *, dpi: float = 96,
     if isinstance(dpi, bool) or not isinstance(dpi, (int, float)) or not 24 <= dpi <= 1200:
         raise SapptkError(f"export_png: dpi = {dpi!r}: expected a number from 24 to 1200")
     path = _target(path, "export_png")
-    with _browser(driver) as drv, _canvas_backend(fig):
-        _bokeh_export_png(fig, filename=str(path), webdriver=drv, timeout=timeout, scale_factor=dpi / 96)
+    scale = dpi / 96
+    if driver is not None and driver.execute_script("return window.devicePixelRatio") < scale:
+        driver = None  # Chromium draws this many device pixels per CSS pixel only when started so
+    with _browser(driver, device_scale=max(scale, 1.0)) as drv, _canvas_backend(fig):
+        _bokeh_export_png(fig, filename=str(path), webdriver=drv, timeout=timeout, scale_factor=scale)
     from PIL import Image
 
     with Image.open(path) as img:
