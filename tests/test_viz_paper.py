@@ -109,7 +109,7 @@ def test_paper_style_sizes_fonts_palette_and_no_toolbar(subjects, name, columns)
     assert look.current().name == "notebook"  # the block put the previous style back
     plots = _plots(fig)
     for plot in plots:
-        assert plot.sizing_mode == "fixed" and plot.width == st.width // _across(fig)
+        assert plot.sizing_mode is None and plot.width == st.width // _across(fig)
         assert plot.toolbar_location is None
         for axis in plot.select({"type": Axis}):
             assert axis.major_label_text_font_size == "10.7px" and axis.axis_label_text_font_size == "12.0px"
@@ -225,3 +225,17 @@ def test_png_dpi_is_checked(tmp_path):
     for bad in (0, 5000, "300", True):
         with pytest.raises(SapptkError, match="dpi"):
             viz.export_png(figure(), tmp_path / "x.png", dpi=bad)
+
+
+def test_the_gallery_shows_every_figure_function():
+    """docs/figures.md shows an image of every figure function (scripts/make_gallery.py)."""
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    page = (docs / "figures.md").read_text(encoding="utf-8")
+    for name in FIGURES:
+        assert f"](figures/{name}.png)" in page, name
+        image = docs / "figures" / f"{name}.png"
+        assert image.is_file() and image.stat().st_size > 5000, image
+    script = (docs.parent / "scripts" / "make_gallery.py").read_text(encoding="utf-8")
+    assert all(f'"{name}"' in script for name in FIGURES)

@@ -165,7 +165,7 @@ def _canvas_backend(fig: UIElement) -> Iterator[None]:
     for p in plots:
         p.output_backend = "canvas"
     for m, _ in stretched:
-        m.sizing_mode = "fixed" if isinstance(m, Plot) else None
+        m.sizing_mode = None  # Bokeh's default: the width it was built for
     try:
         yield
     finally:
@@ -203,8 +203,10 @@ def export_png(fig: UIElement, path: str | os.PathLike[str], *, dpi: float = 96,
         driver = None  # Chromium draws this many device pixels per CSS pixel only when started so
     with _browser(driver, device_scale=max(scale, 1.0)) as drv, _canvas_backend(fig):
         _bokeh_export_png(fig, filename=str(path), webdriver=drv, timeout=timeout, scale_factor=scale)
-    from PIL import Image
-
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise ExportUnavailableError(f"{_EXPORT_HINT} (pillow is not installed)") from exc
     with Image.open(path) as img:
         img.load()
         img.save(path, dpi=(dpi, dpi))

@@ -23,6 +23,7 @@ from bokeh.models import (
     CategoricalAxis,
     ColorBar,
     GridPlot,
+    Label,
     LayoutDOM,
     Legend,
     LinearColorMapper,
@@ -269,8 +270,8 @@ def finish(layout: LayoutDOM, *, width: int | None = None) -> LayoutDOM:
                     item.min_width = max(MIN_WIDTH // across, 240)
                     item.width_policy = "max"
     else:
-        for fig in plots:
-            fig.sizing_mode = "fixed"
+        for fig in plots:  # Bokeh's default sizing: the width given, the height of the frame_height given
+            fig.sizing_mode = None
             fig.width = max(int(target) // across, 120)
     if st.paper:
         _paper(layout, plots)
@@ -307,6 +308,9 @@ def _paper(layout: LayoutDOM, plots: list[Plot]) -> None:
             legend.label_text_font = legend.title_text_font = PAPER_FONT
             legend.label_text_font_size = legend.title_text_font_size = small
             legend.border_line_color = None
+        for label in fig.select({"type": Label}):  # headers, budget labels
+            label.text_font = PAPER_FONT
+            label.text_font_size = small
         for bar in fig.select({"type": ColorBar}):
             bar.major_label_text_font_size = bar.title_text_font_size = small
     if isinstance(layout, GridPlot):
