@@ -358,6 +358,23 @@ def test_micro_batch_written_on_wide_boxes_only():
     assert x_range.js_property_callbacks.get("change:start")
 
 
+def test_micro_batch_labels_are_all_or_none():
+    """Every full-height box is labelled when each can hold the widest number, else none: a
+    box that fits "7" but not "12" means no label anywhere (the hover names every op)."""
+    from sapptk.viz.timelines import _label_indices
+
+    data = {"micro_batch": np.array([0, 7, 12]), "duration_ms": np.array([10.0, 10.0, 10.0]),
+            "lower": np.zeros(3), "upper": np.full(3, 0.8)}
+    one_digit, two_digits = 1 * look.LABEL_PX_PER_CHAR + 4, 2 * look.LABEL_PX_PER_CHAR + 4
+    assert list(_label_indices(data, two_digits / 10)) == [0, 1, 2]
+    assert list(_label_indices(data, (one_digit + two_digits) / 20)) == []  # "7" fits, "12" does not
+    strips = {**data, "upper": np.array([0.8, 0.3, 0.8])}  # an overlapped strip is never labelled
+    assert list(_label_indices(strips, two_digits / 10)) == [0, 2]
+    from sapptk.viz.timelines import _LABELS_JS
+
+    assert "labels.indices = room ? keep : []" in _LABELS_JS  # the browser applies the same rule
+
+
 @pytest.mark.slow
 def test_large_programs_stay_one_numeric_source():
     sim = _sim("interleaved", 16, 1600, 2)  # 102 400 ops
