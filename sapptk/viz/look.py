@@ -11,7 +11,7 @@ string per row: sources stay numeric, so they serialise as binary arrays.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -82,6 +82,7 @@ class Style:
 
     name: str = "notebook"
     columns: int = 2
+    previous: Style | None = field(default=None, repr=False, compare=False)  # put back by ``with``
 
     @property
     def paper(self) -> bool:
@@ -100,7 +101,7 @@ class Style:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        _STATE[0] = self._previous  # type: ignore[attr-defined]
+        _STATE[0] = self.previous if self.previous is not None else Style()
 
 
 _STATE: list[Style] = [Style()]
@@ -125,8 +126,7 @@ def style(name: str = "notebook", *, columns: int = 2) -> Style:
         raise SapptkError(f"style = {name!r}: expected one of {', '.join(map(repr, STYLES))}")
     if columns not in PAPER_WIDTH_IN or isinstance(columns, bool):
         raise SapptkError(f"style: columns = {columns!r}: expected 1 or 2 (a one- or a two-column figure)")
-    new = Style(name, columns)
-    object.__setattr__(new, "_previous", _STATE[0])
+    new = Style(name, columns, previous=_STATE[0])
     _STATE[0] = new
     return new
 
