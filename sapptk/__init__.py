@@ -55,8 +55,9 @@ _EXPORTS: dict[str, str] = {
     "TraceError": "sapptk.errors",
     "SearchOptions": "sapptk.solver.settings",
     "sweep": "sapptk.sweeps",
+    "estimate_profile": "sapptk.models.estimate",
 }
-_MODULES = ("schedules", "calibration")
+_MODULES = ("schedules", "calibration", "models")
 
 __all__ = [
     "AlternativeLayout",
@@ -87,6 +88,7 @@ __all__ = [
     "bundled_profiles",
     "even_baseline",
     "even_split",
+    "estimate_profile",
     "from_megatron",
     "from_mindformers",
     "from_mindformers_named",
@@ -94,6 +96,7 @@ __all__ = [
     "load_plan",
     "load_profile",
     "make_plan",
+    "models",
     "schedules",
     "simulate",
     "simulate_offload",
@@ -102,7 +105,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
-    from sapptk import calibration, schedules
+    from sapptk import calibration, models, schedules
     from sapptk.balancer import balance
     from sapptk.calibration.fitting import Calibration, calibrate
     from sapptk.calibration.validation import validate
@@ -118,6 +121,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         ScheduleError,
         TraceError,
     )
+    from sapptk.models.estimate import estimate_profile
     from sapptk.offload import OffloadSimulation, simulate_offload
     from sapptk.plan import (
         Plan,
