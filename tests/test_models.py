@@ -328,7 +328,7 @@ def test_layouts_the_card_refuses(name, parallel, fragments):
         (dict(sharding="zero9"), ["sharding", "fsdp"]),
         (dict(compute_dtype="int8"), ["compute_dtype"]),
         (dict(cp=2, flash_attention=False), ["flash"]),
-        (dict(ep=3, dp=4), ["'ep' = 3", "dp × cp"]),
+        (dict(ep=3, dp=4), ["'ep' = 3", "dp × cp × tp"]),
         (dict(tp=True), ["'tp' = True"]),
     ],
 )

@@ -66,9 +66,10 @@ class Parallel:
     ``tp`` tensor parallel size (``sequence_parallel`` splits the norm/dropout regions
     too; ignored when ``tp`` is 1); ``cp`` context parallel (the sequence split across
     devices); ``ep`` expert parallel (routed experts split across ``ep`` devices, taken
-    from the data-parallel ranks as Megatron does); ``dp`` data parallel; ``sharding`` of
-    the optimizer over data parallelism (:data:`SHARDINGS`); ``micro_batch_size`` and
-    ``seq_length`` (tokens per sample); ``compute_dtype`` of weights and activations,
+    from the data-, context- and tensor-parallel ranks as Megatron does with expert-TP 1);
+    ``dp`` data parallel; ``sharding`` of the optimizer over data parallelism
+    (:data:`SHARDINGS`); ``micro_batch_size`` and ``seq_length`` (tokens per sample);
+    ``compute_dtype`` of weights and activations,
     ``grad_dtype`` of the gradients kept for the optimizer; ``adam`` (fp32 master weights
     when computing in 16 bits, and two fp32 moments; otherwise no optimizer state);
     ``flash_attention`` (no score matrix kept); ``capacity_factor`` of MoE experts (None:
@@ -110,10 +111,10 @@ class Parallel:
                 f"{where}: field 'seq_length' = {self.seq_length}: expected a multiple of cp × tp = "
                 f"{self.cp * self.tp} with sequence parallelism (or sequence_parallel=False)"
             )
-        if (self.dp * self.cp) % self.ep and self.ep > 1:
+        if (self.dp * self.cp * self.tp) % self.ep:
             raise ConfigError(
-                f"{where}: field 'ep' = {self.ep}: expected a divisor of dp × cp = {self.dp * self.cp} "
-                "(expert-parallel ranks are data-parallel ranks)"
+                f"{where}: field 'ep' = {self.ep}: expected a divisor of dp × cp × tp = {self.dp * self.cp * self.tp} "
+                "(expert-parallel ranks are taken from the data-, context- and tensor-parallel ranks, as in Megatron)"
             )
         if self.cp > 1 and not self.flash_attention:
             raise ConfigError(f"{where}: field 'flash_attention' = False: context parallelism (cp = {self.cp}) "
