@@ -53,7 +53,8 @@ def main() -> None:
         print(_row(f"body activation {mode}", body.modes[mode].activation, mbody.modes[mode].activation))
     print(_row("head params", profile.head.params, measured.head.params))
     print(_row("tail params", profile.tail.params, measured.tail.params))
-    print(f"{'body forward':32s} {body.forward:12.3f} {'':12s} {mbody.forward:12.3f} {mbody.forward / body.forward:9.3f}")
+    ratio = mbody.forward / body.forward
+    print(f"{'body forward':32s} {body.forward:12.3f} {'':12s} {mbody.forward:12.3f} {ratio:9.3f}")
     for mode in mbody.modes:
         ours, theirs = body.modes[mode].backward, mbody.modes[mode].backward
         print(f"{'body backward ' + mode:32s} {ours:12.3f} {'':12s} {theirs:12.3f} {theirs / ours:9.3f}")
