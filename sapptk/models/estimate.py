@@ -21,7 +21,7 @@ Memory is in MB (10⁶ bytes), times in ms, per layer per micro-batch, as profil
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sapptk.errors import ConfigError
@@ -43,6 +43,11 @@ _COLUMN = frozenset({"none", "select"})
 the expert dispatch, and what the all-to-alls return: comm (and both) recompute them."""
 _ALL = frozenset(MODES)
 """The layer input: kept in every mode, the only tensor full recompute keeps."""
+
+_GROUP_FIELDS = frozenset(f.name for f in fields(LayerGroup))
+_PROFILE_FIELDS = frozenset(f.name for f in fields(Profile))
+"""Long-context fields (``seq_length``; ``kv_mb_per_token``, ``attention_share``) are filled
+where the profile types have them."""
 
 NOT_MODELLED: tuple[str, ...] = (
     "allocator fragmentation and caching reserve",
@@ -285,8 +290,15 @@ def _body_group(name: str, count: int, card: ModelCard, par: Parallel, hw: Hardw
         m: ModeCost(backward=_r(backward + extra[m]), activation=_r(sum(x.mb for x in tensors if m in x.modes)))
         for m in MODES
     }
+    long_context: dict[str, float] = {}  # the long-context fields, where the profile has them
+    if "kv_mb_per_token" in _GROUP_FIELDS:
+        dqk, dv, kv_heads = _attention_widths(card)
+        bytes_per_token = 2 * kv_heads * (dqk + dv) * par.micro_batch_size / (par.tp * par.cp)
+        long_context["kv_mb_per_token"] = bytes_per_token / 1e6
+    if "attention_share" in _GROUP_FIELDS:
+        long_context["attention_share"] = min(1.0, (attention_ms + attention_bwd) / (forward + backward))
     return LayerGroup(name=name, kind="body", count=count, forward=_r(forward),
-                      params=_r(_layer_static_mb(card, par, moe)), modes=modes)
+                      params=_r(_layer_static_mb(card, par, moe)), modes=modes, **long_context)
 
 
 def _r(value: float) -> float:
@@ -354,7 +366,8 @@ def estimate_profile(
         if group.kind == "body":
             groups.append(_body_group(group.name, group.count, model, par, hw, group.moe))
     groups.append(_tail_group(model, par, hw))
-    return Profile(name=_name(model, par, hw), groups=tuple(groups), provenance=_provenance(model, par, hw))
+    extra = {"seq_length": par.seq_length} if "seq_length" in _PROFILE_FIELDS else {}
+    return Profile(name=_name(model, par, hw), groups=tuple(groups), provenance=_provenance(model, par, hw), **extra)
 
 
 def _name(card: ModelCard, par: Parallel, hw: Hardware) -> str:

@@ -94,7 +94,7 @@ class Parallel:
         where = "parallel layout"
         for name in ("tp", "cp", "ep", "dp", "micro_batch_size"):
             _int(getattr(self, name), where, name)
-        _int(self.seq_length, where, "seq_length", high=100_000_000)
+        _int(self.seq_length, where, "seq_length", high=1 << 24)  # a profile's longest sequence (16 M tokens)
         for name in ("sequence_parallel", "adam", "flash_attention"):
             _flag(getattr(self, name), where, name)
         _choice(self.sharding, where, "sharding", SHARDINGS)
