@@ -193,11 +193,9 @@ def _layer_comm_ms(card: ModelCard, par: Parallel, hw: Hardware, moe: bool) -> d
     tp = tp_gather = 0.0
     if t > 1:
         one = (t - 1) / t * activation / hw.bandwidth(t)  # an all-gather or a reduce-scatter
-        tp = 2 * collectives * one  # SP: gather + scatter per block; no SP: one all-reduce = 2 × one
+        # per block, SP: an all-gather and a reduce-scatter; no SP: one all-reduce (= 2 × one)
+        tp = 2 * collectives * one
         tp_gather = collectives * one if par.sp else 0.0
-        if moe and collectives == 1:  # experts without a shared expert: the tokens stay sharded
-            tp = 2 * one
-            tp_gather = one if par.sp else 0.0
     ep = 0.0
     if moe and par.ep > 1:
         assert card.moe is not None
@@ -311,7 +309,8 @@ def _head_group(card: ModelCard, par: Parallel, hw: Hardware) -> LayerGroup:
     n, nsp, t, h = d["N"], d["Nsp"], par.tp, d["h"]
     hbm = hw.hbm_tbps * 1e12 / 1e3  # bytes per ms
     lookup = (2 * n * h + 2 * nsp * h) / hbm  # gather the rows, write the output
-    reduce = (t - 1) / t * 2 * n * h / hw.bandwidth(t) if t > 1 else 0.0  # vocab-parallel: reduce(-scatter)
+    # vocabulary-parallel lookup: a reduce-scatter (SP) or an all-reduce (twice the bytes) of the output
+    reduce = (1 if par.sp else 2) * (t - 1) / t * 2 * n * h / hw.bandwidth(t) if t > 1 else 0.0
     kept = 8 * n + (nsp * h if card.dropout else 0.0)  # int64 token ids (+ dropout mask)
     params = card.vocab_size * card.hidden_size / t + card.positions * card.hidden_size
     per = static_bytes_per_parameter(par, par.dp * par.cp)
@@ -327,9 +326,10 @@ def _tail_group(card: ModelCard, par: Parallel, hw: Hardware) -> LayerGroup:
     hbm = hw.hbm_tbps * 1e12 / 1e3
     lm_ms = 2 * n * h * v / t / hw.flops_per_ms()
     logits = 4 * n * v / t  # fp32 logits for the loss
-    gather = (t - 1) / t * 2 * n * h / hw.bandwidth(t) if par.sp else 0.0
+    one = (t - 1) / t * 2 * n * h / hw.bandwidth(t) if t > 1 else 0.0
+    gather = one if par.sp else 0.0  # SP: the final norm's output gathered; its gradient reduce-scattered
     forward = lm_ms + 2 * logits / hbm + gather
-    backward = 2 * lm_ms + 2 * logits / hbm + gather
+    backward = 2 * lm_ms + 2 * logits / hbm + (gather if par.sp else 2 * one)  # no SP: all-reduce the input grad
     kept = 2 * nsp * h + 2 * nsp * h + logits  # final norm input and output, fp32 logits
     params = card.output_parameters(count_tied=True) - card.vocab_size * card.hidden_size
     params += card.vocab_size * card.hidden_size / t
