@@ -376,3 +376,13 @@ def test_long_context_fields():
     assert group.kv_mb_per_token == pytest.approx(2 * 8 * 128 * 2 * 2 / (8 * 2) / 1e6)
     longer = estimate_profile("llama3.1-70b", Parallel(tp=8, cp=2, seq_length=32768, micro_batch_size=2), "h100")
     assert 0 < group.attention_share < longer.body[0].attention_share < 1
+
+
+def test_a_hardware_card_of_your_own():
+    mine = hardware({"name": "x1", "peak_tflops": 500, "hbm_gb": 96, "hbm_tbps": 4, "intra_node_gbps": 400,
+                     "inter_node_gbps": 50})
+    assert mine.peak_tflops == 500.0 and mine.matmul_efficiency == 0.6
+    with pytest.raises(ConfigError, match="field 'peak_tflops' is missing"):
+        hardware({"name": "x1", "hbm_gb": 96, "hbm_tbps": 4, "intra_node_gbps": 400, "inter_node_gbps": 50})
+    with pytest.raises(ConfigError, match="unknown field 'tflops'"):
+        hardware({"name": "x1", "tflops": 500})
