@@ -19,6 +19,7 @@ from sapptk.schedules.interleaved import (
     build_interleaved_zb,
 )
 from sapptk.schedules.program import Program
+from sapptk.schedules.seq import build_seq_interleaved, build_seq_interleaved_lm
 from sapptk.schedules.zerobubble import OpCosts, build_zb_h1, build_zb_v, build_zb_v_greedy
 
 Builder = Callable[..., Program]
@@ -178,6 +179,16 @@ register(ScheduleSpec(
 register(ScheduleSpec(
     "seq1f1b", build_seq1f1b,
     "Seq1F1B: 1F1B over k sequence slices per micro-batch", splits=True,
+))
+register(ScheduleSpec(
+    "seq-interleaved", build_seq_interleaved,
+    "Sequence slices on interleaved chunks: k slices per micro-batch, v chunks per device",
+    chunks=None, splits=True, grouping="equal",
+))
+register(ScheduleSpec(
+    "seq-interleaved-lm", build_seq_interleaved_lm,
+    "Sequence slices on less-memory interleaved chunks (warm-up (v − 1)·G + p − s + k − 2)",
+    chunks=None, splits=True, grouping="equal",
 ))
 register(ScheduleSpec(
     "dualpipe-v", build_dualpipe_v,
