@@ -8,7 +8,7 @@ import pytest
 
 from sapptk.errors import ScheduleError
 from sapptk.schedules import build
-from sapptk.schedules.seq import seq_groups, seq_warmup
+from sapptk.schedules.seq import build_seq_interleaved, build_seq_interleaved_lm, seq_groups, seq_warmup
 from sapptk.simulation import simulate
 
 NAMES = ("seq-interleaved", "seq-interleaved-lm")
@@ -19,7 +19,7 @@ def cases(small: bool):
     for p in ps:
         for v in (1, 2, 3):
             for k in (1, 2, 3, 4):
-                for m in sorted({-(-p // k), p, p + 1, 2 * p}):
+                for m in sorted({p, p + 1, 2 * p} | ({-(-p // k)} if v == 1 else set())):
                     yield p, v, k, m
 
 
@@ -117,10 +117,15 @@ def test_reference_vector_misses_a_heavier_point() -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_too_few_slices_for_the_chunks(name: str) -> None:
-    with pytest.raises(ScheduleError, match=r"needs m·k >= p"):
-        build(name, stages=8, micro_batches=1, chunks=2, splits=4)
-    build(name, stages=8, micro_batches=2, chunks=2, splits=4)  # 8 slices: enough
+def test_too_few_micro_batches_for_the_chunks(name: str) -> None:
+    with pytest.raises(ScheduleError, match=r"needs m >= p when v > 1"):
+        build(name, stages=8, micro_batches=2, chunks=2, splits=4)
+    with pytest.raises(ScheduleError, match=r"needs m·k >= p"):  # the builder itself, called directly
+        build_seq_interleaved(8, 1, 2, 4)
+    for p, m, k in ((8, 2, 4), (4, 1, 4), (6, 2, 4)):  # m·k >= p: the order is valid, peaks as the closed form
+        program = (build_seq_interleaved if name == NAMES[0] else build_seq_interleaved_lm)(p, m, 2, k)
+        program.validate()
+        assert simulate(program, forward=1.0, backward=2.0).step_time == pytest.approx((2 * m * k + p - 1) * 3.0 / k)
 
 
 def test_groups_hold_whole_micro_batches() -> None:
