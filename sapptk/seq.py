@@ -1,0 +1,114 @@
+"""Sequence slices for long context: slice lengths, causal slice costs, K/V of an assignment.
+
+A sample of S tokens (``Profile.seq_length``) is cut into k slices of l_0, …, l_{k−1} tokens
+(``PipelineConfig.slice_lengths``, or equal lengths). Slice j covers tokens o_j to e_j
+(o_j = l_0 + … + l_{j−1}, e_j = o_j + l_j). What one layer costs for one micro-batch is
+split over its slices:
+
+* the linear part, (1 − a) of its forward and backward times (a = the group's
+  ``attention_share``): slice j takes λ_j = l_j / S of it;
+* the causal attention part, a of them: the queries of slice j attend to every key up to
+  their own position, so slice j takes the rows o_j..e_j of the causal triangle,
+  α_j = (e_j² − o_j²) / S² of it (equal slices: (2j + 1)/k², the last slice 2k − 1 times
+  the first);
+* its activation (flash attention keeps no S × S tensor): λ_j of it;
+* K/V: ``kv_mb_per_token`` · l_j MB, kept from the slice's forward to the end of the
+  backward of slice 0 of its micro-batch (:func:`sapptk.schedules.memory.kv_events`).
+
+Σ_j λ_j = Σ_j α_j = 1: the slices of a micro-batch cost what the micro-batch costs. A setup
+is *sliced* (:func:`is_sliced`) when it has k > 1 slices and its profile a ``seq_length``;
+without ``seq_length`` slices stay equal shares of linear costs, with no K/V term, as before.
+Everything here works on per-virtual-stage totals the caller (:mod:`sapptk.costs`) computes
+from the rounded integer figures, so the balancer's and the simulator's numbers agree.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from sapptk.config import PipelineConfig
+    from sapptk.profile import LayerGroup, Profile
+
+__all__ = [
+    "equal_lengths",
+    "is_sliced",
+    "kv_per_token",
+    "per_slice",
+    "slice_lengths",
+    "slice_shares",
+    "time_attention",
+]
+
+
+def is_sliced(profile: Profile, config: PipelineConfig) -> bool:
+    """Whether ``config`` runs ``profile`` as a long-context sliced setup (k > 1 and a seq_length)."""
+    return config.splits > 1 and profile.seq_length is not None
+
+
+def equal_lengths(seq_length: int, splits: int) -> np.ndarray:
+    """k lengths summing to ``seq_length``, differing by at most one token (longer first)."""
+    base, extra = divmod(int(seq_length), int(splits))
+    return np.array([base + (j < extra) for j in range(splits)], dtype=np.int64)
+
+
+def slice_lengths(profile: Profile, config: PipelineConfig) -> np.ndarray | None:
+    """Tokens of each slice of a sliced setup (``config.slice_lengths`` or equal), else None."""
+    if not is_sliced(profile, config):
+        return None
+    if config.slice_lengths is not None:
+        return np.asarray(config.slice_lengths, dtype=np.int64)
+    return equal_lengths(int(profile.seq_length), config.splits)  # type: ignore[arg-type]
+
+
+def slice_shares(lengths: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(linear, attention)`` shares of each slice: λ_j = l_j / S and α_j = (e_j² − o_j²) / S²."""
+    tokens = np.asarray(lengths, dtype=np.float64)
+    total = tokens.sum()
+    ends = np.cumsum(tokens)
+    starts = ends - tokens
+    return tokens / total, (ends**2 - starts**2) / total**2
+
+
+def per_slice(total: np.ndarray, attention: np.ndarray, lengths: Any, micro_batches: int) -> np.ndarray:
+    """Per virtual stage ``total`` of which ``attention`` is the causal part, as the cost of each
+    slice op: shape (virtual stages, micro-batches, slices)."""
+    linear, causal = slice_shares(lengths)
+    total = np.asarray(total, dtype=np.float64)
+    attention = np.asarray(attention, dtype=np.float64)
+    each = (total - attention)[:, None] * linear[None, :] + attention[:, None] * causal[None, :]
+    return np.broadcast_to(each[:, None, :], (len(total), micro_batches, len(linear)))
+
+
+def _ends(profile: Profile, nvs: int) -> list[tuple[LayerGroup, int]]:
+    """The head and tail with the virtual stage each lives on."""
+    return [(g, vs) for g, vs in ((profile.head, 0), (profile.tail, nvs - 1)) if g is not None]
+
+
+def time_attention(profile: Profile, coef: Any, counts: np.ndarray) -> dict[str, np.ndarray]:
+    """The causal-attention part of each virtual stage's ``forward``, ``backward`` and ``weight``
+    totals, in the integer time units of ``coef`` (:class:`sapptk.costs.LayerCoefficients`),
+    as floats: every body layer's time × its group's ``attention_share`` (the head and tail
+    are linear in the sequence; :meth:`PipelineConfig.check` refuses an attention share there)."""
+    c = np.asarray(counts, dtype=np.float64)
+    share = np.array([g.attention_share for g in profile.body], dtype=np.float64)
+    out = {
+        "forward": np.einsum("grv,g->v", c, coef.forward * share),
+        "backward": np.einsum("grv,gr->v", c, coef.backward * share[:, None]),
+        "weight": np.einsum("grv,g->v", c, coef.weight * share),
+    }
+    return out
+
+
+def kv_per_token(profile: Profile, counts: np.ndarray) -> np.ndarray:
+    """K/V MB per token of the sequence each virtual stage keeps (its layers' ``kv_mb_per_token``;
+    a head or tail without it keeps none)."""
+    c = np.asarray(counts, dtype=np.float64)
+    kv = np.array([g.kv_mb_per_token or 0.0 for g in profile.body], dtype=np.float64)
+    out = np.einsum("grv,g->v", c, kv)
+    for group, vs in _ends(profile, c.shape[2]):
+        out[vs] += group.count * (group.kv_mb_per_token or 0.0)
+    return out
+
