@@ -214,7 +214,8 @@ class PipelineConfig:
         lengths = self.slice_lengths
         if lengths is not None:
             if not isinstance(lengths, tuple) or not lengths:
-                raise ConfigError(f"splits = {_show(lengths)}: expected k or a non-empty list of slice lengths (tokens)")
+                raise ConfigError(f"splits = {_show(lengths)}: expected k or a non-empty list of slice lengths "
+                                  "(tokens)")
             for j, n in enumerate(lengths):
                 if not _is_int(n) or n < 1:
                     raise ConfigError(f"splits[{j}] = {_show(n)}: expected a slice length in tokens, an integer >= 1 "

@@ -516,7 +516,7 @@ def slice_costs(profile: Profile, config: PipelineConfig, counts: Any, lengths: 
     else:
         config.replace(splits=list(lengths), slice_lengths=None).check(profile, allow_empty_stages=True)
     att = time_attention(profile, coef, arr)
-    m, ms, mb = config.micro_batches, TIME_UNIT_MS, MEMORY_UNIT_MB
+    m, ms = config.micro_batches, TIME_UNIT_MS
     tokens = np.asarray(lengths, dtype=np.float64)
     kv = kv_per_token(profile, arr)[:, None] * tokens[None, :]
     return StageCosts(

@@ -67,10 +67,7 @@ def equal_cost_lengths(seq_length: int, splits: int, attention_share: float, qua
     causal attention (boundary x_j/S solves (1 − a)·x + a·x² = j/k), rounded to ``quantum`` tokens."""
     a = float(attention_share)
     targets = np.arange(1, splits) / splits
-    if a <= 0:
-        x = targets
-    else:
-        x = (-(1 - a) + np.sqrt((1 - a) ** 2 + 4 * a * targets)) / (2 * a)
+    x = targets if a <= 0 else (-(1 - a) + np.sqrt((1 - a) ** 2 + 4 * a * targets)) / (2 * a)
     return _lengths(np.rint(x * seq_length / quantum).astype(np.int64) * quantum, seq_length, quantum)
 
 
