@@ -31,14 +31,17 @@ import numpy as np
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
     from sapptk.profile import LayerGroup, Profile
+    from sapptk.schedules.program import Program
 
 __all__ = [
     "equal_lengths",
     "is_sliced",
     "kv_per_token",
+    "kv_ratio",
     "per_slice",
     "slice_lengths",
     "slice_shares",
+    "solver_profile",
     "time_attention",
 ]
 
@@ -112,3 +115,54 @@ def kv_per_token(profile: Profile, counts: np.ndarray) -> np.ndarray:
         out[vs] += group.count * (group.kv_mb_per_token or 0.0)
     return out
 
+
+
+def kv_ratio(program: Program, lengths: Any = None) -> float:
+    """The most K/V alive per unit of activation alive on one chunk at any allocation point of
+    ``program`` (both in tokens of the slices alive; ``lengths`` None: equal slices).
+
+    Both terms allocate at the start of an ``F`` only, and a chunk holding K/V of a micro-batch
+    also holds its slice 0's activation, so at every point of a device
+    Σ_c (A_c·act_c + K_c·kv_c) <= Σ_c (A_c + ratio·K_c)·act_c: an activation of A + ratio·K per
+    micro-batch bounds the memory with K/V from above (the balancer's model of a sliced setup).
+    """
+    k = program.splits
+    share = np.full(k, 1.0 / k) if lengths is None else slice_shares(lengths)[0]
+    worst = 0.0
+    for units in program.units:
+        act: dict[int, float] = {}
+        kv: dict[int, float] = {}
+        kept: dict[tuple[int, int], float] = {}
+        for unit in units:
+            for op in unit:
+                if op.kind == "F":
+                    act[op.virtual_stage] = act.get(op.virtual_stage, 0.0) + share[op.slice]
+                    kv[op.virtual_stage] = kv.get(op.virtual_stage, 0.0) + share[op.slice]
+                    key = (op.virtual_stage, op.micro_batch)
+                    kept[key] = kept.get(key, 0.0) + share[op.slice]
+                    worst = max(worst, kv[op.virtual_stage] / act[op.virtual_stage])
+            for op in unit:
+                if op.kind in ("B", "I"):
+                    act[op.virtual_stage] -= share[op.slice]
+                    if op.slice == 0:
+                        kv[op.virtual_stage] -= kept.pop((op.virtual_stage, op.micro_batch))
+    return worst
+
+
+def solver_profile(profile: Profile, ratio: float) -> Profile:
+    """The profile the balancer's solver sees for a sliced setup: no ``seq_length`` (equal, linear
+    slices) and every group's activation in every mode raised by ``ratio`` × its K/V per
+    micro-batch (``kv_mb_per_token`` × ``seq_length``). With ``ratio`` = :func:`kv_ratio` this
+    bounds the memory with K/V from above; with 1 from below (a chunk holding activation
+    holds at least as much K/V, in tokens)."""
+    import dataclasses
+
+    from sapptk.profile import ModeCost, ModeTable
+
+    seq = int(profile.seq_length or 0)
+    groups = []
+    for group in profile.groups:
+        extra = ratio * (group.kv_mb_per_token or 0.0) * seq
+        modes = ModeTable({m: ModeCost(c.backward, c.activation + extra) for m, c in group.modes.items()})
+        groups.append(dataclasses.replace(group, modes=modes))
+    return dataclasses.replace(profile, groups=tuple(groups), seq_length=None)

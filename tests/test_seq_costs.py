@@ -211,3 +211,34 @@ def test_choose_slices_bad_input() -> None:
         choose_slices(profile, config, counts, quantum=0)
     with pytest.raises(ConfigError, match="expected k > 1 slices"):
         choose_slices(profile, config.replace(splits=1, schedule="1f1b"), counts)
+
+
+# ------------------------------------------------------------------ balance
+@pytest.mark.parametrize(("name", "v"), [("seq1f1b", 1), ("seq-interleaved", 2), ("seq-interleaved-lm", 2)])
+def test_balance_sliced_setup(name: str, v: int) -> None:
+    from sapptk.balancer import balance
+
+    profile = long_profile(layers=16, seq=16384, share=0.4, kv=0.002)
+    free = balance(profile, PipelineConfig(4, 8, v, name, splits=4), time_limit=5)
+    budget = float(free.simulation.peak_memory.max()) * 0.97  # binding: the free plan does not fit
+    plan = balance(profile, PipelineConfig(4, 8, v, name, splits=4, memory_budget=budget), time_limit=5,
+                   choose_splits=True)
+    assert plan.status == "feasible" and plan.bound is None and plan.fits, plan.message
+    sim = plan.simulate()
+    assert plan.step_time == sim.step_time and (sim.peak_memory <= budget + 1e-6).all()
+    assert peak_memory(profile, plan.config, plan.counts) == pytest.approx(sim.peak_memory.to_numpy())
+    assert sum(plan.config.slice_lengths) == 16384 and "less bubble than equal lengths" in plan.message
+    equal = simulate_counts(profile, plan.config.replace(splits=4, slice_lengths=None), plan.counts)
+    assert plan.step_time <= equal.step_time
+
+
+def test_balance_sliced_refusals() -> None:
+    from sapptk.balancer import balance
+
+    profile = long_profile()
+    with pytest.raises(ConfigError, match="choose_splits = True: splits = 1"):
+        balance(profile, PipelineConfig(2, 2, 1, "1f1b"), choose_splits=True)
+    with pytest.raises(ConfigError, match="per_micro_batch = True: not modelled"):
+        balance(profile, PipelineConfig(2, 2, 1, "seq1f1b", splits=2), per_micro_batch=True)
+    with pytest.raises(ConfigError, match="kv_mb_per_token"):
+        balance(long_profile(kv=None), PipelineConfig(2, 2, 1, "seq1f1b", splits=2))
