@@ -128,6 +128,16 @@ class Plan:
             "per-micro-batch choice from plan.micro_batch_layout"
         )
 
+    def _no_slices(self, what: str, why: str) -> None:
+        """Refuse ``what`` for a plan with sequence slices that the target cannot run."""
+        if self.config.splits == 1:
+            return
+        raise ConfigError(
+            f"{what} cannot express sequence slices: this plan runs {self.config.schedule!r} with k = "
+            f"{self.config.splits} slices per micro-batch ({why}); export it to MindFormers (plan.to_yaml(), "
+            "parallel_config.seq_split_num) or keep it as a sapptk plan (plan.save())"
+        )
+
     def per_stage_plan(self) -> Plan:
         """The plan without its per-micro-batch choice: every micro-batch runs ``counts`` (simulated
         anew; it may be slower than this plan, or exceed the budget where the choice made room)."""
@@ -347,6 +357,14 @@ class Plan:
         self._no_offload("MindFormers' offset and recompute lists")
         self._per_stage_only("a MindFormers config", " (its recompute lists are per (chunk, stage), for every "
                              "micro-batch)")
+        lengths = self.config.slice_lengths
+        if lengths is not None and len(set(lengths)) > 1:
+            raise ConfigError(
+                f"a MindFormers config cannot express unequal slice lengths {list(lengths)}: MindFormers cuts the "
+                f"sequence into parallel_config.seq_split_num = {self.config.splits} equal slices (seq_length // "
+                "seq_split_num); export the plan with equal slices (plan.config.replace(splits=k)) or keep it as a "
+                "sapptk plan (plan.save())"
+            )
         return mindformers.encode(self.profile, self.config.program(), self.counts)
 
     def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
@@ -367,6 +385,9 @@ class Plan:
             "# lists are [chunk][stage]; offset = layers in the cell - floor(N / (p*v));",
             "# select_recompute / select_comm_recompute count layers with select / comm, both or full",
         ]
+        if c.splits > 1:
+            header.insert(2, f"# sequence pipeline: parallel_config: {{seq_split_num: {c.splits}}} ({c.splits} equal "
+                             "slices per micro-batch)")
         if len(body) == 1:
             payload: dict[str, Any] = data[body[0].name]
             header.append(f"# body group {body[0].name!r}: N = {body[0].count}")
@@ -388,6 +409,8 @@ class Plan:
                          "recompute; --fine-grained-activation-offloading with --offload-modules offloads the same "
                          "submodules' inputs in every layer of every stage, with no per-stage layer count; see "
                          "docs/offload.md)")
+        self._no_slices("Megatron-LM arguments", "Megatron-LM's pipeline schedules move whole micro-batches; its "
+                        "context parallelism splits the sequence across devices, not along the pipeline")
         self._per_stage_only("Megatron-LM arguments", " (--recompute-num-layers holds for every micro-batch; "
                              "FlagScale's --recompute-num-layers-per-stage-micro-batch can vary full recompute "
                              "per pipeline rank and micro-batch, not per chunk or group)")
@@ -398,6 +421,8 @@ class Plan:
         partition, the schedule (or its CSV, saved as ``csv_name``), the checkpointing mode."""
         self._need_solution("torchtitan settings")
         self._no_offload("torchtitan's settings (activation checkpointing only)")
+        self._no_slices("torchtitan settings", "torch.distributed.pipelining's schedules and schedule CSV move whole "
+                        "micro-batches")
         self._per_stage_only("torchtitan settings", " (activation checkpointing is set per model, for every "
                              "micro-batch)")
         return torchtitan.export(self.profile, self.config, self.counts, self.simulation, status=self.status,
@@ -405,6 +430,7 @@ class Plan:
 
     def to_torch_csv(self, path: str | os.PathLike[str] | None = None) -> str:
         """The op order the plan runs, in PyTorch's schedule CSV (:meth:`Program.to_csv`)."""
+        self._no_slices("PyTorch's schedule CSV", "its actions name a stage and a micro-batch, no slice")
         return self.config.program().to_csv(path)
 
     # ---------------------------------------------------------------- plan file

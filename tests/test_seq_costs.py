@@ -242,3 +242,19 @@ def test_balance_sliced_refusals() -> None:
         balance(profile, PipelineConfig(2, 2, 1, "seq1f1b", splits=2), per_micro_batch=True)
     with pytest.raises(ConfigError, match="kv_mb_per_token"):
         balance(long_profile(kv=None), PipelineConfig(2, 2, 1, "seq1f1b", splits=2))
+
+
+# ------------------------------------------------------------------ exports
+def test_exports_of_a_sliced_plan() -> None:
+    profile = long_profile(layers=16)
+    plan = even_split(profile, PipelineConfig(4, 8, 2, "seq-interleaved", splits=4))
+    text = plan.to_yaml()
+    assert "parallel_config: {seq_split_num: 4}" in text and "pp_interleave_num (v) = 2" in text
+    for export, target in ((plan.to_megatron, "Megatron-LM arguments"), (plan.to_torchtitan, "torchtitan settings"),
+                           (plan.to_torch_csv, "PyTorch's schedule CSV")):
+        with pytest.raises(ConfigError, match=f"{target} cannot express sequence slices: this plan runs "
+                                              "'seq-interleaved' with k = 4 slices"):
+            export()
+    unequal = even_split(profile, PipelineConfig(4, 8, 2, "seq-interleaved", splits=[1536, 1024, 896, 640]))
+    with pytest.raises(ConfigError, match=r"cannot express unequal slice lengths \[1536, 1024, 896, 640\]"):
+        unequal.to_yaml()
