@@ -258,3 +258,12 @@ def test_exports_of_a_sliced_plan() -> None:
     unequal = even_split(profile, PipelineConfig(4, 8, 2, "seq-interleaved", splits=[1536, 1024, 896, 640]))
     with pytest.raises(ConfigError, match=r"cannot express unequal slice lengths \[1536, 1024, 896, 640\]"):
         unequal.to_yaml()
+
+
+def test_plan_file_keeps_the_slice_lengths(tmp_path) -> None:
+    from sapptk.plan import load_plan
+
+    plan = even_split(long_profile(layers=16), PipelineConfig(4, 8, 2, "seq-interleaved", splits=[1536, 1024, 896, 640]))
+    again = load_plan(plan.save(tmp_path / "plan.yaml") and tmp_path / "plan.yaml")
+    assert again.config.slice_lengths == (1536, 1024, 896, 640) and again.profile.seq_length == 4096
+    assert again.simulate().step_time == plan.step_time
