@@ -263,7 +263,21 @@ def test_exports_of_a_sliced_plan() -> None:
 def test_plan_file_keeps_the_slice_lengths(tmp_path) -> None:
     from sapptk.plan import load_plan
 
-    plan = even_split(long_profile(layers=16), PipelineConfig(4, 8, 2, "seq-interleaved", splits=[1536, 1024, 896, 640]))
+    config = PipelineConfig(4, 8, 2, "seq-interleaved", splits=[1536, 1024, 896, 640])
+    plan = even_split(long_profile(layers=16), config)
     again = load_plan(plan.save(tmp_path / "plan.yaml") and tmp_path / "plan.yaml")
     assert again.config.slice_lengths == (1536, 1024, 896, 640) and again.profile.seq_length == 4096
     assert again.simulate().step_time == plan.step_time
+
+
+def test_timeline_draws_the_kv() -> None:
+    from sapptk import viz
+
+    plan = even_split(long_profile(layers=16), PipelineConfig(4, 8, 2, "seq-interleaved", splits=4))
+    fig = viz.timeline(plan)
+    kv = [r for r in fig.select({"name": "kv"})]
+    assert len(kv) == 1
+    assert max(kv[0].data_source.data["memory_mb"]) == pytest.approx(plan.simulation.memory.kv_mb.max())
+    flat = even_split(Profile("flat", long_profile(layers=16).groups), PipelineConfig(4, 8, 2, "seq-interleaved",
+                                                                                       splits=4))
+    assert not list(viz.timeline(flat).select({"name": "kv"}))
