@@ -338,7 +338,7 @@ def _memory_figure(
                       ("memory", "@memory_mb{0,0.0} MB")],
         )
     )
-    kv_mb = sim.memory["kv_mb"] if "kv_mb" in sim.memory else None
+    kv_mb = sim.memory.get("kv_mb")
     if kv_mb is not None and float(kv_mb.to_numpy().max(initial=0.0)) > 0:  # K/V of sequence slices, dashed
         kv = ColumnDataSource(memory_segments(sim.memory.assign(memory_mb=kv_mb), float(sim.step_time)))
         kv_lines = fig.add_glyph(kv, Segment(**line, line_width=1.2, line_dash="dashed"), name="kv")
