@@ -281,3 +281,18 @@ def test_timeline_draws_the_kv() -> None:
     flat = even_split(Profile("flat", long_profile(layers=16).groups), PipelineConfig(4, 8, 2, "seq-interleaved",
                                                                                        splits=4))
     assert not list(viz.timeline(flat).select({"name": "kv"}))
+
+
+def test_sweep_takes_the_new_schedules() -> None:
+    from sapptk.balancer import balance
+    from sapptk.sweeps import sweep
+
+    profile = long_profile(layers=8)
+    grid = {"stages": [2], "micro_batches": [4], "chunks": [2], "splits": [2],
+            "schedule": ["seq-interleaved", "seq-interleaved-lm"]}
+    frame = sweep(profile, grid, time_limit=2, progress=False, deterministic=True)
+    assert frame["schedule"].astype(str).tolist() == grid["schedule"]
+    assert frame["status"].astype(str).eq("feasible").all()
+    for _, row in frame.iterrows():
+        plan = balance(profile, PipelineConfig(2, 4, 2, row["schedule"], splits=2), time_limit=2, deterministic=True)
+        assert row["step_time_ms"] == plan.step_time == plan.simulate().step_time
