@@ -296,3 +296,19 @@ def test_sweep_takes_the_new_schedules() -> None:
     for _, row in frame.iterrows():
         plan = balance(profile, PipelineConfig(2, 4, 2, row["schedule"], splits=2), time_limit=2, deterministic=True)
         assert row["step_time_ms"] == plan.step_time == plan.simulate().step_time
+
+
+def test_cli_slice_lengths_and_choose_splits(tmp_path, capsys) -> None:
+    from sapptk.cli import main
+
+    path = tmp_path / "long.yaml"
+    long_profile(layers=8, head=False, seq=8192).to_yaml(path)
+    base = [str(path), "-p", "2", "-m", "4", "--time-limit", "3"]
+    assert main(["balance", *base, "-v", "2", "--schedule", "seq-interleaved", "-k", "4", "--choose-splits"]) == 0
+    assert "less bubble than equal lengths [2048, 2048, 2048, 2048]" in capsys.readouterr().out
+    assert main(["balance", *base, "--schedule", "seq1f1b", "-k", "4096,2048,2048"]) == 0
+    assert "seq1f1b, p=2, v=1, m=4, k=3" in capsys.readouterr().out
+    assert main(["balance", *base, "--schedule", "seq1f1b", "-k", "4096,2000"]) != 0
+    assert "sum to 6096 tokens: expected the profile's seq_length = 8192" in capsys.readouterr().err
+    assert main(["balance", *base, "--schedule", "seq1f1b", "-k", "4096,x"]) != 0
+    assert "comma-separated slice lengths" in capsys.readouterr().err
