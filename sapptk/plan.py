@@ -41,6 +41,7 @@ from sapptk.formats import megatron, mindformers, plan_file, torchtitan
 from sapptk.offload import check_offload, simulate_plan_offload
 from sapptk.profile import MODES
 from sapptk.sensitivity import Sensitivity, critical_path, sensitivity
+from sapptk.seq import is_sliced
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
@@ -128,6 +129,13 @@ class Plan:
             "per-micro-batch choice from plan.micro_batch_layout"
         )
 
+    def _not_sliced(self, what: str) -> None:
+        """Refuse an analysis that re-times per-stage costs for a plan with causal slice costs and K/V."""
+        if is_sliced(self.profile, self.config):
+            raise ConfigError(f"{what}: not modelled for the sequence slices of a long-context profile (seq_length = "
+                              f"{self.profile.seq_length}): it re-times per-stage costs with equal, linear slices; "
+                              "simulate the plan (plan.simulate()) for its causal slice costs and K/V")
+
     def _no_slices(self, what: str, why: str) -> None:
         """Refuse ``what`` for a plan with sequence slices that the target cannot run."""
         if self.config.splits == 1:
@@ -197,6 +205,7 @@ class Plan:
         (:func:`sapptk.sensitivity.sensitivity`). Not for plans that recompute per micro-batch."""
         self._no_offload("sensitivity (it re-times the plan without a copy stream)")
         self._per_stage_only("sensitivity")
+        self._not_sliced("sensitivity")
         return sensitivity(self, time_error=time_error, memory_error=memory_error, samples=samples, seed=seed)
 
     def critical(self) -> pd.DataFrame:
@@ -205,6 +214,7 @@ class Plan:
         per micro-batch."""
         self._no_offload("critical (the critical path without a copy stream)")
         self._per_stage_only("critical")
+        self._not_sliced("critical")
         return critical_path(self)
 
     # ------------------------------------------------------------------ frames
@@ -542,6 +552,9 @@ def make_plan(
     arr.setflags(write=False)
     off = None
     if offload is not None:
+        if is_sliced(profile, config):
+            raise ConfigError(f"offload: not modelled with the sequence slices of a long-context profile (seq_length "
+                              f"= {profile.seq_length}): expected no offload")
         if status not in _SOLVED:
             raise ConfigError(f"offload: a plan with status {status!r} has no layer assignment to offload")
         off = check_offload(profile, config, arr, offload)

@@ -312,3 +312,14 @@ def test_cli_slice_lengths_and_choose_splits(tmp_path, capsys) -> None:
     assert "sum to 6096 tokens: expected the profile's seq_length = 8192" in capsys.readouterr().err
     assert main(["balance", *base, "--schedule", "seq1f1b", "-k", "4096,x"]) != 0
     assert "comma-separated slice lengths" in capsys.readouterr().err
+
+
+def test_analyses_that_retime_per_stage_costs_refuse_sliced_plans() -> None:
+    plan = even_split(long_profile(layers=16), PipelineConfig(4, 8, 2, "seq-interleaved", splits=4))
+    for call, what in ((plan.sensitivity, "sensitivity"), (plan.critical, "critical")):
+        with pytest.raises(ConfigError, match=f"{what}: not modelled for the sequence slices"):
+            call()
+    from sapptk.plan import make_plan
+
+    with pytest.raises(ConfigError, match="offload: not modelled with the sequence slices"):
+        make_plan(plan.profile, plan.config, plan.counts, status="given", offload=np.zeros((1, 8), dtype=int))
