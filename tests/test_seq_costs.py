@@ -323,3 +323,18 @@ def test_analyses_that_retime_per_stage_costs_refuse_sliced_plans() -> None:
 
     with pytest.raises(ConfigError, match="offload: not modelled with the sequence slices"):
         make_plan(plan.profile, plan.config, plan.counts, status="given", offload=np.zeros((1, 8), dtype=int))
+
+
+def test_layer_moves_only_improve_and_stay_valid() -> None:
+    import time
+
+    from sapptk.solver.slices import move_layers
+
+    profile = long_profile(layers=16, seq=32768, share=0.6)
+    config = PipelineConfig(4, 4, 1, "seq1f1b", splits=4)
+    start = even_split_counts(profile, config)
+    moved, kept, timed = move_layers(profile, config, start, deadline=time.perf_counter() + 5)
+    before = simulate_counts(profile, config, start).step_time
+    after = simulate_counts(profile, config, moved).step_time
+    assert timed >= kept and (after < before if kept else after == before)
+    assert moved.sum(axis=(1, 2)).tolist() == [16] and (moved.sum(axis=(0, 1)) >= 1).all()

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from sapptk.plan import Plan
     from sapptk.profile import Profile
 
-__all__ = ["SLICED_SOLVES", "SLICE_SHARE", "SliceChoice", "balance_sliced", "choose_slices", "equal_cost_lengths"]
+__all__ = ["MOVE_SHARE", "SLICED_SOLVES", "SLICE_SHARE", "SliceChoice", "balance_sliced", "choose_slices",
+           "equal_cost_lengths", "move_layers"]
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,55 @@ def _attention_share(profile: Profile, config: PipelineConfig, counts: Any) -> f
 SLICE_SHARE = 0.25
 """With ``choose_splits=True``: the share of the time limit the slice-boundary search gets."""
 
+MOVE_SHARE = 0.2
+"""The share of the time limit for moving layers across stage boundaries at the exact sliced step time."""
+
+
+def move_layers(profile: Profile, config: PipelineConfig, counts: Any, *, deadline: float,
+                allow_empty_stages: bool = False) -> tuple[np.ndarray, int, int]:
+    """Hill climbing on a sliced setup's exact step time: move one layer (of the group and mode at
+    the boundary) from a virtual stage to the next in model order or back, keep a move that
+    shortens the simulated step and fits the budget, until none does or ``deadline`` (a
+    ``time.perf_counter`` time). Returns ``(counts, moves kept, candidates timed)``."""
+    program = config.program()
+    budget = config.memory_budget
+    fixed = layer_coefficients(profile, config).fixed_layers
+
+    def step_of(c: np.ndarray) -> float:
+        costs = slice_costs(profile, config, c)
+        dur = unit_durations(program, op_durations(program, costs.forward, costs.backward, costs.weight))
+        return float(unit_times(program, dur, costs.comm)[1].max(initial=0.0))
+
+    best = np.array(check_counts(profile, config, counts), dtype=np.int64)
+    best_step = step_of(best)
+    kept = timed = 0
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for vs in range(best.shape[2] - 1):
+            for source, target in ((vs, vs + 1), (vs + 1, vs)):
+                present = np.flatnonzero(best[:, :, source].sum(axis=1))
+                if not len(present):
+                    continue
+                g = int(present[-1] if target > source else present[0])  # the group at the boundary
+                for r in np.flatnonzero(best[g, :, source]):
+                    trial = best.copy()
+                    trial[g, r, source] -= 1
+                    trial[g, r, target] += 1
+                    if not allow_empty_stages and (trial.sum(axis=(0, 1)) + fixed == 0).any():
+                        continue
+                    if time.perf_counter() > deadline:
+                        return best, kept, timed
+                    timed += 1
+                    step = step_of(trial)
+                    if step < best_step * (1 - 1e-12) and (
+                            budget is None or (slice_costs(profile, config, trial).simulate(config).peak_memory
+                                               <= budget + 1e-6).all()):
+                        best, best_step, improved = trial, step, True
+                        kept += 1
+                        break
+    return best, kept, timed
+
 SLICED_SOLVES = 4
 """At most this many solves of a sliced setup's layers (K/V weight 1, the safe weight, then bisection)."""
 
@@ -187,11 +237,12 @@ def balance_sliced(profile: Profile, safe_config: PipelineConfig, config: Pipeli
     weight × its K/V), then timed and measured by the simulator with causal slice costs and K/V.
     Weight 1 under-counts K/V, :func:`sapptk.seq.kv_ratio` over-counts it (its plans always fit):
     the first plan that fits by simulation wins, else bisection between them keeps the fastest
-    that fits. With ``choose_splits`` the slice lengths are then chosen for the plan
+    that fits. Layers then move across stage boundaries while the exact step time falls
+    (:func:`move_layers`). With ``choose_splits`` the slice lengths are then chosen for the plan
     (:func:`sapptk.solver.slices.choose_slices`). The status is "feasible" with no bound (the
     solver's bound is for its model) or "infeasible"; step time and peaks are the simulated ones."""
     began = time.monotonic()
-    budget_share = time_limit * (1 - SLICE_SHARE if choose_splits else 1.0)
+    budget_share = time_limit * (1 - MOVE_SHARE - (SLICE_SHARE if choose_splits else 0.0))
     low, high = 1.0, max(1.0, kv_ratio(safe_config.program(), safe_config.slice_lengths))
     best: Plan | None = None
     last: Plan | None = None
@@ -228,15 +279,34 @@ def balance_sliced(profile: Profile, safe_config: PipelineConfig, config: Pipeli
         out = dataclasses.replace(last, profile=profile, config=safe_config, message=f"{last.message}; {note}")
         return out if safety is None else dataclasses.replace(out, message=f"{safety}; {out.message}")
     plan = best
-    if choose_splits:
-        left = max(time_limit - (time.monotonic() - began), 0.01)
-        choice = choose_slices(profile, plan.config, plan.counts, time_limit=left)
-        chosen = make_plan(profile, plan.config.replace(splits=list(choice.lengths), slice_lengths=None), plan.counts,
-                           status="given")
-        note += (f"; slice lengths chosen {list(choice.lengths)}: step {choice.equal_step_time:.6g} -> "
-                 f"{choice.step_time:.6g} ms, {100 * choice.bubble_gain:.1f} % less bubble than equal lengths "
-                 f"{list(choice.equal_lengths)} ({choice.evaluations} candidates)")
-        plan = chosen if chosen.fits else plan
+
+    def choose(plan: Plan, seconds: float) -> tuple[Plan, str]:
+        equal = plan.config.replace(splits=plan.config.splits, slice_lengths=None)
+        choice = choose_slices(profile, equal, plan.counts, time_limit=max(seconds, 0.01))
+        chosen = make_plan(profile, equal.replace(splits=list(choice.lengths)), plan.counts, status="given")
+        if not chosen.fits or chosen.step_time >= plan.step_time:
+            return plan, ""
+        return chosen, (f"slice lengths chosen {list(choice.lengths)}: step {choice.equal_step_time:.6g} -> "
+                        f"{choice.step_time:.6g} ms, {100 * choice.bubble_gain:.1f} % less bubble than equal "
+                        f"lengths {list(choice.equal_lengths)} ({choice.evaluations} candidates)")
+
+    steps = []
+    if choose_splits:  # the lengths for the solver's layers, then the layers for those lengths, then again
+        plan, said = choose(plan, time_limit * SLICE_SHARE / 2)
+        steps.append(said)
+    moves_end = time.perf_counter() + max(budget_share + time_limit * MOVE_SHARE - (time.monotonic() - began), 0.01)
+    moved, kept, timed = move_layers(profile, plan.config, plan.counts, deadline=moves_end,
+                                     allow_empty_stages=safe_config.num_virtual_stages > profile.num_body_layers)
+    if kept:
+        better = make_plan(profile, plan.config, moved, status="given")
+        if better.fits and better.step_time < plan.step_time:
+            steps.append(f"{kept} layer moves at the exact sliced step time ({timed} candidates): "
+                         f"{plan.step_time:.6g} -> {better.step_time:.6g} ms")
+            plan = better
+            if choose_splits:
+                plan, said = choose(plan, time_limit - (time.monotonic() - began))
+                steps.append(said)
+    note = "; ".join([note, *(s for s in steps if s)])
     out = dataclasses.replace(plan, status="feasible", bound=None, gap=None, source="balance",
                               solve_seconds=time.monotonic() - began, message=note)
     if safety is None:
