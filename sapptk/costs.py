@@ -45,7 +45,7 @@ import numpy as np
 from sapptk.errors import ConfigError
 from sapptk.profile import MODES
 from sapptk.schedules.memory import device_peaks
-from sapptk.seq import is_sliced, kv_per_token, per_slice, slice_lengths, time_attention
+from sapptk.seq import is_sliced, kv_per_token, per_slice, slice_lengths, slice_live_points, time_attention
 from sapptk.simulation import WEIGHT_HOLDS, Simulation, simulate
 
 if TYPE_CHECKING:
@@ -534,9 +534,15 @@ def slice_costs(profile: Profile, config: PipelineConfig, counts: Any, lengths: 
 
 def peak_memory(profile: Profile, config: PipelineConfig, counts: Any) -> np.ndarray:
     """Peak MB of every device, from the program's live points (equal to the simulator's peak);
-    on a sliced setup the simulator's own peak (its K/V term has no live points here)."""
-    if is_sliced(profile, config):
-        return simulate_counts(profile, config, counts).peak_memory.to_numpy()
+    on a sliced setup from its slice live points with K/V (:func:`sapptk.seq.slice_live_points`)."""
+    if is_sliced(profile, config):  # the slice live points with K/V (equal to the simulator's peak)
+        costs, program = slice_costs(profile, config, counts), config.program()
+        out = []
+        for d, rows in enumerate(slice_live_points(program)):
+            st = list(program.device_stages[d])
+            amounts = np.concatenate([costs.activation[st, 0, :].ravel(), costs.kv[st, 0, :].ravel()])
+            out.append(costs.params[st].sum() + costs.constant + max(0.0, float((rows @ amounts).max(initial=0.0))))
+        return np.asarray(out)
     arr = check_counts(profile, config, counts)
     coef = layer_coefficients(profile, config)
     program = config.program()

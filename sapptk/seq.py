@@ -38,6 +38,7 @@ __all__ = [
     "is_sliced",
     "kv_per_token",
     "kv_ratio",
+    "slice_live_points",
     "per_slice",
     "slice_lengths",
     "slice_shares",
@@ -166,3 +167,48 @@ def solver_profile(profile: Profile, ratio: float) -> Profile:
         modes = ModeTable({m: ModeCost(c.backward, c.activation + extra) for m, c in group.modes.items()})
         groups.append(dataclasses.replace(group, modes=modes))
     return dataclasses.replace(profile, groups=tuple(groups), seq_length=None)
+
+
+def slice_live_points(program: Program) -> list[np.ndarray]:
+    """The live points of a sliced program with K/V: per device, integer rows over the columns
+    (chunk, slice) of slice activations alive, then (chunk, slice) of slice K/V alive, after the
+    allocations of each allocating unit; only the Pareto-maximal rows (:func:`sapptk.pareto.pareto_front`).
+
+    Both terms allocate at an ``F``'s start; an activation is freed by its backward, the K/V of
+    every slice of a micro-batch by the backward of its slice 0. With MB per slice op ``a[c, j]``
+    and ``kv[c, j]`` (the same for every micro-batch), device d peaks at
+    static_d + max_row(row · [a; kv]): :func:`sapptk.costs.peak_memory` on a sliced setup.
+    For programs with full backwards ``B`` (every sequence-slice schedule); refuses split ones.
+    """
+    if "I" in program.ops["kind"].astype(str).values:
+        raise ValueError(f"{program.name}: slice live points are for programs without split backwards")
+    from sapptk.pareto import pareto_front
+
+    k = program.splits
+    out = []
+    for d, units in enumerate(program.units):
+        chunks = len(program.device_stages[d])
+        width = chunks * k
+        chunk_of = program.chunk_of
+        act = np.zeros(2 * width, dtype=np.int64)
+        rows = []
+        for unit in units:
+            allocated = False
+            for op in unit:
+                if op.kind == "F":
+                    col = chunk_of[op.virtual_stage] * k + op.slice
+                    act[col] += 1
+                    act[width + col] += 1
+                    allocated = True
+            if allocated:
+                rows.append(act.copy())
+            for op in unit:
+                if op.kind == "B":
+                    col = chunk_of[op.virtual_stage] * k + op.slice
+                    act[col] -= 1
+                    if op.slice == 0:  # the micro-batch's K/V, every slice of it
+                        base = chunk_of[op.virtual_stage] * k
+                        act[width + base : width + base + k] -= 1
+        pts = np.unique(np.array(rows, dtype=np.int64).reshape(-1, 2 * width), axis=0)
+        out.append(pts[pareto_front(-pts)] if len(pts) > 1 else pts)
+    return out

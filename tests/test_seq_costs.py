@@ -365,3 +365,26 @@ def test_random_sliced_setups_match_the_walk() -> None:
         static = sim.summary["static_mb"].to_numpy()
         assert sim.step_time == pytest.approx(step, rel=1e-12)
         assert sim.peak_memory.to_numpy() - static == pytest.approx(peaks, rel=1e-9, abs=1e-9)
+
+
+def test_slice_live_points_give_the_simulated_peaks() -> None:
+    """The balancer-side peaks of a sliced plan (integer live rows over (chunk, slice) activation and
+    K/V columns) equal the simulator's, over random lengths, shares and schedules."""
+    from sapptk.seq import slice_live_points
+
+    rng = np.random.default_rng(5)
+    for name, v in [("seq1f1b", 1), ("seq-interleaved", 2), ("seq-interleaved-lm", 2), ("seq-interleaved-lm", 3)]:
+        for _ in range(4):
+            p, k = int(rng.integers(2, 5)), int(rng.integers(2, 5))
+            seq = int(rng.integers(64, 2048))
+            cuts = np.sort(rng.choice(np.arange(1, seq), k - 1, replace=False))
+            config = PipelineConfig(p, int(rng.integers(p, 2 * p + 2)), v, name,
+                                    splits=np.diff(np.r_[0, cuts, seq]).tolist())
+            profile = long_profile(layers=3 * p * v, seq=seq, share=float(rng.uniform(0, 1)),
+                                   kv=float(rng.uniform(0, 0.05)))
+            counts = even_split_counts(profile, config)
+            rows = slice_live_points(config.program())
+            assert all(r.dtype == np.int64 and r.shape[1] == 2 * k * len(st)
+                       for r, st in zip(rows, config.program().device_stages, strict=True))
+            assert peak_memory(profile, config, counts) == pytest.approx(
+                simulate_counts(profile, config, counts).peak_memory.to_numpy(), rel=1e-12)
