@@ -137,7 +137,7 @@ def balance(
         from sapptk.solver.slices import balance_sliced
 
         return balance_sliced(profile, safe_config, config, safety, time_limit=float(time_limit),
-                               choose_splits=bool(choose_splits),
+                               choose_splits=bool(choose_splits), deterministic=bool(deterministic),
                                solve=lambda cfg, ratio, limit: balance(
                                    solver_profile(profile, ratio), cfg.replace(slice_lengths=None), time_limit=limit,
                                    workers=workers, seed=seed, deterministic=deterministic,

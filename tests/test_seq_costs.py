@@ -388,3 +388,13 @@ def test_slice_live_points_give_the_simulated_peaks() -> None:
                        for r, st in zip(rows, config.program().device_stages, strict=True))
             assert peak_memory(profile, config, counts) == pytest.approx(
                 simulate_counts(profile, config, counts).peak_memory.to_numpy(), rel=1e-12)
+
+
+def test_deterministic_sliced_balance_repeats() -> None:
+    from sapptk.balancer import balance
+
+    profile = long_profile(layers=16, seq=16384, share=0.5)
+    config = PipelineConfig(4, 8, 2, "seq-interleaved", splits=4)
+    first, second = (balance(profile, config, time_limit=2, choose_splits=True, deterministic=True) for _ in range(2))
+    assert first.config.slice_lengths == second.config.slice_lengths and first.step_time == second.step_time
+    assert np.array_equal(first.counts, second.counts)

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from sapptk.plan import Plan
     from sapptk.profile import Profile
 
-__all__ = ["MOVE_SHARE", "SLICED_SOLVES", "SLICE_SHARE", "SliceChoice", "balance_sliced", "choose_slices",
-           "equal_cost_lengths", "move_layers"]
+__all__ = ["EVALUATIONS_PER_SECOND", "MOVE_SHARE", "SLICED_SOLVES", "SLICE_SHARE", "SliceChoice", "balance_sliced",
+           "choose_slices", "equal_cost_lengths", "move_layers"]
 
 
 @dataclass(frozen=True)
@@ -95,13 +95,16 @@ def choose_slices(
     *,
     quantum: int | None = None,
     time_limit: float = 10.0,
+    max_evaluations: int | None = None,
 ) -> SliceChoice:
     """The slice lengths minimising the step time of ``counts`` on ``config`` (a sliced setup:
     k > 1 slices and a profile with ``seq_length``), within ``config.memory_budget``.
 
     Boundaries are multiples of ``quantum`` tokens (default: the sequence over 64·k, at
     least 1). Never worse than equal lengths: the search starts from the better of equal
-    lengths and Seq1F1B's equal-cost cut. Raises :class:`ConfigError` for a setup that is not
+    lengths and Seq1F1B's equal-cost cut. It stops at ``time_limit`` seconds, or after
+    ``max_evaluations`` candidates when given (then, and not by the clock, so the result
+    does not depend on the machine's load). Raises :class:`ConfigError` for a setup that is not
     sliced or a bad ``quantum``.
     """
     began = time.perf_counter()
@@ -138,16 +141,20 @@ def choose_slices(
     best_step, best_idle, best_fits = measure(best)
     if (best_fits, -best_step) < (eq_fits, -eq_step):
         best, best_step, best_idle, best_fits = equal.copy(), eq_step, eq_idle, eq_fits
-    deadline = began + float(time_limit)
+    deadline = began + float(time_limit) if max_evaluations is None else math.inf
+
+    def out_of_time() -> bool:
+        return time.perf_counter() > deadline or (max_evaluations is not None and evaluations >= max_evaluations)
+
     step_size = max(quantum, (seq // (4 * k)) // quantum * quantum)
-    while step_size >= quantum and time.perf_counter() < deadline:
+    while step_size >= quantum and not out_of_time():
         improved = False
         for j in range(k - 1):
             for sign in (1, -1):
                 bounds = np.cumsum(best)[:-1]
                 bounds[j] += sign * step_size
                 trial = np.diff(np.r_[0, bounds, seq])
-                if (trial < quantum).any() or time.perf_counter() > deadline:
+                if (trial < quantum).any() or out_of_time():
                     continue
                 step, idle, fits = measure(trial)
                 if (fits or not best_fits) and step < best_step - 1e-9:
@@ -176,16 +183,23 @@ def _attention_share(profile: Profile, config: PipelineConfig, counts: Any) -> f
 SLICE_SHARE = 0.25
 """With ``choose_splits=True``: the share of the time limit the slice-boundary search gets."""
 
+EVALUATIONS_PER_SECOND = 50
+"""With ``deterministic=True``: candidates the slice-length and layer-move searches time per second
+of their share of the time limit (a step of p = 8, v = 2, m = 8, k = 8 is timed in a few ms)."""
+
 MOVE_SHARE = 0.2
 """The share of the time limit for moving layers across stage boundaries at the exact sliced step time."""
 
 
 def move_layers(profile: Profile, config: PipelineConfig, counts: Any, *, deadline: float,
-                allow_empty_stages: bool = False) -> tuple[np.ndarray, int, int]:
+                allow_empty_stages: bool = False, max_evaluations: int | None = None) -> tuple[np.ndarray, int, int]:
     """Hill climbing on a sliced setup's exact step time: move one layer (of the group and mode at
     the boundary) from a virtual stage to the next in model order or back, keep a move that
     shortens the simulated step and fits the budget, until none does or ``deadline`` (a
-    ``time.perf_counter`` time). Returns ``(counts, moves kept, candidates timed)``."""
+    ``time.perf_counter`` time; or after ``max_evaluations`` candidates, when given, instead of the
+    clock). Returns ``(counts, moves kept, candidates timed)``."""
+    if max_evaluations is not None:
+        deadline = math.inf
     program = config.program()
     budget = config.memory_budget
     fixed = layer_coefficients(profile, config).fixed_layers
@@ -199,7 +213,7 @@ def move_layers(profile: Profile, config: PipelineConfig, counts: Any, *, deadli
     best_step = step_of(best)
     kept = timed = 0
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved and time.perf_counter() < deadline and (max_evaluations is None or timed < max_evaluations):
         improved = False
         for vs in range(best.shape[2] - 1):
             for source, target in ((vs, vs + 1), (vs + 1, vs)):
@@ -213,7 +227,7 @@ def move_layers(profile: Profile, config: PipelineConfig, counts: Any, *, deadli
                     trial[g, r, target] += 1
                     if not allow_empty_stages and (trial.sum(axis=(0, 1)) + fixed == 0).any():
                         continue
-                    if time.perf_counter() > deadline:
+                    if time.perf_counter() > deadline or (max_evaluations is not None and timed >= max_evaluations):
                         return best, kept, timed
                     timed += 1
                     step = step_of(trial)
@@ -230,7 +244,7 @@ SLICED_SOLVES = 4
 
 
 def balance_sliced(profile: Profile, safe_config: PipelineConfig, config: PipelineConfig, safety: str | None, *,
-                    time_limit: float, choose_splits: bool,
+                    time_limit: float, choose_splits: bool, deterministic: bool = False,
                     solve: Callable[[PipelineConfig, float, float], Plan]) -> Plan:
     """A sliced setup (``docs/schedules.md``): the layers from the solver on its model of the setup
     (:func:`sapptk.seq.solver_profile`: equal, linear slices; each layer's activation raised by a
@@ -240,7 +254,9 @@ def balance_sliced(profile: Profile, safe_config: PipelineConfig, config: Pipeli
     that fits. Layers then move across stage boundaries while the exact step time falls
     (:func:`move_layers`). With ``choose_splits`` the slice lengths are then chosen for the plan
     (:func:`sapptk.solver.slices.choose_slices`). The status is "feasible" with no bound (the
-    solver's bound is for its model) or "infeasible"; step time and peaks are the simulated ones."""
+    solver's bound is for its model) or "infeasible"; step time and peaks are the simulated ones.
+    With ``deterministic`` these two searches stop after :data:`EVALUATIONS_PER_SECOND` candidates
+    per second of their share of the time limit, not by the clock."""
     began = time.monotonic()
     budget_share = time_limit * (1 - MOVE_SHARE - (SLICE_SHARE if choose_splits else 0.0))
     low, high = 1.0, max(1.0, kv_ratio(safe_config.program(), safe_config.slice_lengths))
@@ -282,7 +298,8 @@ def balance_sliced(profile: Profile, safe_config: PipelineConfig, config: Pipeli
 
     def choose(plan: Plan, seconds: float) -> tuple[Plan, str]:
         equal = plan.config.replace(splits=plan.config.splits, slice_lengths=None)
-        choice = choose_slices(profile, equal, plan.counts, time_limit=max(seconds, 0.01))
+        cap = max(20, int(EVALUATIONS_PER_SECOND * seconds)) if deterministic else None
+        choice = choose_slices(profile, equal, plan.counts, time_limit=max(seconds, 0.01), max_evaluations=cap)
         chosen = make_plan(profile, equal.replace(splits=list(choice.lengths)), plan.counts, status="given")
         if not chosen.fits or chosen.step_time >= plan.step_time:
             return plan, ""
@@ -292,11 +309,15 @@ def balance_sliced(profile: Profile, safe_config: PipelineConfig, config: Pipeli
 
     steps = []
     if choose_splits:  # the lengths for the solver's layers, then the layers for those lengths, then again
-        plan, said = choose(plan, time_limit * SLICE_SHARE / 2)
+        plan, said = choose(plan, time_limit * SLICE_SHARE / 2 if deterministic
+                            else (time_limit - (time.monotonic() - began)) / 2)  # what the solve left, shared
         steps.append(said)
-    moves_end = time.perf_counter() + max(budget_share + time_limit * MOVE_SHARE - (time.monotonic() - began), 0.01)
+    left = time_limit - (time.monotonic() - began)
+    moves_end = time.perf_counter() + max(left / 2 if choose_splits else left, 0.01)
     moved, kept, timed = move_layers(profile, plan.config, plan.counts, deadline=moves_end,
-                                     allow_empty_stages=safe_config.num_virtual_stages > profile.num_body_layers)
+                                     allow_empty_stages=safe_config.num_virtual_stages > profile.num_body_layers,
+                                     max_evaluations=max(20, int(EVALUATIONS_PER_SECOND * time_limit * MOVE_SHARE))
+                                     if deterministic else None)
     if kept:
         better = make_plan(profile, plan.config, moved, status="given")
         if better.fits and better.step_time < plan.step_time:
@@ -304,7 +325,8 @@ def balance_sliced(profile: Profile, safe_config: PipelineConfig, config: Pipeli
                          f"{plan.step_time:.6g} -> {better.step_time:.6g} ms")
             plan = better
             if choose_splits:
-                plan, said = choose(plan, time_limit - (time.monotonic() - began))
+                plan, said = choose(plan, time_limit * SLICE_SHARE / 2 if deterministic
+                                    else time_limit - (time.monotonic() - began))
                 steps.append(said)
     note = "; ".join([note, *(s for s in steps if s)])
     out = dataclasses.replace(plan, status="feasible", bound=None, gap=None, source="balance",
