@@ -24,9 +24,13 @@ from the rounded integer figures, so the balancer's and the simulator's numbers 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from sapptk.pareto import pareto_front
+from sapptk.profile import ModeCost, ModeTable
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
@@ -156,10 +160,6 @@ def solver_profile(profile: Profile, ratio: float) -> Profile:
     micro-batch (``kv_mb_per_token`` × ``seq_length``). With ``ratio`` = :func:`kv_ratio` this
     bounds the memory with K/V from above; with 1 from below (a chunk holding activation
     holds at least as much K/V, in tokens)."""
-    import dataclasses
-
-    from sapptk.profile import ModeCost, ModeTable
-
     seq = int(profile.seq_length or 0)
     groups = []
     for group in profile.groups:
@@ -182,8 +182,6 @@ def slice_live_points(program: Program) -> list[np.ndarray]:
     """
     if "I" in program.ops["kind"].astype(str).values:
         raise ValueError(f"{program.name}: slice live points are for programs without split backwards")
-    from sapptk.pareto import pareto_front
-
     k = program.splits
     out = []
     for d, units in enumerate(program.units):
