@@ -56,6 +56,8 @@ _EXPORTS: dict[str, str] = {
     "SearchOptions": "sapptk.solver.settings",
     "sweep": "sapptk.sweeps",
     "estimate_profile": "sapptk.models.estimate",
+    "SliceChoice": "sapptk.solver.slices",
+    "choose_slices": "sapptk.solver.slices",
 }
 _MODULES = ("schedules", "calibration", "models")
 
@@ -80,12 +82,14 @@ __all__ = [
     "ScheduleError",
     "SearchOptions",
     "Simulation",
+    "SliceChoice",
     "TraceError",
     "balance",
     "bundled_profile",
     "calibrate",
     "calibration",
     "bundled_profiles",
+    "choose_slices",
     "even_baseline",
     "even_split",
     "estimate_profile",
@@ -137,6 +141,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile, bundled_profiles, load_profile
     from sapptk.simulation import Bubble, Simulation, simulate
     from sapptk.solver.settings import SearchOptions
+    from sapptk.solver.slices import SliceChoice, choose_slices
     from sapptk.sweeps import sweep
 
 

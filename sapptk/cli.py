@@ -86,6 +86,15 @@ def _budget(text: str) -> float | None:
 
 _budget.__name__ = "budget (MB, or none)"
 
+def _splits(text: str) -> int | list[int]:
+    """``k`` or comma-separated slice lengths in tokens (checked against the profile by the config)."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected k or comma-separated slice lengths (tokens)") from None
+    return values[0] if len(values) == 1 and "," not in text else values
+
+
 # ------------------------------------------------------------------------ shared helpers
 def add_pipeline_args(parser: argparse.ArgumentParser, *, sizes_required: bool = True) -> None:
     """The pipeline setup options shared by the commands (one value each)."""
@@ -94,7 +103,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser, *, sizes_required: bool =
     group.add_argument("--micro-batches", "-m", type=int, required=sizes_required, help="micro-batches per step, m")
     group.add_argument("--chunks", "-v", type=int, default=1, help="model chunks per device, v (default 1)")
     group.add_argument("--schedule", default="1f1b", help="schedule name, see `sapptk schedules` (default 1f1b)")
-    group.add_argument("--splits", "-k", type=int, default=1, help="sequence slices per micro-batch (seq1f1b)")
+    group.add_argument("--splits", "-k", type=_splits, default=1, metavar="K|L0,L1,...",
+                       help="sequence slices per micro-batch, or their lengths in tokens (seq schedules)")
     group.add_argument("--memory", type=float, default=None, metavar="MB", help="memory budget per device, MB")
     group.add_argument("--constant", type=float, default=0.0, metavar="MB",
                        help="constant memory per device besides parameters and activations, MB")
@@ -177,6 +187,8 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=_workers, default=2, help="solver worker threads (2)")
     parser.add_argument("--seed", type=_seed, default=0, help="solver random seed (0)")
     levers = parser.add_argument_group("levers (docs/micro_batch_recompute.md, docs/offload.md)")
+    levers.add_argument("--choose-splits", action="store_true",
+                        help="long context: choose the slice lengths for the plan (docs/schedules.md)")
     levers.add_argument("--per-micro-batch", action="store_true",
                         help="let a stage recompute less for the micro-batches not alive at its memory peaks")
     levers.add_argument("--host-bandwidth", type=_positive_bandwidth, default=None, metavar="MB_PER_MS",
@@ -207,7 +219,7 @@ def _balance(args: argparse.Namespace) -> int:
     safe_budget_config(config, **safety)  # a bad safety argument is refused before the setup line
     print(_setup_line(profile, config))
     plan = balance(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed,
-                   per_micro_batch=args.per_micro_batch, **safety)
+                   per_micro_batch=args.per_micro_batch, choose_splits=args.choose_splits, **safety)
     print(plan.summary())
     print()
     print("compared with the even splits (ratio = baseline step time / plan step time; > 1: the plan is faster):")

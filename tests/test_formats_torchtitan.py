@@ -11,7 +11,7 @@ import pytest
 from support import random_counts, small_profile
 
 from sapptk.config import PipelineConfig
-from sapptk.errors import ConfigError, ScheduleError
+from sapptk.errors import ConfigError
 from sapptk.formats.torchtitan import fqns, torch_schedule
 from sapptk.plan import even_split, from_torchtitan, make_plan
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
@@ -67,7 +67,7 @@ def test_schedule_names_and_csv_fallbacks():
         out = even_split(tiny(16), PipelineConfig(4, 8, 2, name)).to_torchtitan()
         assert (out.schedule, out.csv is not None) == (schedule, csv), name
         assert ("pipeline_parallel_schedule_csv" in out.toml) == csv
-    with pytest.raises(ScheduleError, match="no sequence slices"):
+    with pytest.raises(ConfigError, match="torchtitan settings cannot express sequence slices"):
         even_split(tiny(), PipelineConfig(2, 4, 1, "seq1f1b", splits=2)).to_torchtitan()
 
 
