@@ -123,7 +123,7 @@ _SAPP_KNOWN_KEYS = frozenset(
 )
 
 # --- our format's vocabulary -----------------------------------------------------------
-_OWN_TOP_KEYS = ("format", "name", "units", "groups", "description", "seq_length")
+_OWN_TOP_KEYS = ("format", "name", "units", "groups", "description", "seq_length", "provenance")
 _OWN_GROUP_KEYS = ("name", "kind", "count", "forward", "params", "modes", *_SEQ_GROUP_KEYS)
 _OWN_MODE_KEYS = ("backward", "activation")
 
@@ -474,6 +474,9 @@ class Profile:
     groups: tuple[LayerGroup, ...]
     source: str | None = field(default=None, compare=False)
     seq_length: int | None = None
+    provenance: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    """Where the figures came from (an estimate's card, layout, hardware, assumptions), as
+    plain data; written to and read from ``sapptk-profile/1`` files; no part of equality."""
 
     def __post_init__(self) -> None:
         prefix = f"{self.source}: " if self.source else ""
@@ -486,6 +489,8 @@ class Profile:
             if not isinstance(group, LayerGroup):
                 _fail(f"{prefix}profile {self.name!r}: groups[{i}]", None, group, "a LayerGroup")
         object.__setattr__(self, "groups", groups)
+        if self.provenance is not None and not isinstance(self.provenance, Mapping):
+            _fail(f"{prefix}profile {self.name!r}", "provenance", self.provenance, "a mapping or None")
         _check_layout(
             kinds=[g.kind for g in groups],
             names=[g.name for g in groups],
@@ -522,6 +527,8 @@ class Profile:
         if self.seq_length is not None:
             data["seq_length"] = self.seq_length
         data["groups"] = [g.to_dict() for g in self.groups]
+        if self.provenance is not None:
+            data["provenance"] = dict(self.provenance)
         return data
 
     def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
@@ -821,7 +828,12 @@ def _parse_own(data: Mapping[str, Any], source: str) -> Profile:
         wheres.append(where)
         shown.append(entry["kind"])
     seq_length = _seq_length(data.get("seq_length"), top)
-    return _finish(name, groups, source, "groups", wheres, shown, seq_length)
+    profile = _finish(name, groups, source, "groups", wheres, shown, seq_length)
+    if "provenance" in data:
+        if not isinstance(data["provenance"], Mapping):
+            _fail(top, "provenance", data["provenance"], "a mapping")
+        object.__setattr__(profile, "provenance", dict(data["provenance"]))
+    return profile
 
 
 def _own_group(entry: Any, base: str, where: str) -> LayerGroup:
