@@ -59,6 +59,7 @@ def test_round_trip_every_schedule(name, mode, tmp_path):
 def test_schedule_names_and_csv_fallbacks():
     assert torch_schedule("interleaved", 4, 10, 2) == "Interleaved1F1B"  # rounds 5 + 5
     assert torch_schedule("interleaved", 4, 11, 2) is None  # PyTorch refuses 11 in 2 rounds
+    assert torch_schedule("interleaved", 4, 11, 1) == "1F1B"  # Interleaved1F1B at v = 1 warms up more
     assert torch_schedule("zb-h1", 4, 8, 1) == "InterleavedZeroBubble"
     assert torch_schedule("interleaved-rf", 4, 8, 2) is None
     for name, schedule, csv in (("interleaved", "Interleaved1F1B", False), ("zb-v", "ZBVZeroBubble", False),

@@ -118,6 +118,10 @@ def torch_schedule(schedule: str, stages: int, micro_batches: int, chunks: int) 
     name = TORCH_SCHEDULES.get(schedule)
     if name is None:
         return None
+    if schedule == "interleaved" and chunks == 1:
+        # PyTorch's Interleaved1F1B warms up 2(p - s - 1) + 1 forwards at v = 1 (more memory);
+        # sapptk's interleaved at v = 1 is 1F1B's order (checked by the runtime suite)
+        return "1F1B"
     if name in ("Interleaved1F1B", "InterleavedZeroBubble"):
         rounds = max(1, micro_batches // stages)
         if micro_batches % rounds:  # PyTorch refuses rounds that do not divide m
