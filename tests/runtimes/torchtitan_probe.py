@@ -88,9 +88,14 @@ def _ac(job) -> dict:
 
 def _split(job, rank: int, output_name: str, layers: int) -> list:
     par = job.parallelism
+    return split_parts(par.pipeline_parallel_schedule, par.pipeline_parallel_degree, par.module_fqns_per_model_part,
+                       rank, output_name, layers)
+
+
+def split_parts(schedule: str, degree: int, parts: list[list[str]], rank: int, output_name: str, layers: int) -> list:
+    """torchtitan's own module split of a decoder for one rank: ``[[stage index, parameter names], ...]``."""
     model = Decoder(layers, output_name)
-    args = (model, FakeMesh(rank, par.pipeline_parallel_degree), par.pipeline_parallel_schedule,
-            torch.device("cpu"), par.module_fqns_per_model_part)
+    args = (model, FakeMesh(rank, degree), schedule, torch.device("cpu"), parts)
     try:
         from torchtitan.distributed.pipeline_parallel import pipeline_module_split as split
     except ImportError:  # 0.3 keeps it private
@@ -148,5 +153,24 @@ def main(out: Path, configs: list[Path]) -> None:
     dist.destroy_process_group()
 
 
+def main_split(source: Path, out: Path) -> None:
+    """``--split IN_JSON OUT_JSON``: the module split alone for many plans (a list of
+    ``{"schedule", "degree", "parts"}``), every rank: per plan, per rank, the stages built."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    results = []
+    for item in json.loads(source.read_text(encoding="utf-8")):
+        parts = item["parts"]
+        output_name = "lm_head" if any("lm_head" in part for part in parts) else "output"
+        layers = sum(name.startswith("layers.") for part in parts for name in part)
+        results.append([split_parts(item["schedule"], item["degree"], parts, rank, output_name, layers)
+                        for rank in range(item["degree"])])
+    out.write_text(json.dumps({"version": VERSION, "plans": results}), encoding="utf-8")
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]).resolve(), [Path(a).resolve() for a in sys.argv[2:]])
+    if sys.argv[1] == "--split":
+        main_split(Path(sys.argv[2]).resolve(), Path(sys.argv[3]).resolve())
+    else:
+        main(Path(sys.argv[1]).resolve(), [Path(a).resolve() for a in sys.argv[2:]])
