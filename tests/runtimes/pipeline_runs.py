@@ -9,6 +9,7 @@ fails or time runs out, and returns the results merged over the ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -43,6 +44,7 @@ class Case:
     placement: tuple[int, ...]
     torch_class: str | None
     seed: int
+    same_order: tuple[str, ...] = ()  # other schedules with this very order at (p, m, v), run once here
 
     @property
     def id(self) -> str:
@@ -50,8 +52,10 @@ class Case:
 
 
 def cases(stages: int) -> list[Case]:
-    """Every schedule PyTorch can run (all of sapptk's but sequence slices) at this p."""
-    out = []
+    """Every schedule PyTorch can run (all of sapptk's but sequence slices) at this p, each
+    distinct order once."""
+    out: list[Case] = []
+    seen: dict[str, int] = {}  # order -> case: an order equal to one already listed runs once
     for name in SCHEDULES:
         for m in MICRO_BATCHES[stages]:
             for v in CHUNK_COUNTS:
@@ -61,6 +65,14 @@ def cases(stages: int) -> list[Case]:
                     program = build(name, stages=stages, micro_batches=m, chunks=v)
                 except ScheduleError:  # the schedule's own constraints (chunks, m >= p, m >= 2p)
                     continue
+                text = program.to_csv()
+                if text in seen:
+                    first = out[seen[text]]
+                    out[seen[text]] = dataclasses.replace(first, same_order=(*first.same_order, name),
+                                                          torch_class=first.torch_class or torch_schedule(
+                                                              name, stages, m, v))
+                    continue
+                seen[text] = len(out)
                 seed = len(out) + 1000 * stages
                 rng = random.Random(seed)
                 layers = tuple(rng.randint(1, 3) for _ in range(program.num_virtual_stages))
