@@ -102,8 +102,9 @@ class TorchtitanConfig:
 
 @dataclass(frozen=True)
 class TorchtitanExport(ExpressedCost):
-    """A plan as torchtitan settings: ``toml`` to paste into the job file; ``csv`` the
-    schedule CSV to save as ``csv_name`` when the schedule needs one (else None); ``notes``
+    """A plan as torchtitan settings: ``toml`` to paste into the job file (torchtitan <= 0.2.2;
+    ``python`` the config module for >= 0.3; :meth:`save` writes both); ``csv`` the schedule
+    CSV to save as ``csv_name`` (an absolute path) when the schedule needs one (else None); ``notes``
     what torchtitan cannot express; step times and peaks as in
     :class:`~sapptk.formats.megatron.MegatronExport`."""
 
