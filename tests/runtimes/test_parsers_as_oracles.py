@@ -11,8 +11,9 @@ or only the tail, and recompute that is uniform, "the first k layers of every ch
   map; the recompute flags pass ``TransformerConfig``'s checks, and Megatron's own
   ``TransformerBlock._checkpointed_forward`` recomputes exactly the layers the export says
   (its checkpoint function replaced by a recorder).
-* torchtitan 0.2.2's ``pipeline_module_split`` and 0.3.0's ``_pipeline_module_split`` (one
-  subprocess each) build on every rank the plan's virtual stages with the plan's modules.
+* torchtitan 0.2.2's ``pipeline_module_split`` (in a subprocess) builds on every rank the
+  plan's virtual stages with the plan's modules (0.3.0's ``_pipeline_module_split`` can run
+  the same check: see the test's parameters).
 
 Multi-token prediction layers (Megatron's ``m``) are checked in the layout grammar only
 (sapptk's profiles have no MTP layers): sapptk's parser and Megatron's agree on random
@@ -254,7 +255,9 @@ def _torchtitan_split(release: str, tmp_path: Path) -> dict:
     return json.loads(result.read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("release", ["0.2.2", "0.3.0"])
+# 0.3.0 builds what 0.2.2 builds on the cases of test_torchtitan.py; running its split on these
+# plans too costs about 45 s of CI under load: pass "0.3.0" here to check it on them as well
+@pytest.mark.parametrize("release", ["0.2.2"])
 def test_torchtitan_splits_every_plan_as_exported(release, tmp_path):
     pytest.importorskip("torchtitan", reason="the runtimes extra is not installed: pip install -e '.[runtimes]'")
     got = _torchtitan_split(release, tmp_path)
