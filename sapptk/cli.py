@@ -386,7 +386,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------- export
-EXPORT_FORMATS = ("megatron", "torchtitan", "mindformers", "torch-csv")
+EXPORT_FORMATS = ("megatron", "torchtitan", "torchtitan-py", "mindformers", "torch-csv")
 
 
 def _add_export(commands: argparse._SubParsersAction) -> None:
@@ -394,8 +394,9 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
         "export",
         help="write a saved plan for another runtime",
         description="Read a sapptk plan file (sapptk balance --out writes sapptk_plan.yaml; Plan.save) and write it "
-        "as Megatron-LM arguments, a torchtitan TOML fragment, MindFormers lists, or the op order as PyTorch's "
-        "schedule CSV. What a runtime cannot express is listed, with the step time it costs.",
+        "as Megatron-LM arguments, a torchtitan TOML fragment (torchtitan <= 0.2.2) or config module (torchtitan-py: "
+        ">= 0.3), MindFormers lists, or the op order as PyTorch's schedule CSV. What a runtime cannot express is "
+        "listed, with the step time it costs.",
     )
     parser.add_argument("plan", metavar="PLAN", type=Path, help="sapptk plan file (YAML)")
     parser.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="target format")
@@ -411,14 +412,15 @@ def _export(args: argparse.Namespace) -> int:
     extra: dict[Path, str] = {}
     if args.to == "megatron":
         text = plan.to_megatron().text()
-    elif args.to == "torchtitan":
-        csv_name = "schedule.csv" if args.out is None else f"{args.out.stem}_schedule.csv"
-        out = plan.to_torchtitan(csv_name=csv_name)
-        text = out.text()
+    elif args.to in ("torchtitan", "torchtitan-py"):
+        # the CSV goes next to --out; the TOML names it by its absolute path (torchtitan looks it up from the
+        # launch directory), the Python config by its place next to itself
+        target = Path("schedule.csv") if args.out is None else args.out.parent / f"{args.out.stem}_schedule.csv"
+        out = plan.to_torchtitan(csv_name=target.resolve())
+        text = out.text() if args.to == "torchtitan" else out.python
         if out.csv is not None:
-            target = Path(csv_name) if args.out is None else args.out.parent / csv_name
             if args.out is None:
-                text += f"\n# ---- {csv_name} ----\n{out.csv}"
+                text += f"\n# ---- {target.name} ----\n{out.csv}"
             else:
                 extra[target] = out.csv
     elif args.to == "mindformers":

@@ -426,9 +426,12 @@ class Plan:
                              "per pipeline rank and micro-batch, not per chunk or group)")
         return megatron.export(self.profile, self.config, self.counts, self.simulation)
 
-    def to_torchtitan(self, csv_name: str = "schedule.csv") -> torchtitan.TorchtitanExport:
+    def to_torchtitan(self, csv_name: str | os.PathLike[str] = "schedule.csv",
+                      base_config: str = torchtitan.DEFAULT_BASE_CONFIG) -> torchtitan.TorchtitanExport:
         """The plan as torchtitan settings (:func:`sapptk.formats.torchtitan.export`): the exact
-        partition, the schedule (or its CSV, saved as ``csv_name``), the checkpointing mode."""
+        partition, the schedule (or its CSV, saved as ``csv_name``), the checkpointing mode; the
+        TOML for torchtitan <= 0.2.2 and ``.python`` for >= 0.3 (changing ``base_config``);
+        ``.save(folder)`` writes them with the CSV."""
         self._need_solution("torchtitan settings")
         self._no_offload("torchtitan's settings (activation checkpointing only)")
         self._no_slices("torchtitan settings", "torch.distributed.pipelining's schedules and schedule CSV move whole "
@@ -436,7 +439,7 @@ class Plan:
         self._per_stage_only("torchtitan settings", " (activation checkpointing is set per model, for every "
                              "micro-batch)")
         return torchtitan.export(self.profile, self.config, self.counts, self.simulation, status=self.status,
-                                 csv_name=csv_name)
+                                 csv_name=csv_name, base_config=base_config)
 
     def to_torch_csv(self, path: str | os.PathLike[str] | None = None) -> str:
         """The op order the plan runs, in PyTorch's schedule CSV (:meth:`Program.to_csv`)."""
