@@ -758,9 +758,41 @@ def load_plan(source: str | os.PathLike[str] | Any) -> Plan:
     d = plan_file.load(source)
     where = d.pop("where")
     try:
-        return make_plan(**d)
+        plan = make_plan(**d)
     except SapptkError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    _check_evidence(plan, where)
+    return plan
+
+
+_AGREE_MS = 1e-6
+"""How far a plan file's step time and bound may be from what sapptk recomputes (ms, plus 1e-9 relative)."""
+
+
+def _check_evidence(plan: Plan, where: str) -> None:
+    """A plan file is evidence, not truth: its step time must be the simulated one, a solved
+    plan (optimal, feasible) must fit its budget, its bound may not exceed its step time and
+    its gap must be (step - bound) / step."""
+    if not plan.solved:
+        return
+    step = plan.simulation.step_time
+    tolerance = _AGREE_MS + 1e-9 * abs(step)
+    if plan.step_time is not None and abs(plan.step_time - step) > tolerance:
+        raise ConfigError(f"{where}: step_time_ms = {plan.step_time!r}: the plan simulates to {step:.6f} ms: expected "
+                          "the simulated step time (was the file edited?)")
+    if plan.status in ("optimal", "feasible") and not plan.fits:
+        peak = float(plan.simulation.peak_memory.max())
+        raise ConfigError(f"{where}: status = {plan.status!r}, but the plan's peak of {peak:.6g} MB exceeds its "
+                          f"memory_budget_mb = {plan.config.memory_budget:.6g}: expected a plan that fits (status "
+                          "'given' for a hand-made plan)")
+    if plan.bound is not None and plan.bound > step + tolerance:
+        raise ConfigError(f"{where}: bound_ms = {plan.bound!r} exceeds the plan's step time {step:.6f} ms: expected a "
+                          "lower bound on the optimum, at most the step time")
+    if plan.gap is not None and plan.bound is not None and step > 0:
+        gap = max(0.0, (step - plan.bound) / step)
+        if abs(plan.gap - gap) > 1e-6:
+            raise ConfigError(f"{where}: gap = {plan.gap!r}: the step time and bound give {gap:.6g}: expected "
+                              "(step - bound) / step")
 
 
 def from_megatron(profile: Profile, config: PipelineConfig, source: Any) -> Plan:
