@@ -25,6 +25,7 @@ from sapptk.errors import SapptkError
 __all__ = [
     "MAX_DESIGN_ROUNDS",
     "MAX_INDEX",
+    "MAX_PROGRAM_OPS",
     "MAX_REGEX_CHARS",
     "MAX_STAGES",
     "MAX_TRACE_US",
@@ -44,7 +45,11 @@ pipeline; keeps their tables (stages × rounds × modes) small."""
 MAX_DESIGN_ROUNDS = 1_000
 """Dry runs one ``design`` may ask for."""
 
-MAX_INDEX = 1_000_000
+MAX_PROGRAM_OPS = 1_000_000
+"""Most ops a schedule's program may have, built or read (``sapptk.config.MAX_PROGRAM_OPS``,
+the schedule CSV reader)."""
+
+MAX_INDEX = MAX_PROGRAM_OPS
 """A stage, rank or micro-batch index read from a file (schedule CSV, torchtitan, Megatron):
 a program has at most ``sapptk.config.MAX_PROGRAM_OPS`` ops, so no valid index is larger."""
 

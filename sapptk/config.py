@@ -18,6 +18,7 @@ from functools import lru_cache
 from numbers import Real
 from typing import TYPE_CHECKING, Any
 
+from sapptk import checks
 from sapptk.errors import ConfigError, ScheduleError
 from sapptk.profile import MODES, mode_set
 from sapptk.schedules import Program, build, get, names
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["MAX_BANDWIDTH", "MAX_BUDGET_MB", "MAX_COMM_MS", "MAX_PROGRAM_OPS", "OFFLOAD", "PipelineConfig",
            "build_program", "program_ops"]
 
-MAX_PROGRAM_OPS = 1_000_000
+MAX_PROGRAM_OPS = checks.MAX_PROGRAM_OPS
 """Most ops a schedule's program may have (stages × chunks × micro-batches × splits × 2, or
 × 3 with a split backward; :func:`program_ops`). Larger setups are refused before any work,
 with an estimate of the time and memory they would need (``docs/limits.md`` gives the
