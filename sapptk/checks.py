@@ -75,8 +75,14 @@ def fail(error: type[SapptkError], where: str, value: Any, expected: str) -> NoR
 
 
 def integer(value: Any, where: str, *, error: type[SapptkError], low: int | None = None,
-            high: int | None = None) -> int:
-    """``value`` as an ``int`` within [low, high]. Bools, floats and text are refused."""
+            high: int | None = None, text: bool = False) -> int:
+    """``value`` as an ``int`` within [low, high]. Bools and floats are refused; text too, unless
+    ``text`` (then decimal digits, their count bounded before conversion, as command lines give them)."""
+    if text and isinstance(value, str):
+        digits = value.strip()
+        bare = digits[1:] if digits[:1] in "+-" else digits
+        if bare.isascii() and bare.isdigit() and len(bare) <= 30:
+            value = int(digits)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         fail(error, where, value, _range("an integer", low, high))
     number = int(value)
