@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from sapptk import checks
+from sapptk.config import MAX_BUDGET_MB
 from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients
 from sapptk.errors import ConfigError
 from sapptk.schedules.ops import B_CODE, F_CODE, I_CODE, W_CODE
@@ -318,9 +320,7 @@ def robust_budget(
     out = float(budget)
     constant = float(config.constant_memory)
     if memory_margin is not None:
-        if isinstance(memory_margin, bool) or not isinstance(memory_margin, int | float) \
-                or not math.isfinite(memory_margin) or memory_margin < 0:
-            raise ConfigError(f"memory_margin = {memory_margin!r}: expected MB >= 1 or a fraction in [0, 1)")
+        memory_margin = checks.number(memory_margin, "memory_margin", error=ConfigError, low=0.0, high=MAX_BUDGET_MB)
         margin = memory_margin * budget if memory_margin < 1 else float(memory_margin)
         out = min(out, budget - margin)
     if oom_risk is not None:
@@ -330,7 +330,8 @@ def robust_budget(
             raise ConfigError("oom_risk: give memory_error too (a relative error such as 0.02, or residuals)")
         sigma = _relative_error("memory_error", _error_of(memory_error))
         s = _lognormal_sigma(sigma)
-        q = math.exp(s * NormalDist().inv_cdf(1 - oom_risk) - s * s / 2)
+        # the 1 - oom_risk quantile as minus the oom_risk one: exact for a tiny risk (1 - 1e-300 == 1.0)
+        q = math.exp(-s * NormalDist().inv_cdf(oom_risk) - s * s / 2)
         out = min(out, constant + (budget - constant) / q)
     if out <= constant:
         raise ConfigError(
