@@ -219,8 +219,7 @@ def design(
             f"design: modes = {given!r}: expected recompute modes among {', '.join(RECOMPUTE_MODES)}"
         )
     chosen = tuple(m for m in RECOMPUTE_MODES if m in given)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise CalibrationError(f"design: seed = {seed!r}: expected an integer")
+    seed = checks.integer(seed, "design: seed", error=CalibrationError, low=0, high=2**64 - 1)
     m = stages if micro_batches is None else micro_batches
     live = _live(schedule, stages, m)
     names, folded = _unknowns(stages, chosen)
