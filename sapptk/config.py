@@ -66,8 +66,14 @@ def build_program(schedule: str, stages: int, micro_batches: int, chunks: int, s
     """The :class:`Program` of a schedule instance, built once per argument tuple.
 
     Programs are immutable and cache their compiled graph, so sharing them between plans,
-    the solver and the simulator is safe and saves the (linear, but not free) build.
+    the solver and the simulator is safe and saves the (linear, but not free) build. A setup
+    of more than :data:`MAX_PROGRAM_OPS` ops is refused before anything is built.
     """
+    if isinstance(schedule, str) and schedule in names() and all(map(_is_int, (stages, micro_batches, chunks, splits))):
+        ops = program_ops(schedule, stages, micro_batches, chunks, splits)
+        checks.size(ops, f"{schedule} with stages = {stages}, micro_batches = {micro_batches}, chunks = {chunks}, "
+                    f"splits = {splits}: the program would have", error=ScheduleError, limit=MAX_PROGRAM_OPS,
+                    what="ops", constant="sapptk.config.MAX_PROGRAM_OPS")
     return build(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks, splits=splits)
 
 

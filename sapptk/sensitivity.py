@@ -344,7 +344,7 @@ def robust_budget(
 def _error_of(memory_error: Any) -> float:
     """A relative error from a number or from calibration residuals (relative RMS)."""
     if isinstance(memory_error, int | float) and not isinstance(memory_error, bool):
-        return float(memory_error)
+        return checks.number(memory_error, "memory_error", error=ConfigError, low=0.0, high=1.0)
     frame = getattr(memory_error, "residuals", memory_error)
     if isinstance(frame, pd.DataFrame) and {"residual_mb", "observed_mb"} <= set(frame.columns):
         rel = frame["residual_mb"].to_numpy(float) / frame["observed_mb"].to_numpy(float)

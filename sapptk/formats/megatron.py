@@ -195,22 +195,23 @@ MAX_LAYOUT_CHARS = 2 * MAX_LAYERS + 1_000
 ``sapptk.profile.MAX_LAYERS`` layers): ``t*1000000000`` is refused before it is expanded."""
 
 
-def _expanded_length(flat: str) -> int:
-    """Length of Megatron's expansion of a grammar-checked layout, computed without expanding."""
+def _expand(flat: str, text: str) -> str:
+    """Megatron's expansion of a grammar-checked layout: ``(…)*n`` first, then ``x*n``; each
+    step's length computed (and refused above :data:`MAX_LAYOUT_CHARS`) before it is built."""
 
     def count(digits: str) -> int:  # bounded before conversion: a 5,000-digit count is refused, not parsed
         if len(digits) > 10:
-            raise ConfigError(f"layout: repeat count {digits[:20]}... ({len(digits)} digits): expected at most "
-                              f"{MAX_LAYOUT_CHARS:,}")
+            raise ConfigError(f"layout {checks.show(text)}: repeat count {digits[:20]}... ({len(digits)} digits): "
+                              f"expected at most {MAX_LAYOUT_CHARS:,}")
         return int(digits)
 
-    def plain(part: str) -> int:  # x*n repeats, no brackets
-        return sum(count(n) if n else 1 for _, n in re.findall(r"([^*\d])(?:\*(\d+))?", part))
-
-    total = 0
-    for inner, times, rest in re.findall(r"\(([^)]*)\)\*(\d+)|([^()]+)", flat):
-        total += plain(inner) * count(times) if times else plain(rest)
-    return total
+    for pattern, width in ((r"\(([^)]+)\)\*(\d+)", lambda mt: len(mt.group(1))), (r"(.)\*(\d+)", lambda mt: 1)):
+        matches = list(re.finditer(pattern, flat))
+        length = len(flat) + sum(width(mt) * count(mt.group(2)) - len(mt.group(0)) for mt in matches)
+        checks.size(length, f"layout {checks.show(text)}: expands to", error=ConfigError, limit=MAX_LAYOUT_CHARS,
+                    what="characters", constant="sapptk.formats.megatron.MAX_LAYOUT_CHARS")
+        flat = re.sub(pattern, lambda mt: mt.group(1) * int(mt.group(2)), flat)
+    return flat
 
 
 def parse_layout(text: str) -> list[str]:
@@ -219,12 +220,7 @@ def parse_layout(text: str) -> list[str]:
         raise ConfigError(f"layout = {text!r}: expected a layout string such as 'Et*3|(tt|)*29,m|L'")
     text = text.strip().replace(" ", "")
     _check_grammar(text)
-    flat = text.replace(",", "")
-    checks.size(_expanded_length(flat), f"layout {checks.show(text)}: expands to", error=ConfigError,
-                limit=MAX_LAYOUT_CHARS, what="characters", constant="sapptk.formats.megatron.MAX_LAYOUT_CHARS")
-    # Megatron's expansion: (…)*n first, then x*n
-    flat = re.sub(r"\(([^)]+)\)\*(\d+)", lambda mt: mt.group(1) * int(mt.group(2)), flat)
-    flat = re.sub(r"(.)\*(\d+)", lambda mt: mt.group(1) * int(mt.group(2)), flat)
+    flat = _expand(text.replace(",", ""), text)  # Megatron's expansion: (…)*n first, then x*n
     if set(flat) - set("EtLm|"):
         raise ConfigError(f"layout {text!r}: expands to {flat[:60]!r}, which is not only E, t, L, m and '|'")
     return flat.split("|")
