@@ -150,6 +150,8 @@ def run_plan_file(d: dict[str, Any], folder: Path) -> None:
     config = PipelineConfig(p, 2 * p, chunks=2 if d["schedule"] == "interleaved" else 1, schedule=d["schedule"])
     data = yaml.safe_load(even_split(llama, config).save())
     for what, value in d["edits"]:
+        if not isinstance(data, dict) or not isinstance(data.get("setup"), dict) or not data.get("layout"):
+            break  # an earlier edit replaced what the next one edits
         step = data.get("step_time_ms")
         numeric = isinstance(step, float) and math.isfinite(step)
         if what == "status":
@@ -229,7 +231,9 @@ def run_degenerate(d: dict[str, Any], folder: Path) -> None:
     plan = balance(profile, config, time_limit=2, per_micro_batch=d["per_micro_batch"], **safety)
     if plan.solved:
         check_plan(plan)
-    if not safety:
+    # the least peak of any plan is full recompute on one layer per device only with one chunk: an
+    # interleaved plan may leave the head's virtual stage without body layers
+    if not safety and (chunks == 1 or shape == "one_stage"):
         if shape == "budget_below":
             expect(plan.status == "infeasible", f"status {plan.status} below the least memory any plan needs")
         else:

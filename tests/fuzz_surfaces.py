@@ -115,7 +115,7 @@ def trace_case(r: random.Random) -> dict[str, Any]:
                                        "ts": t, "dur": dur, "args": args})
                     t += dur + 1
         t = (step + 1) * 1000.0
-    for _ in range(r.choice([0, 1, 1, 2, 3])):
+    for _ in range(r.choice([0, 0, 1, 1, 2, 3])):
         action = r.random()
         if action < 0.5:
             event = r.choice(events)
@@ -130,10 +130,10 @@ def trace_case(r: random.Random) -> dict[str, Any]:
                            "ts": weird(r), "dur": r.choice([-5, -1e-9, 10**20])})
         else:
             r.choice(events)["args"] = {"micro_batch": weird(r), "kind": weird(r)}
-    layers = r.choice([r"layer\d", {"layer0": "head", r"layer[1-9]": "body"}, r"layer(?P<layer>\d)", "((", "x" * 20_000,
-                       5, {}, {"layer\\d": ""}, "(a+)+$"])
+    layers = r.choice([r"layer\d", {"layer0": "head", r"layer[1-9]": "body"}, r"layer(?P<layer>\d)"]) \
+        if r.random() < 0.7 else r.choice(["((", "x" * 20_000, 5, {}, {"layer\\d": ""}, "(a+)+$", "nothing"])
     options: dict[str, Any] = {}
-    reader = r.choice(["layer_times", "chrome", "pytorch", "mindspore"])
+    reader = r.choice(["layer_times", "chrome", "chrome", "pytorch", "mindspore"])
     if reader == "chrome" and r.random() < 0.5:
         options["step"] = r.choice([r"ProfilerStep#\d+", "(?<=a)b", "(", 5, None])
     if reader == "chrome" and r.random() < 0.3:
@@ -144,7 +144,7 @@ def trace_case(r: random.Random) -> dict[str, Any]:
         options["micro_batches"] = r.choice([1, 2, 0, -1, 10**30, 2.5, True])
         if r.random() < 0.3:
             options["outlier_share"] = r.choice([0.1, 0.0, 1.5, math.nan, "x"])
-    form = r.choice(["json", "json", "gz", "bytes"])
+    form = r.choice(["json", "json", "json", "gz", "bytes"])
     return _json({"events": events, "layers": layers, "reader": reader, "options": options, "form": form,
                   "cut": r.randint(0, 400) if form == "bytes" else 0})
 
@@ -153,13 +153,20 @@ def calibration_case(r: random.Random) -> dict[str, Any]:
     paths = [("pipeline_config", "pipeline_num"), ("pipeline_config", "num_layer"), ("pipeline_config", "offset"),
              ("pipeline_config", "micro_batches"), ("pipeline_config", "chunks"), ("memory_usage", "head_memory"),
              ("memory_usage", "tail_memory"), ("memory_usage", "body_memories")]
-    edits = [(list(r.choice(paths)), r.choice([200_000, 10**6, 10**30, 10**400, -3, 0, 1e300, math.nan, "4", [],
-                                               [10**30] * 3, 2.5, True]))
-             for _ in range(r.randint(1, 2))]
+    values = [200_000, 10**6, 10**30, 10**400, -3, 0, 1e300, math.nan, "4", [], [10**30] * 3, 2.5, True]
+    edits = [(list(r.choice(paths)), r.choice(values)) for _ in range(r.randint(1, 2))] if r.random() < 0.75 else \
+        [(["pipeline_config", "micro_batches"], r.choice([4, 8, 12])), (["pipeline_config", "schedule"],
+                                                                          r.choice(["1f1b", "gpipe", "zb-h1"]))]
     return _json({"file": r.choice(["init_demo.yaml", "init_demo_pp4_rounds.yaml"]), "edits": edits})
 
 
 def design_case(r: random.Random) -> dict[str, Any]:
+    if r.random() < 0.4:  # a plausible request
+        p = r.choice([2, 3, 4, 8])
+        return {"stages": p, "layers": p * r.randint(1, 8), "modes": r.sample(["select", "comm", "both", "full"],
+                                                                               r.randint(0, 2)),
+                "rounds": None, "seed": r.randint(0, 99), "schedule": r.choice(["1f1b", "gpipe"]),
+                "micro_batches": r.choice([None, p, 2 * p])}
     kw = {"stages": r.choice([2, 3, 4, 8, 16, 1, 0, -1, 10**6, 2.5, "4", True]),
           "layers": r.choice([8, 16, 32, 64, 3, 10**7, 10**30, -8]),
           "modes": r.choice([(), ("select",), ("full", "select"), ("none",), ("half",), "full", [5]]),

@@ -54,8 +54,9 @@ def test_stages_equal_layers():
 
 
 def test_budget_exactly_at_the_minimum():
-    """Four layers on four stages: every stage holds one layer, so the least memory is full
-    recompute everywhere; at exactly that peak the plan fits, a unit below nothing does."""
+    """Four layers on four 1F1B stages: the least peak of any plan is full recompute on one layer
+    per stage (a stage taking a second layer gains more than the one it leaves loses); at exactly
+    that peak the plan fits, a hundredth of a MB below nothing does (proven infeasible)."""
     profile = _four_layers()
     config = PipelineConfig(stages=4, micro_batches=4)
     full = make_plan(profile, config, even_split_counts(profile, config, "full"), status="given")

@@ -358,7 +358,8 @@ def chrome_layer_times(path: str | os.PathLike[str] | Trace, layers: Any, *,
         if s is None:
             continue
         args = row.args if isinstance(row.args, Mapping) else {}
-        phase = _KIND_PHASE.get(args.get("kind"))
+        kind = args.get("kind")
+        phase = _KIND_PHASE.get(kind) if isinstance(kind, str) else None
         if phase is None:
             phase = next((p for p, rx in rules if rx.search(row.name)), None)
         if phase is None:
