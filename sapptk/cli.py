@@ -406,7 +406,6 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     from sapptk import checks
-    from sapptk.files import write_text
     from sapptk.plan import load_plan
 
     if args.out is not None:  # a folder or a FIFO (which would block) is refused before the plan is read

@@ -452,8 +452,8 @@ class Plan:
                                bound=self.bound, gap=self.gap, solve_seconds=self.solve_seconds,
                                message=self.message, source=self.source, offload=self.offload,
                                alternative=self.alternative)
-        if path is not None:
-            Path(path).write_text(text, encoding="utf-8")
+        if path is not None:  # atomically, through sapptk.files (a folder or a FIFO never blocks or half-writes)
+            write_text(path, text, what="plan", error=ConfigError)
         return text
 
     # ----------------------------------------------------------------- summary
