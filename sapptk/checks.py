@@ -43,7 +43,7 @@ MAX_STAGES = 10_000
 pipeline; keeps their tables (stages × rounds × modes) small."""
 
 MAX_DESIGN_ROUNDS = 1_000
-"""Dry runs one ``design`` may ask for."""
+"""Dry runs one ``design`` may ask for, and one calibration may hold."""
 
 MAX_PROGRAM_OPS = 1_000_000
 """Most ops a schedule's program may have, built or read (``sapptk.config.MAX_PROGRAM_OPS``,

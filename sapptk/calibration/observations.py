@@ -170,6 +170,8 @@ def observations_from_frame(
             fail(source, f"{where}: run", label, "a label (a number or a string)")
         signature = _make_signature(values, lists)
         if key not in index:
+            checks.size(len(runs) + 1, f"{source}: {where}: dry runs", error=CalibrationError,
+                        limit=checks.MAX_DESIGN_ROUNDS, what="runs", constant="sapptk.checks.MAX_DESIGN_ROUNDS")
             index[key] = len(runs)
             signatures[key] = signature
             runs.append(_make_run(key, values, lists, source))
