@@ -29,6 +29,10 @@ with the generators and oracles of ``tests/fuzz_surfaces.py`` and ``tests/fuzz_r
 ``all`` runs both campaigns.
 
 Figures depend on the machine's load only through ``hang`` (a generous bound).
+
+(Over 500 lines: one script holds the first round's generators, oracles, the worker and the
+parent, so that it measures an older checkout with nothing else; the newer surfaces'
+generators and oracles live next to the tests that share them.)
 """
 
 from __future__ import annotations
