@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,16 @@ def test_the_offload_search_starts_no_simulation_it_cannot_finish(llama):
     assert res.evaluations == 0 and not res.improved and not res.complete
     res = offload_search(llama, config, np.asarray(counts), deadline=time.perf_counter() + 60)
     assert res.evaluations >= 1
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        ({"times": {"body": 10**400}}, "times['body']: forward = 1000"),
+        ({"weight_holds": 10**400}, "weight_holds = 1000"),
+        ({"trace": 5}, "trace = 5: expected layer times"),
+    ],
+)
+def test_calibrate_arguments_are_checked(kw, needle):
+    with pytest.raises(CalibrationError, match=re.escape(needle)):
+        calibrate(CALIBRATION, **kw)
