@@ -212,6 +212,8 @@ def design(
         ops = program_ops(schedule, stages, stages if micro_batches is None else micro_batches, 1, 1)
         checks.size(ops, f"design: the {schedule} program of {stages} stages", error=CalibrationError,
                     limit=checks.MAX_PROGRAM_OPS, what="ops", constant="sapptk.checks.MAX_PROGRAM_OPS")
+    if not isinstance(modes, str | list | tuple | set | frozenset):
+        checks.fail(CalibrationError, "design: modes", modes, f"recompute modes among {', '.join(RECOMPUTE_MODES)}")
     given = (modes,) if isinstance(modes, str) else tuple(modes)
     unknown = [m for m in given if m not in MODES]
     if unknown or not all(isinstance(m, str) for m in given):

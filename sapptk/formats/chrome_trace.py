@@ -125,6 +125,8 @@ def _args(value: Any, source: str, index: int) -> dict:
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
     """Read a Chrome trace file (``.json`` or gzipped) into a :class:`Trace`."""
+    if not isinstance(path, str | os.PathLike):
+        checks.fail(TraceError, "trace path", path, "a file path")
     source = os.fspath(path)
     data = _load(Path(source), source)
     if isinstance(data, Mapping):

@@ -499,6 +499,9 @@ def decode(profile: Any, config: Any, source: Any) -> np.ndarray:
     The partition comes from ``--pipeline-model-parallel-layout``, else from the
     uniform-layout flags; recompute from the recompute flags (none without them).
     """
+    if not isinstance(source, str | Mapping | list | tuple):
+        checks.fail(ConfigError, "Megatron arguments", source, "a layout string, a command line, a list of arguments "
+                    "or a mapping of flags")
     try:
         if isinstance(source, str) and not source.lstrip().startswith("--"):
             flags: dict[str, Any] = {"pipeline-model-parallel-layout": source}

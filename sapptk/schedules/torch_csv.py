@@ -216,6 +216,8 @@ def from_csv(path: str | os.PathLike[str], *, name: str | None = None) -> Progra
 
     The program's name is ``"csv:<file stem>"`` unless ``name`` is given.
     """
+    if not isinstance(path, str | os.PathLike):
+        checks.fail(ScheduleError, "schedule CSV path", path, "a file path")
     source = os.fspath(path)
     file = Path(source)
     text = read_text(source, what="schedule CSV", error=ScheduleError, max_bytes=_MAX_BYTES)  # sapptk.files guards
