@@ -717,6 +717,7 @@ def from_mindformers(profile: Profile, config: PipelineConfig, data: Any, *, nam
     reads them all). The plan is simulated (status ``"given"``, source
     ``"mindformers:<name>"``, the file's stem for an unnamed config). ``data`` is not modified.
     """
+    _check_inputs(profile, config, "from_mindformers")
     file, named, configs = _mindformers_configs(data, profile)
     where = file or "<data>"
     if name is not None:
@@ -795,12 +796,25 @@ def _check_evidence(plan: Plan, where: str) -> None:
                               "(step - bound) / step")
 
 
+def _check_inputs(profile: Any, config: Any, where: str, *, optional_config: bool = False) -> None:
+    """A sapptk Profile and a PipelineConfig (or None when ``optional_config``); else a ConfigError naming it."""
+    from sapptk import checks
+    from sapptk.config import PipelineConfig
+    from sapptk.profile import Profile
+
+    if not isinstance(profile, Profile):
+        checks.fail(ConfigError, f"{where}: profile", profile, "a sapptk Profile (sapptk.load_profile)")
+    if not (isinstance(config, PipelineConfig) or (optional_config and config is None)):
+        checks.fail(ConfigError, f"{where}: config", config, "a sapptk PipelineConfig")
+
+
 def from_megatron(profile: Profile, config: PipelineConfig, source: Any) -> Plan:
     """A plan from Megatron-LM arguments or a layout string (:func:`sapptk.formats.megatron.decode`).
 
     ``config`` gives the setup (stages and chunks must agree with the arguments). The plan is
     simulated (status ``"given"``, source ``"megatron"``).
     """
+    _check_inputs(profile, config, "from_megatron")
     counts = megatron.decode(profile, config, source)
     try:
         return make_plan(profile, config, counts, status="given", source="megatron")
@@ -816,6 +830,7 @@ def from_torchtitan(profile: Profile, source: Any, config: PipelineConfig | None
     fields and must agree where both speak. The plan is simulated (status ``"given"``, source
     ``"torchtitan"``).
     """
+    _check_inputs(profile, config, "from_torchtitan", optional_config=True)
     setup, counts, where = torchtitan.decode(profile, source, config, csv=csv)
     try:
         return make_plan(profile, setup, counts, status="given", source="torchtitan")

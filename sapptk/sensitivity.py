@@ -310,6 +310,10 @@ def robust_budget(
     object with ``.residuals``), whose relative root-mean-square error is used. Both may be
     given (the tighter budget wins). ``None`` when the config has no budget.
     """
+    from sapptk.config import PipelineConfig
+
+    if not isinstance(config, PipelineConfig):
+        checks.fail(ConfigError, "config", config, "a sapptk PipelineConfig")
     budget = config.memory_budget
     if memory_margin is None and oom_risk is None:
         if memory_error is not None:

@@ -250,6 +250,55 @@ def run_safe_budget(d: dict[str, Any], folder: Path) -> None:
     expect(math.isfinite(out) and d["constant"] < out <= d["budget"], f"safe budget {out}")
 
 
+def run_argument_types(d: dict[str, Any], folder: Path) -> None:
+    """An entry point with one argument replaced: a clear error or a result, never a raw one."""
+    from sapptk import balance, calibration
+    from sapptk.config import PipelineConfig
+    from sapptk.formats.chrome_trace import read_trace
+    from sapptk.plan import even_split, from_megatron, from_torchtitan, load_plan
+    from sapptk.schedules import from_csv, from_csv_text
+    from sapptk.sensitivity import robust_budget
+
+    llama, demo = _profiles()
+    config = PipelineConfig(4, 8, memory_budget=1e6)
+    plan = even_split(llama, config)
+    trace = folder / "t.json"
+    trace.write_text('{"traceEvents": [{"ph": "X", "name": "layer0", "pid": 1, "tid": 1, "ts": 0, "dur": 5}]}')
+    csv = folder / "s.csv"
+    csv.write_text(config.program().to_csv())
+    calib = ROOT / "data" / "calibration" / "init_demo.yaml"
+    calls: dict[str, tuple[Any, list[Any], dict[str, Any]]] = {
+        "from_megatron": (from_megatron, [llama, config, "E|(t*20|)*4,L"], {}),
+        "from_torchtitan": (from_torchtitan, [llama, plan.to_torchtitan().text()], {}),
+        "load_plan": (load_plan, [plan.save()], {}),
+        "layer_times": (calibration.layer_times, [trace, r"layer\d"], {}),
+        "chrome_layer_times": (calibration.chrome_layer_times, [trace, r"layer\d"], {"skip_steps": 0}),
+        "mindspore_layer_times": (calibration.mindspore_layer_times, [trace, r"layer\d"], {"micro_batches": 2}),
+        "read_trace": (read_trace, [trace], {}),
+        "from_csv": (from_csv, [csv], {}),
+        "from_csv_text": (from_csv_text, [config.program().to_csv()], {}),
+        "design": (calibration.design, [4, 8, ("select",)], {"rounds": 2}),
+        "calibrate": (calibration.calibrate, [calib], {"constant": "auto"}),
+        "read_observations": (calibration.read_observations, [calib], {}),
+        "validate": (calibration.validate, [plan, {"device": [0], "peak_mb": [1.0]}], {}),
+        "to_chrome_trace": (plan.simulation.to_chrome_trace, [folder / "out.json"], {}),
+        "plan_save": (plan.save, [folder / "plan.yaml"], {}),
+        "robust_budget": (robust_budget, [config], {"oom_risk": 0.01, "memory_error": 0.02}),
+        "balance_levers": (balance, [demo, PipelineConfig(2, 4, memory_budget=1e6)],
+                           {"time_limit": 1, "per_micro_batch": False, "memory_margin": 0.05}),
+    }
+    fn, args, kwargs = calls[d["entry"]]
+    slot = d["slot"]
+    if slot < len(args) and d["entry"] not in ("balance_levers",):
+        args[slot] = d["value"]
+    elif kwargs:
+        kwargs[sorted(kwargs)[slot % len(kwargs)]] = d["value"]
+    else:
+        args[slot % len(args)] = d["value"]
+    fn(*args, **kwargs)
+
+
 RUNNERS = {"trace": run_trace, "calibration_size": run_calibration, "design": run_design, "schedule_csv": run_csv,
            "megatron": run_megatron, "torchtitan": run_torchtitan, "plan_file": run_plan_file,
-           "chrome_export": run_export, "degenerate": run_degenerate, "safe_budget": run_safe_budget}
+           "chrome_export": run_export, "degenerate": run_degenerate, "safe_budget": run_safe_budget,
+           "argument_types": run_argument_types}

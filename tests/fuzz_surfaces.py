@@ -10,7 +10,8 @@ lets a :class:`~sapptk.errors.SapptkError` (a clear error) or anything else (a r
 Surfaces: profiler traces (Chrome, torch.profiler, MindSpore readers; events, files and the
 user's regexes), calibration files (sizes and magnitudes), ``design``, schedule CSV,
 Megatron layouts and flags, torchtitan TOML, plan files (figures that must agree with the
-plan), ``to_chrome_trace`` targets, degenerate setups given to ``balance``, and safe budgets.
+plan), ``to_chrome_trace`` targets, degenerate setups given to ``balance``, safe budgets, and
+arguments of the wrong type or magnitude given to each of these entry points.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ EXTREMES: list[Any] = [0, -1, 1, 2**31, 2**53 + 1, 2**63, 2**64, 10**30, 10**400
                        -1e300, math.inf, -math.inf, math.nan, 2.5, -0.0, None, True, False, "", "1", "x", [], [1], {},
                        {"a": 1}, [[[]]], "9" * 60]
 SURFACES = ("trace", "calibration_size", "design", "schedule_csv", "megatron", "torchtitan", "plan_file",
-            "chrome_export", "degenerate", "safe_budget")
+            "chrome_export", "degenerate", "safe_budget", "argument_types")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-lm", "zb-h1", "zb-v", "dualpipe-v")
 
 
@@ -246,12 +247,23 @@ def safe_budget_case(r: random.Random) -> dict[str, Any]:
                   "memory_margin": r.choice([None, None, 0.05, 2000, 0.999, 10**400, -1, math.nan, 1e12])})
 
 
+ENTRY_POINTS = ("from_megatron", "from_torchtitan", "load_plan", "layer_times", "chrome_layer_times",
+                "mindspore_layer_times", "read_trace", "from_csv", "from_csv_text", "design", "calibrate",
+                "read_observations", "validate", "to_chrome_trace", "plan_save", "robust_budget", "balance_levers")
+
+
+def argument_types_case(r: random.Random) -> dict[str, Any]:
+    """One entry point, one argument of the wrong type or an extreme value."""
+    return _json({"entry": r.choice(ENTRY_POINTS), "slot": r.randint(0, 3), "value": weird(r)})
+
+
 GENERATORS = {"trace": trace_case, "calibration_size": calibration_case, "design": design_case,
               "schedule_csv": csv_case, "megatron": megatron_case, "torchtitan": torchtitan_case,
               "plan_file": plan_case, "chrome_export": export_case, "degenerate": degenerate_case,
-              "safe_budget": safe_budget_case}
-SHARE = {"trace": 0.22, "calibration_size": 0.08, "design": 0.08, "schedule_csv": 0.14, "megatron": 0.12,
-         "torchtitan": 0.1, "plan_file": 0.14, "chrome_export": 0.04, "degenerate": 0.03, "safe_budget": 0.05}
+              "safe_budget": safe_budget_case, "argument_types": argument_types_case}
+SHARE = {"trace": 0.2, "calibration_size": 0.07, "design": 0.07, "schedule_csv": 0.13, "megatron": 0.11,
+         "torchtitan": 0.09, "plan_file": 0.13, "chrome_export": 0.04, "degenerate": 0.03, "safe_budget": 0.05,
+         "argument_types": 0.08}
 
 
 def make_cases(seed: int, size: int) -> list[dict[str, Any]]:
