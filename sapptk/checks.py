@@ -121,10 +121,19 @@ def regex(text: Any, where: str, *, error: type[SapptkError]) -> re.Pattern[str]
         fail(error, where, text, "a regular expression (text)")
     if len(text) > MAX_REGEX_CHARS:
         fail(error, where, text, f"a regular expression of at most {MAX_REGEX_CHARS:,} characters")
+    nested = _NESTED_REPEAT.search(text)
+    if nested:
+        raise error(f"{where} = {show(text)}: the repeated group {nested.group(0)!r} repeats inside: Python's regex "
+                    "engine can take exponential time on it (a trace would appear to hang): expected a pattern "
+                    "without a repeated group whose content ends in + or * (e.g. 'a+' instead of '(a+)+')")
     try:
         return re.compile(text)
     except (re.error, RecursionError, OverflowError, ValueError) as exc:
         raise error(f"{where} = {show(text)}: not a valid regex ({exc})") from None
+
+
+_NESTED_REPEAT = re.compile(r"\((?:[^()\\]|\\.)*[+*]\)[+*{]")
+"""A group ending in ``+`` or ``*`` that is itself repeated (``(a+)+``, ``(x*)*``): catastrophic backtracking."""
 
 
 def output_file(path: Any, where: str, *, error: type[SapptkError]) -> Path:

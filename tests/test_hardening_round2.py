@@ -69,6 +69,7 @@ def test_bad_trace_events_name_the_file_and_event(tmp_path, events, needle):
         ({"layers": "layer", "step": "("}, "step = '(': not a valid regex"),
         ({"layers": "layer", "phases": {"forward": "(?P<x"}}, "phases['forward'] = '(?P<x': not a valid regex"),
         ({"layers": "x" * (checks.MAX_REGEX_CHARS + 1)}, "a regular expression of at most 10,000 characters"),
+        ({"layers": "(a+)+$"}, "the repeated group '(a+)+' repeats inside"),  # would backtrack for ages
     ],
 )
 def test_user_regexes(tmp_path, options, needle):
