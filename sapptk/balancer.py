@@ -264,6 +264,8 @@ def with_offload(plan: Plan, *, deadline: float, stop: threading.Event | None = 
     before = f"{res.base_step_time:.6g} ms" if usable else f"no plan ({plan.status})"
     note = (f"activation offload: {res.evaluations} candidates simulated in {res.seconds:.1f} s ({how}); "
             f"step time {before} -> {res.step_time:.6g} ms")
+    if res.evaluations == 0:
+        note = "activation offload: not tried (no time left for one simulation of this setup, or stopped)"
     if not res.improved:
         kept = "kept without offload" if usable else "nothing fits with offload either"
         return dataclasses.replace(plan, message=f"{plan.message}; {note} (no faster plan: {kept})")

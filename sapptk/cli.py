@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sapptk.errors import ConfigError, SapptkError
+from sapptk.errors import ConfigError, FileError, SapptkError
 from sapptk.files import writable_dir, write_text
 from sapptk.profile import MODES, Profile, resolve_profile
 
@@ -406,8 +406,11 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from sapptk import checks
     from sapptk.plan import load_plan
 
+    if args.out is not None:  # a folder or a FIFO (which would block) is refused before the plan is read
+        checks.output_file(args.out, "--out", error=FileError)
     plan = load_plan(args.plan)
     extra: dict[Path, str] = {}
     if args.to == "megatron":
@@ -430,9 +433,9 @@ def _export(args: argparse.Namespace) -> int:
     if args.out is None:
         print(text, end="")
         return 0
-    args.out.write_text(text, encoding="utf-8")
+    write_text(args.out, text, what="export")
     for path, content in extra.items():
-        path.write_text(content, encoding="utf-8")
+        write_text(path, content, what="schedule CSV")
     print("wrote " + ", ".join(str(p) for p in (args.out, *extra)))
     return 0
 

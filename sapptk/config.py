@@ -18,6 +18,7 @@ from functools import lru_cache
 from numbers import Real
 from typing import TYPE_CHECKING, Any
 
+from sapptk import checks
 from sapptk.errors import ConfigError, ScheduleError
 from sapptk.profile import MODES, mode_set
 from sapptk.schedules import Program, build, get, names
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["MAX_BANDWIDTH", "MAX_BUDGET_MB", "MAX_COMM_MS", "MAX_PROGRAM_OPS", "OFFLOAD", "PipelineConfig",
            "build_program", "program_ops"]
 
-MAX_PROGRAM_OPS = 1_000_000
+MAX_PROGRAM_OPS = checks.MAX_PROGRAM_OPS
 """Most ops a schedule's program may have (stages × chunks × micro-batches × splits × 2, or
 × 3 with a split backward; :func:`program_ops`). Larger setups are refused before any work,
 with an estimate of the time and memory they would need (``docs/limits.md`` gives the
@@ -65,8 +66,14 @@ def build_program(schedule: str, stages: int, micro_batches: int, chunks: int, s
     """The :class:`Program` of a schedule instance, built once per argument tuple.
 
     Programs are immutable and cache their compiled graph, so sharing them between plans,
-    the solver and the simulator is safe and saves the (linear, but not free) build.
+    the solver and the simulator is safe and saves the (linear, but not free) build. A setup
+    of more than :data:`MAX_PROGRAM_OPS` ops is refused before anything is built.
     """
+    if isinstance(schedule, str) and schedule in names() and all(map(_is_int, (stages, micro_batches, chunks, splits))):
+        ops = program_ops(schedule, stages, micro_batches, chunks, splits)
+        checks.size(ops, f"{schedule} with stages = {stages}, micro_batches = {micro_batches}, chunks = {chunks}, "
+                    f"splits = {splits}: the program would have", error=ScheduleError, limit=MAX_PROGRAM_OPS,
+                    what="ops", constant="sapptk.config.MAX_PROGRAM_OPS")
     return build(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks, splits=splits)
 
 

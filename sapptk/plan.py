@@ -455,8 +455,8 @@ class Plan:
                                bound=self.bound, gap=self.gap, solve_seconds=self.solve_seconds,
                                message=self.message, source=self.source, offload=self.offload,
                                alternative=self.alternative)
-        if path is not None:
-            Path(path).write_text(text, encoding="utf-8")
+        if path is not None:  # atomically, through sapptk.files (a folder or a FIFO never blocks or half-writes)
+            write_text(path, text, what="plan", error=ConfigError)
         return text
 
     # ----------------------------------------------------------------- summary
@@ -720,6 +720,7 @@ def from_mindformers(profile: Profile, config: PipelineConfig, data: Any, *, nam
     reads them all). The plan is simulated (status ``"given"``, source
     ``"mindformers:<name>"``, the file's stem for an unnamed config). ``data`` is not modified.
     """
+    _check_inputs(profile, config, "from_mindformers")
     file, named, configs = _mindformers_configs(data, profile)
     where = file or "<data>"
     if name is not None:
@@ -761,9 +762,53 @@ def load_plan(source: str | os.PathLike[str] | Any) -> Plan:
     d = plan_file.load(source)
     where = d.pop("where")
     try:
-        return make_plan(**d)
+        plan = make_plan(**d)
     except SapptkError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    _check_evidence(plan, where)
+    return plan
+
+
+_AGREE_MS = 1e-6
+"""How far a plan file's step time and bound may be from what sapptk recomputes (ms, plus 1e-9 relative)."""
+
+
+def _check_evidence(plan: Plan, where: str) -> None:
+    """A plan file is evidence, not truth: its step time must be the simulated one, a solved
+    plan (optimal, feasible) must fit its budget, its bound may not exceed its step time and
+    its gap must be (step - bound) / step."""
+    if not plan.solved:
+        return
+    step = plan.simulation.step_time
+    tolerance = _AGREE_MS + 1e-9 * abs(step)
+    if plan.step_time is not None and abs(plan.step_time - step) > tolerance:
+        raise ConfigError(f"{where}: step_time_ms = {plan.step_time!r}: the plan simulates to {step:.6f} ms: expected "
+                          "the simulated step time (was the file edited?)")
+    if plan.status in ("optimal", "feasible") and not plan.fits:
+        peak = float(plan.simulation.peak_memory.max())
+        raise ConfigError(f"{where}: status = {plan.status!r}, but the plan's peak of {peak:.6g} MB exceeds its "
+                          f"memory_budget_mb = {plan.config.memory_budget:.6g}: expected a plan that fits (status "
+                          "'given' for a hand-made plan)")
+    if plan.bound is not None and plan.bound > step + tolerance:
+        raise ConfigError(f"{where}: bound_ms = {plan.bound!r} exceeds the plan's step time {step:.6f} ms: expected a "
+                          "lower bound on the optimum, at most the step time")
+    if plan.gap is not None and plan.bound is not None and step > 0:
+        gap = max(0.0, (step - plan.bound) / step)
+        if abs(plan.gap - gap) > 1e-6:
+            raise ConfigError(f"{where}: gap = {plan.gap!r}: the step time and bound give {gap:.6g}: expected "
+                              "(step - bound) / step")
+
+
+def _check_inputs(profile: Any, config: Any, where: str, *, optional_config: bool = False) -> None:
+    """A sapptk Profile and a PipelineConfig (or None when ``optional_config``); else a ConfigError naming it."""
+    from sapptk import checks
+    from sapptk.config import PipelineConfig
+    from sapptk.profile import Profile
+
+    if not isinstance(profile, Profile):
+        checks.fail(ConfigError, f"{where}: profile", profile, "a sapptk Profile (sapptk.load_profile)")
+    if not (isinstance(config, PipelineConfig) or (optional_config and config is None)):
+        checks.fail(ConfigError, f"{where}: config", config, "a sapptk PipelineConfig")
 
 
 def from_megatron(profile: Profile, config: PipelineConfig, source: Any) -> Plan:
@@ -772,6 +817,7 @@ def from_megatron(profile: Profile, config: PipelineConfig, source: Any) -> Plan
     ``config`` gives the setup (stages and chunks must agree with the arguments). The plan is
     simulated (status ``"given"``, source ``"megatron"``).
     """
+    _check_inputs(profile, config, "from_megatron")
     counts = megatron.decode(profile, config, source)
     try:
         return make_plan(profile, config, counts, status="given", source="megatron")
@@ -787,6 +833,7 @@ def from_torchtitan(profile: Profile, source: Any, config: PipelineConfig | None
     fields and must agree where both speak. The plan is simulated (status ``"given"``, source
     ``"torchtitan"``).
     """
+    _check_inputs(profile, config, "from_torchtitan", optional_config=True)
     setup, counts, where = torchtitan.decode(profile, source, config, csv=csv)
     try:
         return make_plan(profile, setup, counts, status="given", source="torchtitan")

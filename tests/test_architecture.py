@@ -21,7 +21,7 @@ PACKAGE = ROOT / "sapptk"
 # lowest first; a module belongs to the layer of the longest prefix that names it
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.errors", "sapptk.pareto"),
-    ("sapptk.files",),  # row 0 of docs/internals.md: files raises the error types
+    ("sapptk.files", "sapptk.checks"),  # row 0 of docs/internals.md: files and checks raise the error types
     ("sapptk.profile",),
     ("sapptk.models",),  # model cards, layouts, hardware: estimate_profile builds a Profile
     ("sapptk.schedules",),

@@ -217,3 +217,25 @@ L = "--pipeline-model-parallel-layout 'Et*3|t*3|t*3|t*3L' "
 def test_bad_arguments(args, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
         from_megatron(tiny(), PipelineConfig(2, 4, 2, "interleaved"), args)
+
+
+# ------------------------------------------------- issue 22: sizes and magnitudes before allocation
+@pytest.mark.parametrize(
+    ("source", "needle"),
+    [
+        ("E|t*1000000000|L", "expands to: 1,000,000,004 characters: expected at most"),
+        ("E|(t|)*100000000,L", "expands to: 200,000,003 characters"),
+        ("E|t*" + "9" * 5000 + "|L", "digits"),
+        ({"decoder-first-pipeline-num-layers": 10**30}, "--decoder-first-pipeline-num-layers = 1000000"),
+        ({"decoder-last-pipeline-num-layers": "9" * 5000}, "--decoder-last-pipeline-num-layers = '999"),
+        ({"recompute-granularity": "full", "recompute-method": "block", "recompute-num-layers": float("inf")},
+         "--recompute-num-layers = inf"),
+    ],
+)
+def test_huge_layouts_and_flags_are_refused_before_allocation(llama, source, needle):
+    from sapptk import PipelineConfig
+    from sapptk.plan import from_megatron
+
+    with pytest.raises(ConfigError) as exc:
+        from_megatron(llama, PipelineConfig(4, 8), source)
+    assert needle in str(exc.value)

@@ -224,3 +224,24 @@ def test_python_config_for_torchtitan_0_3(mode, ac):
     assert "pipeline_parallel_schedule_csv = \"\"" in out.python
     with pytest.raises(ConfigError, match="expected 'module:function'"):
         uniform(tiny(), PipelineConfig(2, 4, 2, "interleaved"), mode).to_torchtitan(base_config="no_function")
+
+
+# ------------------------------------------------- issue 22: magnitudes bounded before conversion
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda t: t.replace("pipeline_parallel_degree = 2", f"pipeline_parallel_degree = {2**70}"),
+         "pipeline_parallel_degree = 1180591620717411303424: expected an integer from 1 to 1,000,000"),
+        (lambda t: t.replace('"layers.0"', '"layers.' + "9" * 5000 + '"', 1), "expected layers.0"),
+        (lambda t: t + '\n[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "' + "9" * 5000 + '"\n',
+         "selective_ac_option = '999"),
+    ],
+)
+def test_huge_numbers_are_clear_errors(edit, needle):
+    profile = Profile("p", (LayerGroup("body", "body", 4, 1.0, 1.0, {"none": ModeCost(2.0, 1.0)}),))
+    text = ('[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = "1F1B"\n'
+            'module_fqns_per_model_part = [["layers.0", "layers.1"], ["layers.2", "layers.3"]]\n'
+            "[training]\nlocal_batch_size = 4\n")
+    with pytest.raises(ConfigError) as exc:
+        from_torchtitan(profile, edit(text))
+    assert needle in str(exc.value) and len(str(exc.value)) < 400

@@ -33,7 +33,6 @@ observation (an unobserved device, or a new dry run) that would identify them.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from sapptk import checks
 from sapptk.calibration.calibration_file import read_observations
 from sapptk.calibration.identifiability import suggest
 from sapptk.calibration.memory_model import (
@@ -58,7 +58,7 @@ from sapptk.calibration.prior import check_prior, moved_frame, prior_basis, prio
 from sapptk.config import PipelineConfig
 from sapptk.errors import CalibrationError
 from sapptk.plan import Plan, from_mindformers
-from sapptk.profile import DEFAULT_COEFS, MODES, LayerGroup, ModeCost, Profile
+from sapptk.profile import DEFAULT_COEFS, MAX_MS, MODES, LayerGroup, ModeCost, Profile
 from sapptk.simulation import WEIGHT_HOLDS, simulate
 
 if TYPE_CHECKING:
@@ -324,10 +324,11 @@ def _times(dry: DryRuns, times: Any, trace: LayerTimes | None) -> dict[str, dict
                 raise CalibrationError(f"times: unknown group {group!r}: expected head, body or tail")
             entry = dict(value) if isinstance(value, Mapping) else {"forward": value}
             for key, ms in entry.items():
-                if key not in ("forward", "backward") or isinstance(ms, bool) or not isinstance(ms, int | float) \
-                        or not math.isfinite(ms) or ms < 0:
+                if key not in ("forward", "backward"):
                     raise CalibrationError(f"times[{group!r}]: {key} = {ms!r}: expected forward/backward ms >= 0")
-            out[group] = {k: float(v) for k, v in entry.items()}
+                entry[key] = checks.number(ms, f"times[{group!r}]: {key}", error=CalibrationError, low=0.0,
+                                           high=MAX_MS)
+            out[group] = entry
     return out
 
 
@@ -362,6 +363,11 @@ def calibrate(
     """
     if constant not in ("auto", True, False):
         raise CalibrationError(f"constant = {constant!r}: expected 'auto', True or False")
+    from sapptk.calibration.traces import LayerTimes
+
+    weight_holds = checks.number(weight_holds, "weight_holds", error=CalibrationError, low=0.0, high=1.0)
+    if trace is not None and not isinstance(trace, LayerTimes):
+        checks.fail(CalibrationError, "trace", trace, "layer times read from a trace (sapptk.calibration.layer_times)")
     dry = source if isinstance(source, DryRuns) else read_observations(source)
     obs = [
         _Observation(int(r.run), int(r.device), float(r.peak_mb), device_rows(dry.runs[int(r.run)], int(r.device),

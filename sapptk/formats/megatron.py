@@ -9,6 +9,10 @@ loss (sapptk's tail), ``m`` an MTP layer (sapptk has none). Megatron's grammar: 
 cosmetic; ``X*n`` repeats the character X n times; ``(…)*n`` repeats the bracketed text n
 times (no nesting); empty stages are allowed (``E||t|L``). ``Et*3|(tt|)*2,t|tL`` is
 E t t t | t t | t t | t | t L (the comma only separates the group from what follows).
+A layout is refused before it is expanded when it would expand to more than
+:data:`MAX_LAYOUT_CHARS` characters (``t*1000000000``); integer flags are bounded before they
+enter an array. (Over 500 lines: the grammar, its size guard, the argument reader and the
+exporter share one set of rules.)
 :func:`format_layout` writes the shortest form of that kind; :func:`parse_layout` reads any
 and names the position of a bad character.
 
@@ -52,9 +56,10 @@ from typing import Any
 
 import numpy as np
 
+from sapptk import checks
 from sapptk.errors import ConfigError
 from sapptk.formats.expressible import FIT_TOLERANCE_MB, ExpressedCost, closest, counts_from_layers, modes_used
-from sapptk.profile import MODES
+from sapptk.profile import MAX_LAYERS, MODES
 
 __all__ = [
     "MegatronExport",
@@ -185,16 +190,37 @@ def _check_grammar(text: str) -> None:
         raise ConfigError(f"layout {text!r}: '(' without ')'")
 
 
+MAX_LAYOUT_CHARS = 2 * MAX_LAYERS + 1_000
+"""Characters a layout string may expand to (a layer and a '|' per stage, at most
+``sapptk.profile.MAX_LAYERS`` layers): ``t*1000000000`` is refused before it is expanded."""
+
+
+def _expand(flat: str, text: str) -> str:
+    """Megatron's expansion of a grammar-checked layout: ``(…)*n`` first, then ``x*n``; each
+    step's length computed (and refused above :data:`MAX_LAYOUT_CHARS`) before it is built."""
+
+    def count(digits: str) -> int:  # bounded before conversion: a 5,000-digit count is refused, not parsed
+        if len(digits) > 10:
+            raise ConfigError(f"layout {checks.show(text)}: repeat count {digits[:20]}... ({len(digits)} digits): "
+                              f"expected at most {MAX_LAYOUT_CHARS:,}")
+        return int(digits)
+
+    for pattern, width in ((r"\(([^)]+)\)\*(\d+)", lambda mt: len(mt.group(1))), (r"(.)\*(\d+)", lambda mt: 1)):
+        matches = list(re.finditer(pattern, flat))
+        length = len(flat) + sum(width(mt) * count(mt.group(2)) - len(mt.group(0)) for mt in matches)
+        checks.size(length, f"layout {checks.show(text)}: expands to", error=ConfigError, limit=MAX_LAYOUT_CHARS,
+                    what="characters", constant="sapptk.formats.megatron.MAX_LAYOUT_CHARS")
+        flat = re.sub(pattern, lambda mt: mt.group(1) * int(mt.group(2)), flat)
+    return flat
+
+
 def parse_layout(text: str) -> list[str]:
     """The layer characters of every stage of a layout string, in Megatron's grammar."""
     if not isinstance(text, str) or not text.strip():
         raise ConfigError(f"layout = {text!r}: expected a layout string such as 'Et*3|(tt|)*29,m|L'")
     text = text.strip().replace(" ", "")
     _check_grammar(text)
-    flat = text.replace(",", "")
-    # Megatron's expansion: (…)*n first, then x*n
-    flat = re.sub(r"\(([^)]+)\)\*(\d+)", lambda mt: mt.group(1) * int(mt.group(2)), flat)
-    flat = re.sub(r"(.)\*(\d+)", lambda mt: mt.group(1) * int(mt.group(2)), flat)
+    flat = _expand(text.replace(",", ""), text)  # Megatron's expansion: (…)*n first, then x*n
     if set(flat) - set("EtLm|"):
         raise ConfigError(f"layout {text!r}: expands to {flat[:60]!r}, which is not only E, t, L, m and '|'")
     return flat.split("|")
@@ -356,11 +382,10 @@ def recompute_counts(profile: Any, layers: Sequence[int], flags: Mapping[str, An
         return counts_from_layers(profile, layers, lambda vs, pos: _SELECT)
     if granularity != "full":
         raise ConfigError(f"--recompute-granularity = {granularity!r}: expected full or selective")
-    try:
-        k = int(number)
-    except (TypeError, ValueError):
+    if number is None or isinstance(number, bool):
         raise ConfigError(f"--recompute-num-layers = {number!r}: expected a layer count (full granularity needs "
-                          "it)") from None
+                          "it)")
+    k = _flag_int(flags, "recompute-num-layers", None)
     if k < 1:
         raise ConfigError(f"--recompute-num-layers = {k}: expected >= 1")
     if method == "uniform":
@@ -466,6 +491,14 @@ def export(profile: Any, config: Any, counts: np.ndarray, simulation: Any) -> Me
     )
 
 
+def _flag_int(flags: Mapping[str, Any], name: str, default: int | None) -> int | None:
+    """An integer flag (text or a number) from 0 to ``MAX_LAYERS``, checked before it enters an array."""
+    value = flags.get(name)
+    if value is None:
+        return default
+    return checks.integer(value, f"--{name}", error=ConfigError, low=0, high=MAX_LAYERS, text=True)
+
+
 def decode(profile: Any, config: Any, source: Any) -> np.ndarray:
     """The counts Megatron-LM arguments describe on ``config`` (stages and chunks must agree).
 
@@ -473,6 +506,9 @@ def decode(profile: Any, config: Any, source: Any) -> np.ndarray:
     The partition comes from ``--pipeline-model-parallel-layout``, else from the
     uniform-layout flags; recompute from the recompute flags (none without them).
     """
+    if not isinstance(source, str | Mapping | list | tuple):
+        checks.fail(ConfigError, "Megatron arguments", source, "a layout string, a command line, a list of arguments "
+                    "or a mapping of flags")
     try:
         if isinstance(source, str) and not source.lstrip().startswith("--"):
             flags: dict[str, Any] = {"pipeline-model-parallel-layout": source}
@@ -492,12 +528,11 @@ def decode(profile: Any, config: Any, source: Any) -> np.ndarray:
                 raise ConfigError(f"layout {text!r}: {len(layers)} stages = {len(layers) // p} chunks per rank: the "
                                   f"setup has chunks = {v}")
         else:
-            vv = int(flags.get("num-virtual-stages-per-pipeline-rank") or 1)
+            vv = _flag_int(flags, "num-virtual-stages-per-pipeline-rank", 1)
             if vv != v:
                 raise ConfigError(f"--num-virtual-stages-per-pipeline-rank = {vv}: the setup has chunks = {v}")
-            first, last = (flags.get(f"decoder-{k}-pipeline-num-layers") for k in ("first", "last"))
-            layers = uniform_layers(p, v, body, None if first is None else int(first),
-                                    None if last is None else int(last))
+            first, last = (_flag_int(flags, f"decoder-{k}-pipeline-num-layers", None) for k in ("first", "last"))
+            layers = uniform_layers(p, v, body, first, last)
         return recompute_counts(profile, layers, flags)
     except ValueError as exc:  # ConfigError is a ValueError too
         raise ConfigError(f"Megatron arguments: {exc}") from None

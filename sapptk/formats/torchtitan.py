@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from sapptk import checks
 from sapptk.errors import ConfigError
 from sapptk.files import load_toml_text, read_text
 from sapptk.formats.expressible import FIT_TOLERANCE_MB, ExpressedCost, closest, counts_from_layers, modes_used
@@ -277,9 +278,8 @@ def read(text: str, source: str = "<toml>") -> TorchtitanConfig:
     if not isinstance(par, dict):
         raise _fail(source, "no [parallelism] table: expected pipeline_parallel_degree, pipeline_parallel_schedule, "
                             "module_fqns_per_model_part")
-    degree = par.get("pipeline_parallel_degree")
-    if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
-        raise _fail(source, f"parallelism.pipeline_parallel_degree = {degree!r}: expected an integer >= 1")
+    degree = checks.integer(par.get("pipeline_parallel_degree"), f"{source}: parallelism.pipeline_parallel_degree",
+                            error=ConfigError, low=1, high=checks.MAX_INDEX)
     schedule = par.get("pipeline_parallel_schedule", "1F1B")
     if not isinstance(schedule, str):
         raise _fail(source, f"parallelism.pipeline_parallel_schedule = {schedule!r}: expected a schedule name")
@@ -315,10 +315,10 @@ def layers_of_parts(parts: Sequence[Sequence[str]], *, body_layers: int, source:
     expect = 0
     for i, part in enumerate(parts):
         for name in part:
-            label = f"module_fqns_per_model_part[{i}]: {name!r}"
+            label = f"module_fqns_per_model_part[{i}]: {checks.show(name)}"
             match = _LAYER.fullmatch(name)
             if match:
-                if int(match.group(1)) != expect:
+                if len(match.group(1)) > len(str(checks.MAX_INDEX)) or int(match.group(1)) != expect:
                     raise _fail(source, f"{label}: expected layers.{expect} (layers in order, each once)")
                 expect += 1
                 layers[i] += 1
@@ -353,8 +353,8 @@ def ac_counts(profile: Any, layers: Sequence[int], ac: Mapping[str, str], *, pla
     try:
         every = int(option)
     except ValueError:
-        raise _fail(source, f"activation_checkpoint.selective_ac_option = {option!r}: expected 'op' or an integer"
-                    ) from None
+        raise _fail(source, f"activation_checkpoint.selective_ac_option = {checks.show(option)}: expected 'op' or "
+                            "an integer") from None
     if every < 0:
         raise _fail(source, f"activation_checkpoint.selective_ac_option = {every}: expected >= 0")
     # torchtitan counts the layers of a rank over its model parts in order, 1-based
