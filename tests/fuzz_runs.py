@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -295,7 +296,8 @@ def run_argument_types(d: dict[str, Any], folder: Path) -> None:
         kwargs[sorted(kwargs)[slot % len(kwargs)]] = d["value"]
     else:
         args[slot % len(args)] = d["value"]
-    fn(*args, **kwargs)
+    with contextlib.chdir(folder):  # a replaced path argument ("x", 1) writes into the case's folder, never the cwd
+        fn(*args, **kwargs)
 
 
 RUNNERS = {"trace": run_trace, "calibration_size": run_calibration, "design": run_design, "schedule_csv": run_csv,
