@@ -55,6 +55,8 @@ _EXPORTS: dict[str, str] = {
     "TraceError": "sapptk.errors",
     "SearchOptions": "sapptk.solver.settings",
     "sweep": "sapptk.sweeps",
+    "choose": "sapptk.choosing",
+    "Choice": "sapptk.choosing",
 }
 _MODULES = ("schedules", "calibration")
 
@@ -63,6 +65,7 @@ __all__ = [
     "Bubble",
     "Calibration",
     "CalibrationError",
+    "Choice",
     "ConfigError",
     "DeadlockError",
     "FileError",
@@ -85,6 +88,7 @@ __all__ = [
     "calibrate",
     "calibration",
     "bundled_profiles",
+    "choose",
     "even_baseline",
     "even_split",
     "from_megatron",
@@ -106,6 +110,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from sapptk.balancer import balance
     from sapptk.calibration.fitting import Calibration, calibrate
     from sapptk.calibration.validation import validate
+    from sapptk.choosing import Choice, choose
     from sapptk.config import PipelineConfig
     from sapptk.errors import (
         CalibrationError,

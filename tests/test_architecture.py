@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.balancer",),
     ("sapptk.calibration",),
     ("sapptk.sweeps",),
+    ("sapptk.choosing",),
     ("sapptk.viz",),
     ("sapptk.widgets",),
     ("sapptk.cli",),
