@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 from support import EXHAUSTIVE, all_assignments, fast_step, peaks_mb, small_profile, two_mode_profile
 
@@ -134,8 +135,9 @@ def test_profile_refuses_model_card_dimensions() -> None:
 @pytest.fixture(scope="module")
 def small_choice() -> tuple[Profile, sapptk.Choice]:
     profile = small_profile(np.random.default_rng(19), groups=2, layers=(4, 6))
-    choice = sapptk.choose(profile, devices=4, global_batch=16, memory_budget=60.0, schedules=["1f1b", "interleaved",
-                           "zb-h1"], max_chunks=2, time_limit=5, dp_bandwidth=2.0, deterministic=True, sequence_length=8)
+    choice = sapptk.choose(profile, devices=4, global_batch=16, memory_budget=60.0,
+                           schedules=["1f1b", "interleaved", "zb-h1"], max_chunks=2, time_limit=5, dp_bandwidth=2.0,
+                           deterministic=True, sequence_length=8)
     return profile, choice
 
 
@@ -194,5 +196,5 @@ def test_processes_and_cache_give_the_same_frame(tmp_path, small_choice) -> None
     again = sapptk.choose(profile, cache=tmp_path, **kw)  # every balanced row from the cache
     cols = ["schedule", "stages", "chunks", "status", "step_time_ms"]
     for other in (first, again):
-        assert other.frame[cols].equals(choice.frame[cols])
+        pd.testing.assert_frame_equal(other.frame[cols], choice.frame[cols])
     assert (again.frame["solve_seconds"].dropna() == first.frame["solve_seconds"].dropna()).all()
