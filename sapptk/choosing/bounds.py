@@ -202,12 +202,13 @@ def _infeasibility(lp: _Relaxation) -> tuple[float, int]:
 
 
 def pipeline_bound(profile: Profile, config: PipelineConfig, *, max_rounds: int = 40,
-                   time_limit: float = 10.0) -> SetupBound:
+                   time_limit: float = 10.0, deterministic: bool = False) -> SetupBound:
     """A proven lower bound on the simulated step time (ms, without DP synchronisation) of every
     plan of ``profile`` on ``config`` that fits the memory budget; or a proof that none fits.
 
     ``config`` must be valid for ``profile`` (:meth:`PipelineConfig.check`) and name a
-    schedule whose order does not depend on costs. ``max_rounds`` and ``time_limit`` cap the
+    schedule whose order does not depend on costs. ``max_rounds`` and ``time_limit`` (not
+    with ``deterministic``: then the rounds alone, so the same input gives the same bound) cap the
     row generation; stopping early only makes the bound weaker, never wrong.
     """
     began = time.perf_counter()
@@ -260,7 +261,7 @@ def pipeline_bound(profile: Profile, config: PipelineConfig, *, max_rounds: int 
         step, found = lp.paths.longest(cost[None, :], lp.comm)
         if float(step[0]) / 1000.0 <= z.solution_value() * (1 + 1e-6) + 1e-6:
             break
-        if not add(*found[0]) or time.perf_counter() - began > time_limit:
+        if not add(*found[0]) or (not deterministic and time.perf_counter() - began > time_limit):
             break
     ms = best * 1000.0 * TIME_UNIT_MS / config.splits
     found_paths = tuple((k[:-8], int.from_bytes(k[-8:], "little")) for k in seen)
@@ -286,24 +287,26 @@ def _certify(lp: _Relaxation, path_rows: list[tuple[np.ndarray, float]], path_ct
 
 
 def integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, *, time_limit: float = 2.0,
-                  max_rounds: int = 12, workers: int = 1) -> SetupBound:
+                  max_rounds: int = 12, workers: int = 1, deterministic: bool = False) -> SetupBound:
     """``start`` tightened by integrality (:func:`_integer_bound`): first without the memory
     rows and every layer in its fastest allowed mode (a relaxation CP-SAT proves quickly),
-    then with them in the time left; the largest proven bound."""
+    then with them in the time left; the largest proven bound. With ``deterministic``, one
+    CP-SAT worker counts deterministic time instead of seconds (the same input gives the same
+    bound, whatever the machine's load)."""
     if start.infeasible or start.bound_ms is None:
         return start
     began = time.perf_counter()
     free = _integer_bound(profile, config, start, time_limit=time_limit / 2, max_rounds=max_rounds,
-                          workers=workers, memory=False)
-    left = time_limit - (time.perf_counter() - began)
+                          workers=1 if deterministic else workers, memory=False, deterministic=deterministic)
+    left = time_limit / 2 if deterministic else time_limit - (time.perf_counter() - began)
     if config.memory_budget is None or left <= 0.1:
         return free
-    return _integer_bound(profile, config, free, time_limit=left, max_rounds=max_rounds, workers=workers,
-                          memory=True)
+    return _integer_bound(profile, config, free, time_limit=left, max_rounds=max_rounds,
+                          workers=1 if deterministic else workers, memory=True, deterministic=deterministic)
 
 
 def _integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, *, time_limit: float,
-                   max_rounds: int, workers: int, memory: bool) -> SetupBound:
+                   max_rounds: int, workers: int, memory: bool, deterministic: bool = False) -> SetupBound:
     """``start`` tightened by integrality: CP-SAT minimises the step time over integer layer
     counts per (group, mode, virtual stage) (contiguity relaxed; every virtual stage without
     head or tail holds a body layer, as :func:`sapptk.balance` requires) subject to the exact
@@ -404,13 +407,18 @@ def _integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, 
     solver.parameters.num_workers = int(workers)
     best_ticks = 0
     rounds = 0
+    spent = 0.0  # deterministic time, when counted
     while rounds < max_rounds:
-        left = time_limit - (time.perf_counter() - began)
+        left = time_limit - (spent if deterministic else time.perf_counter() - began)
         if left <= 0.05:
             break
         rounds += 1
-        solver.parameters.max_time_in_seconds = left
+        if deterministic:
+            solver.parameters.max_deterministic_time = left
+        else:
+            solver.parameters.max_time_in_seconds = left
         status = solver.solve(model)
+        spent += solver.deterministic_time
         if status == cp_model.INFEASIBLE and memory:  # nothing the balancer could return fits
             return SetupBound(None, infeasible=True, excess_mb=0.0, device=None, rounds=start.rounds + rounds,
                               seconds=start.seconds + time.perf_counter() - began, paths=start.paths, integer=True)

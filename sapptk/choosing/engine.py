@@ -246,7 +246,7 @@ def choose_candidates(
             t0 = time.perf_counter()
             try:
                 cfg.check(c.profile)
-                c.bound = pipeline_bound(c.profile, cfg, time_limit=max(1.0, bound_time))
+                c.bound = pipeline_bound(c.profile, cfg, time_limit=max(1.0, bound_time), deterministic=deterministic)
             except SapptkError as exc:
                 c.row["reason"] = str(exc)
                 done(c, "invalid")
@@ -288,7 +288,8 @@ def choose_candidates(
                 if not c.tightened and best < math.inf:
                     c.tightened = True
                     t0 = time.perf_counter()
-                    c.bound = integer_bound(c.profile, c.setup.config, c.bound, time_limit=bound_time)
+                    c.bound = integer_bound(c.profile, c.setup.config, c.bound, time_limit=bound_time,
+                                            deterministic=deterministic)
                     c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
                     if c.bound.infeasible:
                         c.row["reason"] = c.bound.reason
