@@ -69,6 +69,7 @@ class Candidate:
     row: dict[str, Any] = field(default_factory=dict)
     counts: Any = None
     tightened: bool = False
+    twin: tuple[Any, ...] = ()  # setups with the same program, profile and limits share bounds and plans
 
 
 def _check_float(name: str, value: Any, *, allow_none: bool = True, low: float = 0.0) -> float | None:
@@ -189,6 +190,28 @@ def _hardware_bandwidth(hardware: Any) -> float | None:
     return None
 
 
+def program_digest(config: PipelineConfig) -> str:
+    """A content hash of a setup's program (op order and placement): two schedules with the
+    same order (interleaved and interleaved-rf when p divides m, ...) are one setup to bound
+    and to balance."""
+    import hashlib
+
+    program = config.program()
+    arrays = program.arrays
+    h = hashlib.sha256()
+    for name in ("unit_ptr", "unit_op_ptr", "kind", "micro_batch", "virtual_stage", "slice"):
+        h.update(np.ascontiguousarray(getattr(arrays, name)).tobytes())
+        h.update(b"|")
+    h.update(repr(tuple(program.placement)).encode())
+    return h.hexdigest()[:32]
+
+
+def _twin_key(c: Candidate, digest: str) -> tuple[Any, ...]:
+    cfg = c.setup.config
+    return (program_digest(cfg), digest, cfg.memory_budget, cfg.constant_memory, cfg.comm, cfg.recompute,
+            cfg.splits)
+
+
 def _sync_floor(c: Candidate, bw: float | None) -> float:
     """The least DP synchronisation any plan of the candidate has: its fullest device holds at
     least the average parameter MB."""
@@ -238,6 +261,8 @@ def choose_candidates(
             if on_row is not None:
                 on_row(c)
 
+        digests: dict[int, str] = {}
+        twins: dict[tuple[Any, ...], SetupBound] = {}  # bounds by program and profile
         for i, c in enumerate(candidates):
             cfg = c.setup.config
             c.row = {"schedule": cfg.schedule, "stages": cfg.stages, "chunks": cfg.chunks,
@@ -246,7 +271,11 @@ def choose_candidates(
             t0 = time.perf_counter()
             try:
                 cfg.check(c.profile)
-                c.bound = pipeline_bound(c.profile, cfg, time_limit=max(1.0, bound_time), deterministic=deterministic)
+                c.twin = _twin_key(c, digests.setdefault(id(c.profile), profile_digest(c.profile)))
+                if c.twin not in twins:
+                    twins[c.twin] = pipeline_bound(c.profile, cfg, time_limit=max(1.0, bound_time), max_rounds=20,
+                                                   deterministic=deterministic)
+                c.bound = twins[c.twin]
             except SapptkError as exc:
                 c.row["reason"] = str(exc)
                 done(c, "invalid")
@@ -273,23 +302,26 @@ def choose_candidates(
                     cached[rec["key"]] = rec
             store.open()
             stack.callback(store.close)
-        digests: dict[int, str] = {}
         runner = None
+        twin_results: dict[tuple[Any, ...], dict[str, Any]] = {}  # balanced results by program and profile
         best = math.inf
         seeds: dict[tuple[int, int, int], tuple[float, list]] = {}
         while heap:
             chosen: list[int] = []
+            deferred: list[tuple[float, int]] = []  # twins of a setup in this batch: they take its result
             while heap and len(chosen) < batch:
                 lower, i = heap[0]
                 if lower >= best * (1 - _TIE):
                     break
                 heapq.heappop(heap)
                 c = candidates[i]
-                if not c.tightened and best < math.inf:
+                if not c.tightened and best < math.inf and c.twin not in twin_results:
                     c.tightened = True
                     t0 = time.perf_counter()
-                    c.bound = integer_bound(c.profile, c.setup.config, c.bound, time_limit=bound_time,
-                                            deterministic=deterministic)
+                    if not twins[c.twin].integer:
+                        twins[c.twin] = integer_bound(c.profile, c.setup.config, c.bound, time_limit=bound_time,
+                                                      deterministic=deterministic)
+                    c.bound = twins[c.twin]
                     c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
                     if c.bound.infeasible:
                         c.row["reason"] = c.bound.reason
@@ -298,7 +330,12 @@ def choose_candidates(
                     c.lower_ms = max(c.lower_ms, float(c.bound.bound_ms) + c.sync_floor_ms)
                     heapq.heappush(heap, (c.lower_ms, i))
                     continue
+                if any(candidates[j].twin == c.twin for j in chosen):
+                    deferred.append((lower, i))
+                    continue
                 chosen.append(i)
+            for item in deferred:
+                heapq.heappush(heap, item)
             if not chosen:
                 break
             tasks = []
@@ -316,8 +353,11 @@ def choose_candidates(
                 if shape_key in seeds:
                     task["start"] = seeds[shape_key][1]
                 tasks.append(task)
-            todo = [t for t in tasks if t["key"] not in cached]
             results: dict[str, dict[str, Any]] = {}
+            for i, t in zip(chosen, tasks, strict=True):
+                if candidates[i].twin in twin_results and t["key"] not in cached:
+                    results[t["key"]] = twin_results[candidates[i].twin]
+            todo = [t for t in tasks if t["key"] not in cached and t["key"] not in results]
             for t in tasks:
                 if t["key"] in cached:
                     rec = cached[t["key"]]
@@ -346,6 +386,8 @@ def choose_candidates(
             for i in chosen:  # in batch order: the same frame whatever the executor
                 c = candidates[i]
                 res = results.get(c.row["key"], {"status": "error", "error": "not run"})
+                if c.twin not in twin_results and res.get("status") != "error":
+                    twin_results[c.twin] = res
                 _record(c, res, dp_bandwidth)
                 if c.row.get("step_time_ms") is not None and math.isfinite(c.row["step_time_ms"]):
                     cfg = c.setup.config
