@@ -57,8 +57,9 @@ _EXPORTS: dict[str, str] = {
     "sweep": "sapptk.sweeps",
     "choose": "sapptk.choosing",
     "Choice": "sapptk.choosing",
+    "estimate_profile": "sapptk.models.estimate",
 }
-_MODULES = ("schedules", "calibration")
+_MODULES = ("schedules", "calibration", "models")
 
 __all__ = [
     "AlternativeLayout",
@@ -91,6 +92,7 @@ __all__ = [
     "choose",
     "even_baseline",
     "even_split",
+    "estimate_profile",
     "from_megatron",
     "from_mindformers",
     "from_mindformers_named",
@@ -98,6 +100,7 @@ __all__ = [
     "load_plan",
     "load_profile",
     "make_plan",
+    "models",
     "schedules",
     "simulate",
     "simulate_offload",
@@ -106,7 +109,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
-    from sapptk import calibration, schedules
+    from sapptk import calibration, models, schedules
     from sapptk.balancer import balance
     from sapptk.calibration.fitting import Calibration, calibrate
     from sapptk.calibration.validation import validate
@@ -123,6 +126,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         ScheduleError,
         TraceError,
     )
+    from sapptk.models.estimate import estimate_profile
     from sapptk.offload import OffloadSimulation, simulate_offload
     from sapptk.plan import (
         Plan,

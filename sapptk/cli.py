@@ -5,7 +5,8 @@ plan file, the MindFormers YAML and the layout CSV), ``simulate`` (evaluate hand
 MindFormers configs, or a schedule CSV of your own), ``export`` (a saved plan for
 Megatron-LM, torchtitan, MindFormers or as PyTorch's schedule CSV), ``sweep`` (a grid of
 setups to one Parquet table, resumable), ``choose`` (the pipeline setup to run, ranked and
-pruned by proven bounds), ``schedules`` (list the schedules).
+pruned by proven bounds), ``schedules`` (list the schedules), ``estimate`` (a
+profile from a model card, a layout and a hardware card; ``balance --model`` solves on one).
 
 Exit codes: 0 success, 1 no plan found (infeasible, or none within the time limit),
 2 bad input (the message goes to stderr, without a traceback). Output folders are checked
@@ -16,7 +17,7 @@ Adding a command: write ``_add_<name>(commands)`` that adds a subparser and sets
 ``func=<handler>`` (a function ``(args) -> int``), and call it in :func:`build_parser`.
 :func:`add_pipeline_args` and :func:`sapptk.profile.resolve_profile` are there to share.
 
-(Over 500 lines: eight commands, each an ``_add_<name>`` parser and a handler of a few
+(Over 500 lines: nine commands, each an ``_add_<name>`` parser and a handler of a few
 lines; they share the argument types and the pipeline arguments at the top.)
 """
 
@@ -165,8 +166,10 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
         help="solve the layer and recompute assignment with the shortest step time",
         description="Balance layers and recompute over the pipeline with CP-SAT; compare with the even splits.",
     )
-    parser.add_argument("profile", metavar="PROFILE", help="profile file, or a bundled name (llama2_70b, demo, ...)")
+    parser.add_argument("profile", metavar="PROFILE", nargs="?", default=None,
+                        help="profile file, or a bundled name (llama2_70b, demo, ...); or give --model instead")
     add_pipeline_args(parser)
+    _add_model_args(parser)
     parser.add_argument("--recompute", nargs="+", choices=(*MODES, "offload"), default=None, metavar="MODE",
                         help=f"modes the solver may use (default all: {' '.join(MODES)}; 'offload' allows "
                         "activation offload, with --host-bandwidth)")
@@ -195,7 +198,7 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
 def _balance(args: argparse.Namespace) -> int:
     from sapptk.plan import even_splits
 
-    profile = resolve_profile(args.profile)
+    profile = _balance_profile(args)
     config = pipeline_config(args, profile)
     if args.out is not None:  # before solving: a bad folder must not cost a solve
         writable_dir(args.out, what="output folder (--out)")
@@ -226,6 +229,72 @@ def _balance(args: argparse.Namespace) -> int:
             print(f"\nwrote {saved} and {layout}; plan.yaml not written: {exc}")
         else:
             print(f"\nwrote {saved} (sapptk export reads it), {args.out / 'plan.yaml'} and {layout}")
+    return 0
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    from sapptk.models.options import add_model_args
+
+    add_model_args(parser, required=False)
+    parser.set_defaults(constant=None)  # with --model: the hardware card's constant, else 0
+
+
+def _balance_profile(args: argparse.Namespace) -> Profile:
+    """The PROFILE argument, or the estimate of ``--model`` (whose hardware card gives the
+    budget and the constant when ``--memory`` / ``--constant`` are not given)."""
+    if args.model is None:
+        if args.profile is None:
+            raise ConfigError("balance: expected a PROFILE or --model (a model card, see `sapptk estimate`)")
+        args.constant = 0.0 if args.constant is None else args.constant
+        return resolve_profile(args.profile)
+    if args.profile is not None:
+        raise ConfigError(f"balance: got both PROFILE {args.profile!r} and --model {args.model!r}: expected one")
+    from sapptk.models.options import model_hardware, model_profile
+
+    profile = model_profile(args)
+    if args.memory is None:
+        args.memory = model_hardware(args).memory_mb
+    if args.constant is None:
+        args.constant = float(profile.provenance["constant_mb"])
+    return profile
+
+
+# ----------------------------------------------------------------------------- estimate
+def _add_estimate(commands: argparse._SubParsersAction) -> None:
+    from sapptk.models.options import add_model_args
+
+    parser = commands.add_parser(
+        "estimate",
+        help="estimate a profile from a model card, a parallel layout and a hardware card",
+        description="Estimate a layer profile before any run (docs/estimation.md): print the per-group table, "
+        "optionally write the profile (.yaml or .json, sapptk-profile/1 with its provenance).",
+    )
+    add_model_args(parser, required=True)
+    parser.add_argument("--out", type=Path, default=None, metavar="FILE", help="write the profile (.yaml, .json)")
+    parser.set_defaults(func=_estimate)
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    import json
+
+    from sapptk.models.options import model_hardware, model_profile, profile_table
+
+    if args.out is not None and args.out.suffix.lower() not in (".yaml", ".yml", ".json"):
+        raise ConfigError(f"--out {args.out}: expected a .yaml, .yml or .json file name")
+    if args.out is not None:
+        writable_dir(args.out.parent if str(args.out.parent) else Path("."), what="output folder (--out)")
+    profile = model_profile(args)
+    device = model_hardware(args)
+    card = profile.provenance["card"]
+    print(f"{profile.name}: {card['parameters']:,} parameters; {device.name} {device.peak_tflops:g} TFLOPS "
+          f"x {device.matmul_efficiency:g}, {device.memory_mb:g} MB, constant {device.constant_mb:g} MB (assumed)")
+    print(_table(profile_table(profile), left=("group", "kind")))
+    if args.out is not None:
+        if args.out.suffix.lower() == ".json":
+            write_text(args.out, json.dumps(profile.to_dict(), indent=1) + "\n", what="profile")
+        else:
+            profile.to_yaml(args.out)
+        print(f"\nwrote {args.out}")
     return 0
 
 
@@ -623,6 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_choose(commands)
     _add_calibrate(commands)
     _add_design(commands)
+    _add_estimate(commands)
     return parser
 
 

@@ -117,7 +117,7 @@ _SAPP_KNOWN_KEYS = frozenset(
 )
 
 # --- our format's vocabulary -----------------------------------------------------------
-_OWN_TOP_KEYS = ("format", "name", "units", "groups", "description")
+_OWN_TOP_KEYS = ("format", "name", "units", "groups", "description", "provenance")
 _OWN_GROUP_KEYS = ("name", "kind", "count", "forward", "params", "modes")
 _OWN_MODE_KEYS = ("backward", "activation")
 
@@ -414,6 +414,9 @@ class Profile:
     name: str
     groups: tuple[LayerGroup, ...]
     source: str | None = field(default=None, compare=False)
+    provenance: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    """Where the figures came from (an estimate's card, layout, hardware, assumptions), as
+    plain data; written to and read from ``sapptk-profile/1`` files; no part of equality."""
 
     def __post_init__(self) -> None:
         prefix = f"{self.source}: " if self.source else ""
@@ -425,6 +428,8 @@ class Profile:
             if not isinstance(group, LayerGroup):
                 _fail(f"{prefix}profile {self.name!r}: groups[{i}]", None, group, "a LayerGroup")
         object.__setattr__(self, "groups", groups)
+        if self.provenance is not None and not isinstance(self.provenance, Mapping):
+            _fail(f"{prefix}profile {self.name!r}", "provenance", self.provenance, "a mapping or None")
         _check_layout(
             kinds=[g.kind for g in groups],
             names=[g.name for g in groups],
@@ -457,12 +462,15 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         """The profile in our own format (``sapptk-profile/1``), as plain data."""
-        return {
+        data = {
             "format": FORMAT,
             "name": self.name,
             "units": dict(UNITS),
             "groups": [g.to_dict() for g in self.groups],
         }
+        if self.provenance is not None:
+            data["provenance"] = dict(self.provenance)
+        return data
 
     def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
         """The profile as ``sapptk-profile/1`` YAML; also written to ``path`` when given."""
@@ -747,7 +755,12 @@ def _parse_own(data: Mapping[str, Any], source: str) -> Profile:
         groups.append(_own_group(entry, base, where))
         wheres.append(where)
         shown.append(entry["kind"])
-    return _finish(name, groups, source, "groups", wheres, shown)
+    profile = _finish(name, groups, source, "groups", wheres, shown)
+    if "provenance" in data:
+        if not isinstance(data["provenance"], Mapping):
+            _fail(top, "provenance", data["provenance"], "a mapping")
+        object.__setattr__(profile, "provenance", dict(data["provenance"]))
+    return profile
 
 
 def _own_group(entry: Any, base: str, where: str) -> LayerGroup:

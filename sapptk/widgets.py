@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from sapptk.plan import Plan
     from sapptk.profile import Profile
 
-__all__ = ["EXPORT_FORMATS", "Explorer", "export_texts"]
+__all__ = ["EXPORT_FORMATS", "Explorer", "explorer_from_card", "export_texts"]
 
 _MAX_STAGES = 64
 _MAX_MICRO_BATCHES = 512
@@ -553,3 +553,21 @@ def _device_table(plan: Plan) -> str:
         elif col.endswith("_ms"):
             frame[col] = frame[col].map(lambda x: f"{x:,.1f}")
     return frame.to_html(index=False, border=0, classes="sapptk-devices")
+
+
+def explorer_from_card(card: Any, parallel: Any = None, hardware: Any = "h100",
+                       config: PipelineConfig | None = None, **options: Any) -> Explorer:
+    """An :class:`Explorer` that starts from a model card: ``card`` (a bundled name such as
+    ``"llama3.1-70b"`` or a :class:`~sapptk.models.ModelCard`) estimated with ``parallel`` on
+    ``hardware`` (:func:`sapptk.estimate_profile`); without ``config``, 4 stages and 8
+    micro-batches with the device's memory as the budget and the estimate's constant.
+    ``options`` go to :class:`Explorer` (``time_limit``, ``workers``)."""
+    from sapptk.models import estimate_profile
+    from sapptk.models import hardware as hardware_card
+
+    device = hardware_card(hardware)
+    profile = estimate_profile(card, parallel, device)
+    if config is None:
+        config = PipelineConfig(4, 8, memory_budget=device.memory_mb,
+                                constant_memory=float(profile.provenance["constant_mb"]))
+    return Explorer(profile, config, **options)

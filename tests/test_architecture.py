@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.errors", "sapptk.pareto"),
     ("sapptk.files",),  # row 0 of docs/internals.md: files raises the error types
     ("sapptk.profile",),
+    ("sapptk.models",),  # model cards, layouts, hardware: estimate_profile builds a Profile
     ("sapptk.schedules",),
     ("sapptk.formats.chrome_trace",),
     ("sapptk.simulation",),
