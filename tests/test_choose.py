@@ -198,3 +198,25 @@ def test_processes_and_cache_give_the_same_frame(tmp_path, small_choice) -> None
     for other in (first, again):
         pd.testing.assert_frame_equal(other.frame[cols], choice.frame[cols])
     assert (again.frame["solve_seconds"].dropna() == first.frame["solve_seconds"].dropna()).all()
+
+
+def test_model_card_varies_tp_with_its_own_profiles() -> None:
+    from sapptk.models import card
+
+    choice = sapptk.choose(card("llama2-7b"), hardware="h100", devices=8, global_batch=16, memory_budget=None,
+                           schedules=["1f1b"], tp=[1, 2], stages=[2, 4], time_limit=3, seq_length=2048,
+                           deterministic=True)
+    frame = choice.frame
+    assert {"tp", "cp", "ep", "zero"} <= set(frame.columns)
+    assert set(frame["tp"]) == {1, 2} and (frame["stages"] * frame["dp"] * frame["tp"] == 8).all()
+    assert (frame["micro_batches"] * frame["dp"] == 16).all()
+    assert "tp" in choice.best.profile.name and choice.best.profile.name.startswith("llama2-7b")
+    winner = frame.iloc[0]
+    assert f"tp{winner['tp']}" in choice.best.profile.name
+    assert winner["tokens_per_s_per_device"] == pytest.approx(16 * 2048 / (winner["step_time_ms"] / 1000) / 8)
+    assert winner["dp_sync_ms"] > 0 or winner["dp"] == 1
+    with pytest.raises(ConfigError, match="hardware = None"):
+        sapptk.choose(card("llama2-7b"), devices=8, global_batch=16, memory_budget=None)
+    with pytest.raises(ConfigError, match="zero = 'zero9'"):
+        sapptk.choose(card("llama2-7b"), hardware="h100", devices=8, global_batch=16, memory_budget=None,
+                      zero="zero9")

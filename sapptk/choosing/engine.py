@@ -157,6 +157,8 @@ def choose(
 
         candidates, card_notes = card_candidates(source, hardware, shape, parallel)
         notes += card_notes
+        if sequence_length is None:
+            sequence_length = int(parallel.get("seq_length", 4096))
         if bw is None and hardware is not None:
             bw = _hardware_bandwidth(hardware)
     else:
@@ -183,11 +185,13 @@ def _is_model_card(source: Any) -> bool:
 
 
 def _hardware_bandwidth(hardware: Any) -> float | None:
-    for name in ("inter_node_bandwidth", "internode_bandwidth", "dp_bandwidth", "network_bandwidth"):
-        value = getattr(hardware, name, None)
-        if isinstance(value, Real) and value > 0:
-            return float(value)
-    return None
+    """The inter-node link of a hardware card (or bundled name) in MB/ms (= GB/s)."""
+    if isinstance(hardware, str):
+        from sapptk.models import hardware as hardware_card
+
+        hardware = hardware_card(hardware)
+    value = getattr(hardware, "inter_node_gbps", None)
+    return float(value) if isinstance(value, Real) and value > 0 else None
 
 
 def program_digest(config: PipelineConfig) -> str:

@@ -138,9 +138,10 @@ class Choice:
         """A few lines: the winner, how many setups were pruned, whether the winner is proven."""
         c = self.counts
         w = self.frame.iloc[0]
+        layout = "".join(f" {k} {w[k]}" for k in ("tp", "cp", "ep", "zero") if k in self.frame)
         lines = [
             f"winner: {w['schedule']} stages {w['stages']} chunks {w['chunks']} micro-batches {w['micro_batches']} "
-            f"dp {w['dp']}: step {w['step_time_ms']:,.1f} ms, peak {w['peak_mb_max']:,.0f} MB",
+            f"dp {w['dp']}{layout}: step {w['step_time_ms']:,.1f} ms, peak {w['peak_mb_max']:,.0f} MB",
             f"setups: {len(self.frame)} ({c['balanced']} balanced, {c['pruned']} pruned by bounds, "
             f"{c['infeasible']} infeasible, {c['invalid']} invalid, {c['unsolved']} unsolved) in {self.seconds:.1f} s",
             "winner proven: every other setup has a bound at or above its step time" if self.proven else
