@@ -220,3 +220,21 @@ def test_model_card_varies_tp_with_its_own_profiles() -> None:
     with pytest.raises(ConfigError, match="zero = 'zero9'"):
         sapptk.choose(card("llama2-7b"), hardware="h100", devices=8, global_batch=16, memory_budget=None,
                       zero="zero9")
+
+
+def test_figures_of_a_choice(small_choice: tuple[Profile, sapptk.Choice]) -> None:
+    from sapptk import viz
+
+    _, choice = small_choice
+    ranking = viz.choice_ranking(choice)
+    data = ranking.renderers[0].data_source.data
+    frame = choice.frame
+    timed = frame[frame["status"].isin(["balanced", "pruned"])]
+    assert len(data["label"]) == len(timed)
+    assert list(data["value"]) == list(timed["step_time_ms"].where(timed["status"] == "balanced", timed["bound_ms"]))
+    assert data["label"][0].startswith("#1 ")
+    pareto = viz.choice_pareto(choice)
+    points = pareto.renderers[0].data_source.data
+    assert len(points["step_time_ms"]) == int((frame["status"] == "balanced").sum())
+    with pytest.raises(sapptk.SapptkError, match="expected a sapptk.Choice"):
+        viz.choice_ranking(42)

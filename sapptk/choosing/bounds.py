@@ -256,6 +256,8 @@ def pipeline_bound(profile: Profile, config: PipelineConfig, *, max_rounds: int 
         if solver.Solve() != pywraplp.Solver.OPTIMAL:
             break
         best = max(best, _certify(lp, path_rows, path_cts, mem_cts))
+        if rounds >= max_rounds:
+            break
         values = np.array([v.solution_value() for v in x])
         cost = lp.cost_matrix @ values + lp.cost_fixed
         step, found = lp.paths.longest(cost[None, :], lp.comm)

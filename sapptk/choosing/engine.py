@@ -68,7 +68,7 @@ class Candidate:
     sync_floor_ms: float = 0.0
     row: dict[str, Any] = field(default_factory=dict)
     counts: Any = None
-    tightened: bool = False
+    level: int = 0  # 0: work bound (device chains), 1: LP with row generation, 2: integer model
     twin: tuple[Any, ...] = ()  # setups with the same program, profile and limits share bounds and plans
 
 
@@ -266,7 +266,7 @@ def choose_candidates(
                 on_row(c)
 
         digests: dict[int, str] = {}
-        twins: dict[tuple[Any, ...], SetupBound] = {}  # bounds by program and profile
+        twins: dict[tuple[Any, ...], tuple[SetupBound, int]] = {}  # (bound, level) by program and profile
         for i, c in enumerate(candidates):
             cfg = c.setup.config
             c.row = {"schedule": cfg.schedule, "stages": cfg.stages, "chunks": cfg.chunks,
@@ -277,9 +277,8 @@ def choose_candidates(
                 cfg.check(c.profile)
                 c.twin = _twin_key(c, digests.setdefault(id(c.profile), profile_digest(c.profile)))
                 if c.twin not in twins:
-                    twins[c.twin] = pipeline_bound(c.profile, cfg, time_limit=max(1.0, bound_time), max_rounds=20,
-                                                   deterministic=deterministic)
-                c.bound = twins[c.twin]
+                    twins[c.twin] = (pipeline_bound(c.profile, cfg, max_rounds=1, deterministic=deterministic), 0)
+                c.bound, c.level = twins[c.twin]
             except SapptkError as exc:
                 c.row["reason"] = str(exc)
                 done(c, "invalid")
@@ -319,13 +318,19 @@ def choose_candidates(
                     break
                 heapq.heappop(heap)
                 c = candidates[i]
-                if not c.tightened and best < math.inf and c.twin not in twin_results:
-                    c.tightened = True
+                if c.level < 2 and best < math.inf and c.twin not in twin_results:
+                    c.level += 1
                     t0 = time.perf_counter()
-                    if not twins[c.twin].integer:
-                        twins[c.twin] = integer_bound(c.profile, c.setup.config, c.bound, time_limit=bound_time,
-                                                      deterministic=deterministic)
-                    c.bound = twins[c.twin]
+                    bound, level = twins[c.twin]
+                    if level < c.level == 1:
+                        twins[c.twin] = (pipeline_bound(c.profile, c.setup.config, max_rounds=20,
+                                                        time_limit=max(1.0, bound_time),
+                                                        deterministic=deterministic), 1)
+                    elif level < c.level == 2:
+                        twins[c.twin] = (integer_bound(c.profile, c.setup.config, bound, time_limit=bound_time,
+                                                       deterministic=deterministic), 2)
+                    c.bound, level = twins[c.twin]
+                    c.level = max(c.level, level)
                     c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
                     if c.bound.infeasible:
                         c.row["reason"] = c.bound.reason
