@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.sweeps",),
     ("sapptk.choosing",),
     ("sapptk.viz",),
+    ("sapptk.choose_panel",),
     ("sapptk.widgets",),
     ("sapptk.cli",),
     ("sapptk.__main__",),

@@ -238,3 +238,25 @@ def test_figures_of_a_choice(small_choice: tuple[Profile, sapptk.Choice]) -> Non
     assert len(points["step_time_ms"]) == int((frame["status"] == "balanced").sum())
     with pytest.raises(sapptk.SapptkError, match="expected a sapptk.Choice"):
         viz.choice_ranking(42)
+
+
+def test_explorer_choose_tab() -> None:
+    from sapptk.widgets import Explorer
+
+    ex = Explorer(_uniform(8), PipelineConfig(2, 4, 1, "1f1b", memory_budget=100.0), time_limit=2)
+    titles = [ex.results.get_title(i) for i in range(len(ex.results.children))]
+    assert "choose" in titles
+    panel = ex.chooser
+    panel.devices.value, panel.global_batch.value, panel.time_limit.value = 4, 8, 2
+    panel.choose_button.click()
+    choice = panel.wait(120)
+    assert choice is not None and "winner" in panel.status.value and "<table" in panel.table.value
+    assert not panel.use_button.disabled and len(panel.figure.children) == 1
+    panel.use_button.click()
+    best = choice.best.config
+    assert (ex.schedule.value, ex.stages.value, ex.micro_batches.value, ex.chunks.value) == (
+        best.schedule, best.stages, best.micro_batches, best.chunks)
+    panel.micro_batch_size.value = 5  # no dp x micro-batch size divides 8: the message names the argument
+    panel.choose_button.click()
+    panel.wait(60)
+    assert "global_batch = 8" in panel.status.value
