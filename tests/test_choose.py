@@ -260,3 +260,20 @@ def test_explorer_choose_tab() -> None:
     panel.choose_button.click()
     panel.wait(60)
     assert "global_batch = 8" in panel.status.value
+
+
+def test_cli_choose(tmp_path, capsys) -> None:
+    from sapptk.cli import main
+
+    code = main(["choose", "demo", "--devices", "8", "--global-batch", "32", "--memory", "60000", "--schedule",
+                 "1f1b", "zb-h1", "--time-limit", "20", "--no-progress", "--deterministic", "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    out = captured.out
+    assert code == 0, captured.err
+    assert "winner:" in out and "pruned by bounds" in out and "winner proven" in out
+    plan = sapptk.load_plan(tmp_path / "sapptk_plan.yaml")
+    assert plan.config.stages * (32 // plan.config.micro_batches) == 8
+    assert (tmp_path / "choice.csv").read_text().startswith("rank,")
+    assert main(["choose", "demo", "--devices", "6", "--global-batch", "32", "--memory", "60000",
+                 "--stages", "4", "--no-progress"]) == 2
+    assert "devices = 6: none of stages" in capsys.readouterr().err
