@@ -100,7 +100,7 @@ def choose(
     gradient_share: float = DEFAULT_GRADIENT_SHARE,
     sequence_length: int | None = None,
     time_limit: float = 20.0,
-    bound_time: float = 2.0,
+    bound_time: float = 1.0,
     batch: int = 2,
     executor: Any = "serial",
     workers: int | None = None,
@@ -323,7 +323,7 @@ def choose_candidates(
                     t0 = time.perf_counter()
                     bound, level = twins[c.twin]
                     if level < c.level == 1:
-                        twins[c.twin] = (pipeline_bound(c.profile, c.setup.config, max_rounds=20,
+                        twins[c.twin] = (pipeline_bound(c.profile, c.setup.config, max_rounds=12,
                                                         time_limit=max(1.0, bound_time),
                                                         deterministic=deterministic), 1)
                     elif level < c.level == 2:
