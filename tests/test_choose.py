@@ -28,6 +28,7 @@ def _optimum(profile: Profile, config: PipelineConfig) -> float:
     return best
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("schedule", "p", "m", "v", "k"), EXHAUSTIVE)
 def test_bounds_never_exceed_the_exhaustive_optimum(schedule: str, p: int, m: int, v: int, k: int) -> None:
     profile = two_mode_profile((4, 3) if v == 1 else (3, 3))
@@ -49,6 +50,7 @@ def test_bounds_never_exceed_the_exhaustive_optimum(schedule: str, p: int, m: in
             assert bound.bound_ms <= tight.bound_ms <= best + 1e-9, (budget, tight.bound_ms, best)
 
 
+@pytest.mark.slow
 def test_bound_below_the_balancers_plans_on_random_setups(rng: np.random.Generator) -> None:
     schedules = ["1f1b", "gpipe", "interleaved", "interleaved-lm", "zb-h1", "zb-v", "dualpipe-v", "interleaved-zb"]
     for trial in range(16):
@@ -141,6 +143,7 @@ def small_choice() -> tuple[Profile, sapptk.Choice]:
     return profile, choice
 
 
+@pytest.mark.slow
 def test_choice_matches_brute_force(small_choice: tuple[Profile, sapptk.Choice]) -> None:
     profile, choice = small_choice
     frame = choice.frame
