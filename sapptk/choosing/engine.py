@@ -39,8 +39,7 @@ import numpy as np
 
 from sapptk.choosing.bounds import SetupBound, integer_bound, pipeline_bound
 from sapptk.choosing.result import Choice, typed_choice
-from sapptk.choosing.setups import DEFAULT_GRADIENT_SHARE, Setup, dp_sync_ms, enumerate_setups
-from sapptk.config import PipelineConfig
+from sapptk.choosing.setups import DEFAULT_GRADIENT_SHARE, Setup, dp_sync_ms, enumerate_setups, program_digest
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.profile import Profile, resolve_profile
 from sapptk.sweeps.cache import LAYOUT_COLUMN, Cache
@@ -192,22 +191,6 @@ def _hardware_bandwidth(hardware: Any) -> float | None:
         hardware = hardware_card(hardware)
     value = getattr(hardware, "inter_node_gbps", None)
     return float(value) if isinstance(value, Real) and value > 0 else None
-
-
-def program_digest(config: PipelineConfig) -> str:
-    """A content hash of a setup's program (op order and placement): two schedules with the
-    same order (interleaved and interleaved-rf when p divides m, ...) are one setup to bound
-    and to balance."""
-    import hashlib
-
-    program = config.program()
-    arrays = program.arrays
-    h = hashlib.sha256()
-    for name in ("unit_ptr", "unit_op_ptr", "kind", "micro_batch", "virtual_stage", "slice"):
-        h.update(np.ascontiguousarray(getattr(arrays, name)).tobytes())
-        h.update(b"|")
-    h.update(repr(tuple(program.placement)).encode())
-    return h.hexdigest()[:32]
 
 
 def _twin_key(c: Candidate, digest: str) -> tuple[Any, ...]:
@@ -384,9 +367,10 @@ def choose_candidates(
                         results[res["key"]] = res
                         if store is not None and res.get("status") != "error":
                             layout = res.get(COUNTS_KEY)
-                            row = {**input_row(candidates[chosen[0]].profile.name,
-                                               {f: getattr(_config_of(candidates, chosen, res["key"]), f)
-                                                for f in CONFIG_FIELDS}, time_limit),
+                            owner = _candidate_of(candidates, chosen, res["key"])
+                            row = {**input_row(owner.profile.name,
+                                               {f: getattr(owner.setup.config, f) for f in CONFIG_FIELDS},
+                                               time_limit),
                                    **{k: v for k, v in res.items() if k != COUNTS_KEY},
                                    LAYOUT_COLUMN: None if layout is None else json.dumps(layout)}
                             store.append(row)
@@ -451,10 +435,10 @@ def choose_candidates(
                   seconds=time.perf_counter() - began, notes=notes)
 
 
-def _config_of(candidates: list[Candidate], chosen: list[int], key: str) -> PipelineConfig:
+def _candidate_of(candidates: list[Candidate], chosen: list[int], key: str) -> Candidate:
     for i in chosen:
         if candidates[i].row.get("key") == key:
-            return candidates[i].setup.config
+            return candidates[i]
     raise KeyError(key)  # pragma: no cover - every result answers a task of the batch
 
 

@@ -19,11 +19,14 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
+import numpy as np
+
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
 from sapptk.schedules import get, names
 
-__all__ = ["DEFAULT_GRADIENT_SHARE", "Setup", "default_schedules", "dp_sync_ms", "enumerate_setups"]
+__all__ = ["DEFAULT_GRADIENT_SHARE", "Setup", "default_schedules", "dp_sync_ms", "enumerate_setups",
+           "program_digest"]
 
 DEFAULT_GRADIENT_SHARE = 4 / 18
 """Share of a device's parameter MB that data parallelism all-reduces (fp32 gradients of
@@ -166,3 +169,19 @@ def dp_sync_ms(params_mb: float, dp: int, dp_bandwidth: float | None, gradient_s
     if dp_bandwidth is None or dp <= 1:
         return 0.0
     return 2.0 * (dp - 1) / dp * gradient_share * float(params_mb) / float(dp_bandwidth)
+
+
+def program_digest(config: PipelineConfig) -> str:
+    """A content hash of a setup's program (op order and placement): two schedules with the
+    same order (interleaved and interleaved-rf when p divides m, ...) are one setup to bound
+    and to balance."""
+    import hashlib
+
+    program = config.program()
+    arrays = program.arrays
+    h = hashlib.sha256()
+    for name in ("unit_ptr", "unit_op_ptr", "kind", "micro_batch", "virtual_stage", "slice"):
+        h.update(np.ascontiguousarray(getattr(arrays, name)).tobytes())
+        h.update(b"|")
+    h.update(repr(tuple(program.placement)).encode())
+    return h.hexdigest()[:32]
