@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sapptk.choosing.engine import Candidate
-from sapptk.choosing.setups import Setup, _int_list, _positive_int, enumerate_setups
+from sapptk.choosing.setups import Candidate, Setup, _int_list, _positive_int, enumerate_setups
 from sapptk.errors import ConfigError
 
 __all__ = ["card_candidates"]

@@ -31,7 +31,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
@@ -39,36 +38,24 @@ import numpy as np
 
 from sapptk.choosing.bounds import SetupBound, integer_bound, pipeline_bound
 from sapptk.choosing.result import Choice, typed_choice
-from sapptk.choosing.setups import DEFAULT_GRADIENT_SHARE, Setup, dp_sync_ms, enumerate_setups, program_digest
+from sapptk.choosing.setups import (
+    DEFAULT_GRADIENT_SHARE,
+    Candidate,
+    dp_sync_ms,
+    enumerate_setups,
+    program_digest,
+)
 from sapptk.errors import ConfigError, SapptkError
-from sapptk.profile import Profile, resolve_profile
+from sapptk.profile import resolve_profile
 from sapptk.sweeps.cache import LAYOUT_COLUMN, Cache
 from sapptk.sweeps.executors import check_executor, default_workers, open_executor
 from sapptk.sweeps.frame import SOLVED, input_row
 from sapptk.sweeps.grid import CONFIG_FIELDS, point_key, profile_digest
 from sapptk.sweeps.solving import COUNTS_KEY, solve_point
 
-__all__ = ["Candidate", "choose", "choose_candidates"]
+__all__ = ["choose", "choose_candidates"]
 
 _TIE = 1e-9  # relative: a bound within this of the best step time counts as reaching it
-
-
-@dataclass
-class Candidate:
-    """One setup to decide: its config and dp, the profile it runs, extra frame columns (the
-    parallel layout of a model-card choice), and its gradient MB per parameter MB."""
-
-    setup: Setup
-    profile: Profile
-    columns: dict[str, Any] = field(default_factory=dict)
-    gradient_share: float = DEFAULT_GRADIENT_SHARE
-    bound: SetupBound | None = None
-    lower_ms: float = 0.0  # proven bound on step_time_ms (pipeline + sync)
-    sync_floor_ms: float = 0.0
-    row: dict[str, Any] = field(default_factory=dict)
-    counts: Any = None
-    level: int = 0  # 0: work bound (device chains), 1: LP with row generation, 2: integer model
-    twin: tuple[Any, ...] = ()  # setups with the same program, profile and limits share bounds and plans
 
 
 def _check_float(name: str, value: Any, *, allow_none: bool = True, low: float = 0.0) -> float | None:

@@ -15,18 +15,20 @@ default 4/18: fp32 gradients of mixed-precision Adam's 2 + 4 + 12 bytes per para
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 
+from sapptk.choosing.bounds import SetupBound
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
+from sapptk.profile import Profile
 from sapptk.schedules import get, names
 
 __all__ = ["DEFAULT_GRADIENT_SHARE", "Setup", "default_schedules", "dp_sync_ms", "enumerate_setups",
-           "program_digest"]
+           "program_digest", "Candidate"]
 
 DEFAULT_GRADIENT_SHARE = 4 / 18
 """Share of a device's parameter MB that data parallelism all-reduces (fp32 gradients of
@@ -185,3 +187,21 @@ def program_digest(config: PipelineConfig) -> str:
         h.update(b"|")
     h.update(repr(tuple(program.placement)).encode())
     return h.hexdigest()[:32]
+
+
+@dataclass
+class Candidate:
+    """One setup to decide: its config and dp, the profile it runs, extra frame columns (the
+    parallel layout of a model-card choice), and its gradient MB per parameter MB."""
+
+    setup: Setup
+    profile: Profile
+    columns: dict[str, Any] = field(default_factory=dict)
+    gradient_share: float = DEFAULT_GRADIENT_SHARE
+    bound: SetupBound | None = None
+    lower_ms: float = 0.0  # proven bound on step_time_ms (pipeline + sync)
+    sync_floor_ms: float = 0.0
+    row: dict[str, Any] = field(default_factory=dict)
+    counts: Any = None
+    level: int = 0  # 0: work bound (device chains), 1: LP with row generation, 2: integer model
+    twin: tuple[Any, ...] = ()  # setups with the same program, profile and limits share bounds and plans
