@@ -43,7 +43,7 @@ def test_bounds_never_exceed_the_exhaustive_optimum(schedule: str, p: int, m: in
             assert best == math.inf, (budget, bound)
             continue
         assert bound.bound_ms <= best + 1e-9, (budget, bound.bound_ms, best)
-        tight = integer_bound(profile, config, bound, time_limit=2.0)
+        tight = integer_bound(profile, config, bound, time_limit=0.5)
         if tight.infeasible:
             assert best == math.inf
         else:
@@ -53,7 +53,7 @@ def test_bounds_never_exceed_the_exhaustive_optimum(schedule: str, p: int, m: in
 @pytest.mark.slow
 def test_bound_below_the_balancers_plans_on_random_setups(rng: np.random.Generator) -> None:
     schedules = ["1f1b", "gpipe", "interleaved", "interleaved-lm", "zb-h1", "zb-v", "dualpipe-v", "interleaved-zb"]
-    for trial in range(16):
+    for trial in range(10):
         profile = small_profile(rng, groups=2, layers=(int(rng.integers(3, 7)), int(rng.integers(3, 8))))
         schedule = schedules[trial % len(schedules)]
         spec = sapptk.schedules.get(schedule)
@@ -61,10 +61,10 @@ def test_bound_below_the_balancers_plans_on_random_setups(rng: np.random.Generat
         p = int(rng.integers(2, 4))
         m = max(spec.min_micro_batches(p, v), p) + int(rng.integers(0, 4))
         free = PipelineConfig(p, m, v, schedule, comm=float(rng.uniform(0, 0.1)), constant_memory=1.0)
-        plan = sapptk.balance(profile, free, time_limit=2)
+        plan = sapptk.balance(profile, free, time_limit=1)
         budget = float(plan.simulate().peak_memory.max()) * float(rng.uniform(0.55, 1.0))
         config = free.replace(memory_budget=budget)
-        plan = sapptk.balance(profile, config, time_limit=2)
+        plan = sapptk.balance(profile, config, time_limit=1)  # any plan that fits: the bound is below it
         bound = pipeline_bound(profile, config)
         if not plan.solved:
             continue
