@@ -229,7 +229,7 @@ def choose_candidates(
 
         def done(c: Candidate, status: str) -> None:
             c.row["status"] = status
-            tally[status if status in tally else "balanced"] = tally.get(status, 0) + 1
+            tally[status] = tally.get(status, 0) + 1
             bar.set_postfix(tally, refresh=False)
             bar.update()
             if on_row is not None:
