@@ -58,6 +58,8 @@ _EXPORTS: dict[str, str] = {
     "choose": "sapptk.choosing",
     "Choice": "sapptk.choosing",
     "estimate_profile": "sapptk.models.estimate",
+    "SliceChoice": "sapptk.solver.slices",
+    "choose_slices": "sapptk.solver.slices",
 }
 _MODULES = ("schedules", "calibration", "models")
 
@@ -83,6 +85,7 @@ __all__ = [
     "ScheduleError",
     "SearchOptions",
     "Simulation",
+    "SliceChoice",
     "TraceError",
     "balance",
     "bundled_profile",
@@ -90,6 +93,7 @@ __all__ = [
     "calibration",
     "bundled_profiles",
     "choose",
+    "choose_slices",
     "even_baseline",
     "even_split",
     "estimate_profile",
@@ -142,6 +146,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile, bundled_profiles, load_profile
     from sapptk.simulation import Bubble, Simulation, simulate
     from sapptk.solver.settings import SearchOptions
+    from sapptk.solver.slices import SliceChoice, choose_slices
     from sapptk.sweeps import sweep
 
 

@@ -87,6 +87,15 @@ def _budget(text: str) -> float | None:
 
 _budget.__name__ = "budget (MB, or none)"
 
+def _splits(text: str) -> int | list[int]:
+    """``k`` or comma-separated slice lengths in tokens (checked against the profile by the config)."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected k or comma-separated slice lengths (tokens)") from None
+    return values[0] if len(values) == 1 and "," not in text else values
+
+
 # ------------------------------------------------------------------------ shared helpers
 def add_pipeline_args(parser: argparse.ArgumentParser, *, sizes_required: bool = True) -> None:
     """The pipeline setup options shared by the commands (one value each)."""
@@ -95,7 +104,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser, *, sizes_required: bool =
     group.add_argument("--micro-batches", "-m", type=int, required=sizes_required, help="micro-batches per step, m")
     group.add_argument("--chunks", "-v", type=int, default=1, help="model chunks per device, v (default 1)")
     group.add_argument("--schedule", default="1f1b", help="schedule name, see `sapptk schedules` (default 1f1b)")
-    group.add_argument("--splits", "-k", type=int, default=1, help="sequence slices per micro-batch (seq1f1b)")
+    group.add_argument("--splits", "-k", type=_splits, default=1, metavar="K|L0,L1,...",
+                       help="sequence slices per micro-batch, or their lengths in tokens (seq schedules)")
     group.add_argument("--memory", type=float, default=None, metavar="MB", help="memory budget per device, MB")
     group.add_argument("--constant", type=float, default=0.0, metavar="MB",
                        help="constant memory per device besides parameters and activations, MB")
@@ -178,6 +188,8 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=_workers, default=2, help="solver worker threads (2)")
     parser.add_argument("--seed", type=_seed, default=0, help="solver random seed (0)")
     levers = parser.add_argument_group("levers (docs/micro_batch_recompute.md, docs/offload.md)")
+    levers.add_argument("--choose-splits", action="store_true",
+                        help="long context: choose the slice lengths for the plan (docs/schedules.md)")
     levers.add_argument("--per-micro-batch", action="store_true",
                         help="let a stage recompute less for the micro-batches not alive at its memory peaks")
     levers.add_argument("--host-bandwidth", type=_positive_bandwidth, default=None, metavar="MB_PER_MS",
@@ -208,7 +220,7 @@ def _balance(args: argparse.Namespace) -> int:
     safe_budget_config(config, **safety)  # a bad safety argument is refused before the setup line
     print(_setup_line(profile, config))
     plan = balance(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed,
-                   per_micro_batch=args.per_micro_batch, **safety)
+                   per_micro_batch=args.per_micro_batch, choose_splits=args.choose_splits, **safety)
     print(plan.summary())
     print()
     print("compared with the even splits (ratio = baseline step time / plan step time; > 1: the plan is faster):")
@@ -375,7 +387,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------- export
-EXPORT_FORMATS = ("megatron", "torchtitan", "mindformers", "torch-csv")
+EXPORT_FORMATS = ("megatron", "torchtitan", "torchtitan-py", "mindformers", "torch-csv")
 
 
 def _add_export(commands: argparse._SubParsersAction) -> None:
@@ -383,8 +395,9 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
         "export",
         help="write a saved plan for another runtime",
         description="Read a sapptk plan file (sapptk balance --out writes sapptk_plan.yaml; Plan.save) and write it "
-        "as Megatron-LM arguments, a torchtitan TOML fragment, MindFormers lists, or the op order as PyTorch's "
-        "schedule CSV. What a runtime cannot express is listed, with the step time it costs.",
+        "as Megatron-LM arguments, a torchtitan TOML fragment (torchtitan <= 0.2.2) or config module (torchtitan-py: "
+        ">= 0.3), MindFormers lists, or the op order as PyTorch's schedule CSV. What a runtime cannot express is "
+        "listed, with the step time it costs.",
     )
     parser.add_argument("plan", metavar="PLAN", type=Path, help="sapptk plan file (YAML)")
     parser.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="target format")
@@ -400,14 +413,15 @@ def _export(args: argparse.Namespace) -> int:
     extra: dict[Path, str] = {}
     if args.to == "megatron":
         text = plan.to_megatron().text()
-    elif args.to == "torchtitan":
-        csv_name = "schedule.csv" if args.out is None else f"{args.out.stem}_schedule.csv"
-        out = plan.to_torchtitan(csv_name=csv_name)
-        text = out.text()
+    elif args.to in ("torchtitan", "torchtitan-py"):
+        # the CSV goes next to --out; the TOML names it by its absolute path (torchtitan looks it up from the
+        # launch directory), the Python config by its place next to itself
+        target = Path("schedule.csv") if args.out is None else args.out.parent / f"{args.out.stem}_schedule.csv"
+        out = plan.to_torchtitan(csv_name=target.resolve())
+        text = out.text() if args.to == "torchtitan" else out.python
         if out.csv is not None:
-            target = Path(csv_name) if args.out is None else args.out.parent / csv_name
             if args.out is None:
-                text += f"\n# ---- {csv_name} ----\n{out.csv}"
+                text += f"\n# ---- {target.name} ----\n{out.csv}"
             else:
                 extra[target] = out.csv
     elif args.to == "mindformers":

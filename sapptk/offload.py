@@ -462,7 +462,8 @@ def simulate_offload(
     step_time, dur = r["step"], r["dur"]
     peak_mb = r["peak"]
     peak = pd.Series(peak_mb.copy(), index=pd.RangeIndex(p, name="device"), name="peak_mb")
-    memory = pd.DataFrame({"device": r["dev"], "time_ms": r["times"], "memory_mb": r["mem"]})
+    memory = pd.DataFrame({"device": r["dev"], "time_ms": r["times"], "memory_mb": r["mem"],
+                           "kv_mb": np.zeros(len(r["mem"]))})  # K/V is simulated without offload only
     busy = np.bincount(g.unit_device, weights=dur, minlength=p)
     idle = step_time - busy
     total_busy, total_idle = float(busy.sum()), float(idle.sum())

@@ -41,6 +41,7 @@ from sapptk.formats import megatron, mindformers, plan_file, torchtitan
 from sapptk.offload import check_offload, simulate_plan_offload
 from sapptk.profile import MODES
 from sapptk.sensitivity import Sensitivity, critical_path, sensitivity
+from sapptk.seq import is_sliced
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
@@ -128,6 +129,23 @@ class Plan:
             "per-micro-batch choice from plan.micro_batch_layout"
         )
 
+    def _not_sliced(self, what: str) -> None:
+        """Refuse an analysis that re-times per-stage costs for a plan with causal slice costs and K/V."""
+        if is_sliced(self.profile, self.config):
+            raise ConfigError(f"{what}: not modelled for the sequence slices of a long-context profile (seq_length = "
+                              f"{self.profile.seq_length}): it re-times per-stage costs with equal, linear slices; "
+                              "simulate the plan (plan.simulate()) for its causal slice costs and K/V")
+
+    def _no_slices(self, what: str, why: str) -> None:
+        """Refuse ``what`` for a plan with sequence slices that the target cannot run."""
+        if self.config.splits == 1:
+            return
+        raise ConfigError(
+            f"{what} cannot express sequence slices: this plan runs {self.config.schedule!r} with k = "
+            f"{self.config.splits} slices per micro-batch ({why}); export it to MindFormers (plan.to_yaml(), "
+            "parallel_config.seq_split_num) or keep it as a sapptk plan (plan.save())"
+        )
+
     def per_stage_plan(self) -> Plan:
         """The plan without its per-micro-batch choice: every micro-batch runs ``counts`` (simulated
         anew; it may be slower than this plan, or exceed the budget where the choice made room)."""
@@ -187,6 +205,7 @@ class Plan:
         (:func:`sapptk.sensitivity.sensitivity`). Not for plans that recompute per micro-batch."""
         self._no_offload("sensitivity (it re-times the plan without a copy stream)")
         self._per_stage_only("sensitivity")
+        self._not_sliced("sensitivity")
         return sensitivity(self, time_error=time_error, memory_error=memory_error, samples=samples, seed=seed)
 
     def critical(self) -> pd.DataFrame:
@@ -195,6 +214,7 @@ class Plan:
         per micro-batch."""
         self._no_offload("critical (the critical path without a copy stream)")
         self._per_stage_only("critical")
+        self._not_sliced("critical")
         return critical_path(self)
 
     # ------------------------------------------------------------------ frames
@@ -347,6 +367,14 @@ class Plan:
         self._no_offload("MindFormers' offset and recompute lists")
         self._per_stage_only("a MindFormers config", " (its recompute lists are per (chunk, stage), for every "
                              "micro-batch)")
+        lengths = self.config.slice_lengths
+        if lengths is not None and len(set(lengths)) > 1:
+            raise ConfigError(
+                f"a MindFormers config cannot express unequal slice lengths {list(lengths)}: MindFormers cuts the "
+                f"sequence into parallel_config.seq_split_num = {self.config.splits} equal slices (seq_length // "
+                "seq_split_num); export the plan with equal slices (plan.config.replace(splits=k)) or keep it as a "
+                "sapptk plan (plan.save())"
+            )
         return mindformers.encode(self.profile, self.config.program(), self.counts)
 
     def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
@@ -367,6 +395,9 @@ class Plan:
             "# lists are [chunk][stage]; offset = layers in the cell - floor(N / (p*v));",
             "# select_recompute / select_comm_recompute count layers with select / comm, both or full",
         ]
+        if c.splits > 1:
+            header.insert(2, f"# sequence pipeline: parallel_config: {{seq_split_num: {c.splits}}} ({c.splits} equal "
+                             "slices per micro-batch)")
         if len(body) == 1:
             payload: dict[str, Any] = data[body[0].name]
             header.append(f"# body group {body[0].name!r}: N = {body[0].count}")
@@ -388,23 +419,31 @@ class Plan:
                          "recompute; --fine-grained-activation-offloading with --offload-modules offloads the same "
                          "submodules' inputs in every layer of every stage, with no per-stage layer count; see "
                          "docs/offload.md)")
+        self._no_slices("Megatron-LM arguments", "Megatron-LM's pipeline schedules move whole micro-batches; its "
+                        "context parallelism splits the sequence across devices, not along the pipeline")
         self._per_stage_only("Megatron-LM arguments", " (--recompute-num-layers holds for every micro-batch; "
                              "FlagScale's --recompute-num-layers-per-stage-micro-batch can vary full recompute "
                              "per pipeline rank and micro-batch, not per chunk or group)")
         return megatron.export(self.profile, self.config, self.counts, self.simulation)
 
-    def to_torchtitan(self, csv_name: str = "schedule.csv") -> torchtitan.TorchtitanExport:
+    def to_torchtitan(self, csv_name: str | os.PathLike[str] = "schedule.csv",
+                      base_config: str = torchtitan.DEFAULT_BASE_CONFIG) -> torchtitan.TorchtitanExport:
         """The plan as torchtitan settings (:func:`sapptk.formats.torchtitan.export`): the exact
-        partition, the schedule (or its CSV, saved as ``csv_name``), the checkpointing mode."""
+        partition, the schedule (or its CSV, saved as ``csv_name``), the checkpointing mode; the
+        TOML for torchtitan <= 0.2.2 and ``.python`` for >= 0.3 (changing ``base_config``);
+        ``.save(folder)`` writes them with the CSV."""
         self._need_solution("torchtitan settings")
         self._no_offload("torchtitan's settings (activation checkpointing only)")
+        self._no_slices("torchtitan settings", "torch.distributed.pipelining's schedules and schedule CSV move whole "
+                        "micro-batches")
         self._per_stage_only("torchtitan settings", " (activation checkpointing is set per model, for every "
                              "micro-batch)")
         return torchtitan.export(self.profile, self.config, self.counts, self.simulation, status=self.status,
-                                 csv_name=csv_name)
+                                 csv_name=csv_name, base_config=base_config)
 
     def to_torch_csv(self, path: str | os.PathLike[str] | None = None) -> str:
         """The op order the plan runs, in PyTorch's schedule CSV (:meth:`Program.to_csv`)."""
+        self._no_slices("PyTorch's schedule CSV", "its actions name a stage and a micro-batch, no slice")
         return self.config.program().to_csv(path)
 
     # ---------------------------------------------------------------- plan file
@@ -516,6 +555,9 @@ def make_plan(
     arr.setflags(write=False)
     off = None
     if offload is not None:
+        if is_sliced(profile, config):
+            raise ConfigError(f"offload: not modelled with the sequence slices of a long-context profile (seq_length "
+                              f"= {profile.seq_length}): expected no offload")
         if status not in _SOLVED:
             raise ConfigError(f"offload: a plan with status {status!r} has no layer assignment to offload")
         off = check_offload(profile, config, arr, offload)

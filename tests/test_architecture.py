@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.formats.chrome_trace",),
     ("sapptk.simulation",),
     ("sapptk.config",),
+    ("sapptk.seq",),
     ("sapptk.costs",),
     ("sapptk.sensitivity",),
     ("sapptk.offload",),

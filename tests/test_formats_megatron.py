@@ -97,6 +97,14 @@ def test_uniform_flags_where_they_fit():
     assert none is None and "sets only the first and the last rank apart" in why
     none, why = uniform_args(np.array([2, 2, 3, 2]), 2, 2)
     assert none is None and "the same count" in why
+    # Megatron's TransformerConfig refuses 0 layers on a rank set apart, and empty middle ranks
+    # (found by tests/runtimes/test_parsers_as_oracles.py)
+    none, why = uniform_args(np.array([4, 4, 4, 0]), 4, 1)
+    assert none is None and "--decoder-last-pipeline-num-layers must be > 0" in why
+    none, why = uniform_args(np.array([0, 6]), 2, 1)
+    assert none is None and "--decoder-first-pipeline-num-layers must be > 0" in why
+    none, why = uniform_args(np.array([6, 0, 0, 6]), 4, 1)
+    assert none is None and "needs layers on the middle ranks" in why
     with pytest.raises(ConfigError, match="must share 7 layers evenly"):
         uniform_layers(4, 1, 10, 3, None)
 

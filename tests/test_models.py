@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
@@ -28,7 +28,7 @@ from sapptk.models import (
     layer_tensors,
 )
 from sapptk.models.estimate import layer_flops, static_bytes_per_parameter
-from sapptk.profile import MODES, Profile
+from sapptk.profile import MODES, LayerGroup, Profile
 
 # (card, published total, source)
 PUBLISHED = [
@@ -362,3 +362,27 @@ def test_hardware_overrides_and_cards():
     h = hardware("H100", hbm_gb=94.0)
     assert isinstance(h, Hardware) and h.hbm_gb == 94.0 and h.memory_mb == 94000.0
     assert hardware("b200").peak_tflops > hardware("h100").peak_tflops > hardware("a100").peak_tflops
+
+
+_LONG_CONTEXT = {"kv_mb_per_token", "attention_share"} <= {f.name for f in fields(LayerGroup)}
+
+
+@pytest.mark.skipif(not _LONG_CONTEXT, reason="the profile types have no long-context fields on this branch")
+def test_long_context_fields():
+    profile = estimate_profile("llama3.1-70b", Parallel(tp=8, cp=2, seq_length=8192, micro_batch_size=2), "h100")
+    assert profile.seq_length == 8192
+    group = profile.body[0]
+    # K and V: 8 KV heads of 128, bf16, 2 samples per position, split over tp 8 and cp 2
+    assert group.kv_mb_per_token == pytest.approx(2 * 8 * 128 * 2 * 2 / (8 * 2) / 1e6)
+    longer = estimate_profile("llama3.1-70b", Parallel(tp=8, cp=2, seq_length=32768, micro_batch_size=2), "h100")
+    assert 0 < group.attention_share < longer.body[0].attention_share < 1
+
+
+def test_a_hardware_card_of_your_own():
+    mine = hardware({"name": "x1", "peak_tflops": 500, "hbm_gb": 96, "hbm_tbps": 4, "intra_node_gbps": 400,
+                     "inter_node_gbps": 50})
+    assert mine.peak_tflops == 500.0 and mine.matmul_efficiency == 0.6
+    with pytest.raises(ConfigError, match="field 'peak_tflops' is missing"):
+        hardware({"name": "x1", "hbm_gb": 96, "hbm_tbps": 4, "intra_node_gbps": 400, "inter_node_gbps": 50})
+    with pytest.raises(ConfigError, match="unknown field 'tflops'"):
+        hardware({"name": "x1", "tflops": 500})

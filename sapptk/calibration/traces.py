@@ -180,8 +180,15 @@ def pytorch_layer_times(path: str | os.PathLike[str] | Trace, layers: Any, *, sk
         step = _step_of(row.ts, windows)
         if step is not None:
             spans.append((hit[0], hit[1], step, row.pid, row.tid, row.ts, row.ts + row.dur))
+    if not spans and marks.empty:
+        raise TraceError(f"{trace.source}: the trace has no record_function ranges and no module events, only "
+                         "operators: expected one range per layer pass. Wrap each layer's forward in "
+                         "torch.profiler.record_function('<layer name>'), or profile with with_stack=True, whose "
+                         "'nn.Module: Block_<i>' events match layers=r'nn\\.Module: Block_(?P<layer>\\d+)'")
     if not spans:
-        raise _no_match(trace, patterns, "record_function or module range in the recorded steps")
+        ranges = list(dict.fromkeys(marks["name"].tolist()))[:8]
+        raise TraceError(f"{_no_match(trace, patterns, 'record_function or module range in the recorded steps')}; "
+                         f"its ranges are {ranges}")
     spans.sort(key=lambda s: s[5])
     counter: dict[tuple, int] = {}
     rows = []

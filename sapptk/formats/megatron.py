@@ -252,9 +252,16 @@ def uniform_args(layers: np.ndarray, stages: int, chunks: int) -> tuple[tuple[st
     if p == 1 or (even is not None and (per_rank == even).all()):
         return tuple(args), ""
     mid = int(middle[0]) if len(middle) else None
-    if mid is None or per_rank[0] != mid:
+    first, last = mid is None or per_rank[0] != mid, mid is None or per_rank[-1] != mid
+    # Megatron's TransformerConfig refuses 0 for either flag, and middle ranks without layers
+    for flag, on, rank in ((first, "first", 0), (last, "last", p - 1)):
+        if flag and per_rank[rank] == 0:
+            return None, (f"rank {rank} holds no layers: Megatron's --decoder-{on}-pipeline-num-layers must be > 0")
+    if mid == 0:
+        return None, f"ranks 1..{p - 2} hold no layers: Megatron's uniform split needs layers on the middle ranks"
+    if first:
         args += ["--decoder-first-pipeline-num-layers", str(int(per_rank[0]))]
-    if mid is None or per_rank[-1] != mid:
+    if last:
         args += ["--decoder-last-pipeline-num-layers", str(int(per_rank[-1]))]
     return tuple(args), ""
 

@@ -50,7 +50,7 @@ def to_dict(profile: Profile, config: PipelineConfig, counts: np.ndarray, **meta
         "micro_batches": c.micro_batches,
         "chunks": c.chunks,
         "schedule": c.schedule,
-        "splits": c.splits,
+        "splits": c.splits if c.slice_lengths is None else list(c.slice_lengths),
         "memory_budget_mb": None if c.memory_budget is None else float(c.memory_budget),
         "constant_memory_mb": float(c.constant_memory),
         "comm_ms": float(c.comm),

@@ -3,6 +3,7 @@ Hugging Face ``config.json`` files) and hardware cards (:data:`~sapptk.models.la
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -51,7 +52,8 @@ def card(name: str) -> ModelCard:
     return _bundled(key)
 
 
-def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
+def hardware(name: str | Hardware | Mapping[str, Any], **overrides: Any) -> Hardware:
     """A bundled hardware card by name (``"h100"``, ``"h800"``, ``"h200"``, ``"a100"``,
-    ``"b200"``, ``"mi300x"``, ``"ascend910b"``), any field overridden."""
+    ``"b200"``, ``"mi300x"``, ``"ascend910b"``), or a mapping of :class:`Hardware` fields,
+    any field overridden."""
     return hardware_card(name, **overrides)

@@ -21,7 +21,7 @@ Memory is in MB (10⁶ bytes), times in ms, per layer per micro-batch, as profil
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sapptk.errors import ConfigError
@@ -43,6 +43,11 @@ _COLUMN = frozenset({"none", "select"})
 the expert dispatch, and what the all-to-alls return: comm (and both) recompute them."""
 _ALL = frozenset(MODES)
 """The layer input: kept in every mode, the only tensor full recompute keeps."""
+
+_GROUP_FIELDS = frozenset(f.name for f in fields(LayerGroup))
+_PROFILE_FIELDS = frozenset(f.name for f in fields(Profile))
+"""Long-context fields (``seq_length``; ``kv_mb_per_token``, ``attention_share``) are filled
+where the profile types have them."""
 
 NOT_MODELLED: tuple[str, ...] = (
     "allocator fragmentation and caching reserve",
@@ -188,11 +193,9 @@ def _layer_comm_ms(card: ModelCard, par: Parallel, hw: Hardware, moe: bool) -> d
     tp = tp_gather = 0.0
     if t > 1:
         one = (t - 1) / t * activation / hw.bandwidth(t)  # an all-gather or a reduce-scatter
-        tp = 2 * collectives * one  # SP: gather + scatter per block; no SP: one all-reduce = 2 × one
+        # per block, SP: an all-gather and a reduce-scatter; no SP: one all-reduce (= 2 × one)
+        tp = 2 * collectives * one
         tp_gather = collectives * one if par.sp else 0.0
-        if moe and collectives == 1:  # experts without a shared expert: the tokens stay sharded
-            tp = 2 * one
-            tp_gather = one if par.sp else 0.0
     ep = 0.0
     if moe and par.ep > 1:
         assert card.moe is not None
@@ -285,8 +288,15 @@ def _body_group(name: str, count: int, card: ModelCard, par: Parallel, hw: Hardw
         m: ModeCost(backward=_r(backward + extra[m]), activation=_r(sum(x.mb for x in tensors if m in x.modes)))
         for m in MODES
     }
+    long_context: dict[str, float] = {}  # the long-context fields, where the profile has them
+    if "kv_mb_per_token" in _GROUP_FIELDS:
+        dqk, dv, kv_heads = _attention_widths(card)
+        bytes_per_token = 2 * kv_heads * (dqk + dv) * par.micro_batch_size / (par.tp * par.cp)
+        long_context["kv_mb_per_token"] = bytes_per_token / 1e6
+    if "attention_share" in _GROUP_FIELDS:
+        long_context["attention_share"] = min(1.0, (attention_ms + attention_bwd) / (forward + backward))
     return LayerGroup(name=name, kind="body", count=count, forward=_r(forward),
-                      params=_r(_layer_static_mb(card, par, moe)), modes=modes)
+                      params=_r(_layer_static_mb(card, par, moe)), modes=modes, **long_context)
 
 
 def _r(value: float) -> float:
@@ -299,7 +309,8 @@ def _head_group(card: ModelCard, par: Parallel, hw: Hardware) -> LayerGroup:
     n, nsp, t, h = d["N"], d["Nsp"], par.tp, d["h"]
     hbm = hw.hbm_tbps * 1e12 / 1e3  # bytes per ms
     lookup = (2 * n * h + 2 * nsp * h) / hbm  # gather the rows, write the output
-    reduce = (t - 1) / t * 2 * n * h / hw.bandwidth(t) if t > 1 else 0.0  # vocab-parallel: reduce(-scatter)
+    # vocabulary-parallel lookup: a reduce-scatter (SP) or an all-reduce (twice the bytes) of the output
+    reduce = (1 if par.sp else 2) * (t - 1) / t * 2 * n * h / hw.bandwidth(t) if t > 1 else 0.0
     kept = 8 * n + (nsp * h if card.dropout else 0.0)  # int64 token ids (+ dropout mask)
     params = card.vocab_size * card.hidden_size / t + card.positions * card.hidden_size
     per = static_bytes_per_parameter(par, par.dp * par.cp)
@@ -315,9 +326,10 @@ def _tail_group(card: ModelCard, par: Parallel, hw: Hardware) -> LayerGroup:
     hbm = hw.hbm_tbps * 1e12 / 1e3
     lm_ms = 2 * n * h * v / t / hw.flops_per_ms()
     logits = 4 * n * v / t  # fp32 logits for the loss
-    gather = (t - 1) / t * 2 * n * h / hw.bandwidth(t) if par.sp else 0.0
+    one = (t - 1) / t * 2 * n * h / hw.bandwidth(t) if t > 1 else 0.0
+    gather = one if par.sp else 0.0  # SP: the final norm's output gathered; its gradient reduce-scattered
     forward = lm_ms + 2 * logits / hbm + gather
-    backward = 2 * lm_ms + 2 * logits / hbm + gather
+    backward = 2 * lm_ms + 2 * logits / hbm + (gather if par.sp else 2 * one)  # no SP: all-reduce the input grad
     kept = 2 * nsp * h + 2 * nsp * h + logits  # final norm input and output, fp32 logits
     params = card.output_parameters(count_tied=True) - card.vocab_size * card.hidden_size
     params += card.vocab_size * card.hidden_size / t
@@ -354,7 +366,8 @@ def estimate_profile(
         if group.kind == "body":
             groups.append(_body_group(group.name, group.count, model, par, hw, group.moe))
     groups.append(_tail_group(model, par, hw))
-    return Profile(name=_name(model, par, hw), groups=tuple(groups), provenance=_provenance(model, par, hw))
+    extra = {"seq_length": par.seq_length} if "seq_length" in _PROFILE_FIELDS else {}
+    return Profile(name=_name(model, par, hw), groups=tuple(groups), provenance=_provenance(model, par, hw), **extra)
 
 
 def _name(card: ModelCard, par: Parallel, hw: Hardware) -> str:

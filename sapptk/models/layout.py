@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -94,7 +94,7 @@ class Parallel:
         where = "parallel layout"
         for name in ("tp", "cp", "ep", "dp", "micro_batch_size"):
             _int(getattr(self, name), where, name)
-        _int(self.seq_length, where, "seq_length", high=100_000_000)
+        _int(self.seq_length, where, "seq_length", high=1 << 24)  # a profile's longest sequence (16 M tokens)
         for name in ("sequence_parallel", "adam", "flash_attention"):
             _flag(getattr(self, name), where, name)
         _choice(self.sharding, where, "sharding", SHARDINGS)
@@ -217,9 +217,22 @@ _ALIASES = {"h100-sxm": "h100", "h100_sxm": "h100", "a100-80gb": "a100", "mi300"
             "ascend-910b": "ascend910b"}
 
 
-def hardware_card(name: str | Hardware, **overrides: Any) -> Hardware:
-    """A bundled hardware card by name (case-insensitive; e.g. ``"h100"``), or a given
-    :class:`Hardware`, with any fields overridden (validated again)."""
+def hardware_card(name: str | Hardware | Mapping[str, Any], **overrides: Any) -> Hardware:
+    """A bundled hardware card by name (case-insensitive; e.g. ``"h100"``), a given
+    :class:`Hardware`, or a mapping of its fields (a card of your own: a missing or unknown
+    field is named), with any fields overridden (validated again)."""
+    if isinstance(name, Mapping):
+        known = [f.name for f in fields(Hardware)]
+        required = [f.name for f in fields(Hardware) if f.default is MISSING]
+        where = f"hardware {name.get('name', '(unnamed)')!r}"
+        for key in name:
+            if key not in known:
+                raise ConfigError(f"{where}: unknown field {key!r}: expected one of {', '.join(known)}")
+        for key in required:
+            if key not in name and key not in overrides:
+                raise ConfigError(f"{where}: field {key!r} is missing: expected one of the required fields "
+                                  f"{', '.join(required)}")
+        return Hardware(**{**name, **overrides})
     if isinstance(name, Hardware):
         base = name
     else:
