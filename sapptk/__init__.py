@@ -55,6 +55,8 @@ _EXPORTS: dict[str, str] = {
     "TraceError": "sapptk.errors",
     "SearchOptions": "sapptk.solver.settings",
     "sweep": "sapptk.sweeps",
+    "choose": "sapptk.choosing",
+    "Choice": "sapptk.choosing",
     "estimate_profile": "sapptk.models.estimate",
     "SliceChoice": "sapptk.solver.slices",
     "choose_slices": "sapptk.solver.slices",
@@ -66,6 +68,7 @@ __all__ = [
     "Bubble",
     "Calibration",
     "CalibrationError",
+    "Choice",
     "ConfigError",
     "DeadlockError",
     "FileError",
@@ -89,6 +92,7 @@ __all__ = [
     "calibrate",
     "calibration",
     "bundled_profiles",
+    "choose",
     "choose_slices",
     "even_baseline",
     "even_split",
@@ -113,6 +117,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from sapptk.balancer import balance
     from sapptk.calibration.fitting import Calibration, calibrate
     from sapptk.calibration.validation import validate
+    from sapptk.choosing import Choice, choose
     from sapptk.config import PipelineConfig
     from sapptk.errors import (
         CalibrationError,

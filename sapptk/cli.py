@@ -4,7 +4,8 @@ Commands: ``balance`` (solve a plan, compare with the even splits, optionally wr
 plan file, the MindFormers YAML and the layout CSV), ``simulate`` (evaluate hand-made
 MindFormers configs, or a schedule CSV of your own), ``export`` (a saved plan for
 Megatron-LM, torchtitan, MindFormers or as PyTorch's schedule CSV), ``sweep`` (a grid of
-setups to one Parquet table, resumable), ``schedules`` (list the schedules), ``estimate`` (a
+setups to one Parquet table, resumable), ``choose`` (the pipeline setup to run, ranked and
+pruned by proven bounds), ``schedules`` (list the schedules), ``estimate`` (a
 profile from a model card, a layout and a hardware card; ``balance --model`` solves on one).
 
 Exit codes: 0 success, 1 no plan found (infeasible, or none within the time limit),
@@ -16,7 +17,7 @@ Adding a command: write ``_add_<name>(commands)`` that adds a subparser and sets
 ``func=<handler>`` (a function ``(args) -> int``), and call it in :func:`build_parser`.
 :func:`add_pipeline_args` and :func:`sapptk.profile.resolve_profile` are there to share.
 
-(Over 500 lines: seven commands, each an ``_add_<name>`` parser and a handler of a few
+(Over 500 lines: nine commands, each an ``_add_<name>`` parser and a handler of a few
 lines; they share the argument types and the pipeline arguments at the top.)
 """
 
@@ -517,6 +518,65 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------- choose
+def _add_choose(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "choose",
+        help="choose the pipeline setup (schedule, stages, chunks, micro-batches) with the shortest step",
+        description="Rank every pipeline setup of DEVICES devices for a global batch: proven bounds prune the "
+        "setups that cannot win, the rest are balanced best-bound-first. Prints the top setups, how many were "
+        "pruned and whether the winner is proven.",
+    )
+    parser.add_argument("profile", metavar="PROFILE", help="profile file, or a bundled name (llama2_70b, demo, ...)")
+    parser.add_argument("--devices", type=int, required=True, help="devices in all (pipeline stages x dp)")
+    parser.add_argument("--global-batch", type=int, required=True, help="samples per step over all dp copies")
+    parser.add_argument("--micro-batch-size", type=int, default=1, help="samples per micro-batch (1)")
+    parser.add_argument("--memory", type=_budget, required=True, metavar="MB", help="budget per device, MB ('none')")
+    parser.add_argument("--schedule", nargs="+", default=None, help="schedules to consider (default: every fixed one)")
+    parser.add_argument("--stages", "-p", type=int, nargs="+", default=None, help="stage counts (default: divisors)")
+    parser.add_argument("--chunks", "-v", type=int, nargs="+", default=None, help="chunks per device (default 1-4)")
+    parser.add_argument("--recompute", nargs="+", choices=MODES, default=None, metavar="MODE",
+                        help=f"modes the solver may use (default all: {' '.join(MODES)})")
+    parser.add_argument("--dp-bandwidth", type=_positive_bandwidth, default=None, metavar="MB_PER_MS",
+                        help="link per device for the DP gradient all-reduce, MB/ms (default: not counted)")
+    parser.add_argument("--sequence-length", type=int, default=None, help="tokens per sample, for tokens/s")
+    parser.add_argument("--time-limit", type=_positive_seconds, default=20.0, metavar="S",
+                        help="solver limit per balanced setup, s (20)")
+    parser.add_argument("--executor", default="serial",
+                        help="serial (default), processes, dask (a local cluster) or dask://HOST:PORT")
+    parser.add_argument("--cache", type=Path, default=None, metavar="DIR", help="Parquet cache: a rerun resumes")
+    parser.add_argument("--top", type=int, default=10, help="rows of the ranking to print (10)")
+    parser.add_argument("--deterministic", action="store_true", help="deterministic bounds and solver runs")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="write the winner's plan there (sapptk_plan.yaml) and the ranking (choice.csv)")
+    parser.set_defaults(func=_choose)
+
+
+def _choose(args: argparse.Namespace) -> int:
+    from sapptk.choosing import choose
+
+    profile = resolve_profile(args.profile)
+    if args.out is not None:
+        writable_dir(args.out, what="output folder (--out)")
+    choice = choose(profile, devices=args.devices, global_batch=args.global_batch,
+                    micro_batch_size=args.micro_batch_size, memory_budget=args.memory, schedules=args.schedule,
+                    stages=args.stages, chunks=args.chunks, recompute=args.recompute, dp_bandwidth=args.dp_bandwidth,
+                    sequence_length=args.sequence_length, time_limit=args.time_limit, executor=args.executor,
+                    cache=args.cache, progress=not args.no_progress, deterministic=args.deterministic)
+    table = choice.top(max(1, args.top)).round({"step_time_ms": 1, "bound_ms": 1, "peak_mb_max": 0,
+                                                "tokens_per_s_per_device": 1})
+    print(f"profile {profile.name} on {args.devices} devices, global batch {args.global_batch}:")
+    print(table.to_string(index=False))
+    print(choice.summary())
+    if args.out is not None:
+        saved = args.out / "sapptk_plan.yaml"
+        choice.best.save(saved)
+        write_text(args.out / "choice.csv", choice.frame.to_csv(index=False), what="ranking")
+        print(f"wrote {saved} (the winner's plan; sapptk export reads it) and {args.out / 'choice.csv'}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- calibrate
 def _layer_mapping(items: Sequence[str]) -> dict[str, str]:
     """``GROUP=REGEX`` options as ``{regex: group}``."""
@@ -646,6 +706,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(commands)
     _add_schedules(commands)
     _add_sweep(commands)
+    _add_choose(commands)
     _add_calibrate(commands)
     _add_design(commands)
     _add_estimate(commands)

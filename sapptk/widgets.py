@@ -162,6 +162,9 @@ class Explorer:
             w.HBox([w.Label("recompute modes", layout=w.Layout(width="134px")), *self.recompute.values()]),
             self.time_limit, w.HBox([self.solve_button, self.cancel_button]),
         ])
+        from sapptk.choose_panel import ChoosePanel
+
+        self.chooser = ChoosePanel(self)  # the "choose" tab: which setup to run
         self._tabs = self._build_tabs()
         self.results = w.Tab(children=[tab.widget for tab in self._tabs])
         for i, tab in enumerate(self._tabs):
@@ -235,6 +238,7 @@ class Explorer:
             _Tab("MindFormers YAML", self.yaml, show_yaml, lambda: setattr(self.yaml, "value", "")),
             _Tab("memory & time", self.bars, show_bars, lambda: setattr(self.bars, "children", ()), lazy=True),
             _Tab("export", self.exports, fill_exports, clear_exports, lazy=True),
+            _Tab("choose", self.chooser.widget, lambda _plan, _b: None, lambda: None),
         ]
 
     def _on_tab(self, _change: Any = None) -> None:

@@ -72,7 +72,7 @@ def tiny(n: int = 12) -> Profile:
     [
         ("Et*5|t*5|L", "3 stages: expected a multiple of the 2 pipeline stages"),
         ("Et*5|t*4|tt|L", "11 decoder layers ('t'): expected 12"),
-        ("Et*5|t*5|tt|mL", "MTP layers"),
+        ("Et*5|t*5|mt|tL", "an MTP layer ('m') before a decoder layer"),
         ("t*5|Et*5|tt|L", "'E' must open virtual stage 0"),
         ("Et*5|t*5|L|tt", "'L' must close the last virtual stage"),
         ("Et*6|t*6L", "2 stages = 1 chunks per rank: the setup has chunks = 2"),
@@ -239,3 +239,13 @@ def test_huge_layouts_and_flags_are_refused_before_allocation(llama, source, nee
     with pytest.raises(ConfigError) as exc:
         from_megatron(llama, PipelineConfig(4, 8), source)
     assert needle in str(exc.value)
+
+
+@pytest.mark.parametrize(("layout", "last_two"), [("Et*3|(tt|)*29,m|L", [0, 0]), ("Et|(tt|)*30mL", [2, 0])])
+def test_deepseek_layouts_with_mtp_read_as_tail(deepseek, layout, last_two):
+    # Megatron-LM's published DeepSeek-V3 layouts: 'm' (MTP) after the decoder; sapptk's tail holds it
+    cfg = PipelineConfig(16, 32, 2, "interleaved")
+    plan = from_megatron(deepseek, cfg, layout)
+    layers = plan.counts.sum(axis=(0, 1))
+    assert layers.sum() == 61 and list(layers[-2:]) == last_two
+    assert layers[0] == (3 if layout.startswith("Et*3") else 1)

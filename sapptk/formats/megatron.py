@@ -5,7 +5,11 @@ Layout
 ``--pipeline-model-parallel-layout`` lists the layers of every virtual stage in virtual
 stage order (virtual stage ``c·p + s`` is model chunk c on rank s), stages separated by
 ``|``: ``E`` the embedding (sapptk's head), ``t`` a decoder layer (any body layer), ``L`` the
-loss (sapptk's tail), ``m`` an MTP layer (sapptk has none). Megatron's grammar: commas are
+loss (sapptk's tail), ``m`` a multi-token-prediction (MTP) layer: sapptk counts it in the
+tail (the bundled ``deepseek_v3`` profile's tail is the MTP module and the LM head), so ``m``
+is read as a marker, after the last decoder layer, and its cost stays on the last virtual
+stage with ``L`` (a layout such as ``Et*3|(tt|)*29,m|L`` then has an empty stage where
+Megatron runs the MTP layer). Megatron's grammar: commas are
 cosmetic; ``X*n`` repeats the character X n times; ``(…)*n`` repeats the bracketed text n
 times (no nesting); empty stages are allowed (``E||t|L``). ``Et*3|(tt|)*2,t|tL`` is
 E t t t | t t | t t | t | t L (the comma only separates the group from what follows).
@@ -405,8 +409,9 @@ def layers_of_layout(stages_text: list[str], *, stages: int, body_layers: int, t
         raise ConfigError(f"layout {text!r}: {n} stages: expected a multiple of the {stages} pipeline stages "
                           "(one entry per virtual stage)")
     flat = "".join(stages_text)
-    if "m" in flat:
-        raise ConfigError(f"layout {text!r}: MTP layers ('m'): the profile has no MTP layers")
+    if "m" in flat and "t" in flat[flat.index("m"):]:
+        raise ConfigError(f"layout {text!r}: an MTP layer ('m') before a decoder layer ('t'): expected the MTP "
+                          "layers after the last decoder layer (sapptk counts them in the tail)")
     for ch, what in (("E", "embedding"), ("L", "loss")):
         if flat.count(ch) != 1:
             raise ConfigError(f"layout {text!r}: {flat.count(ch)} '{ch}' ({what}): expected exactly one")
