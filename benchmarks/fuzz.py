@@ -20,8 +20,19 @@ points are used, so the same script measures an older checkout too::
 
     python benchmarks/fuzz.py --inputs 400 --seed 7
     PYTHONPATH=/path/to/old/checkout python benchmarks/fuzz.py --inputs 400 --seed 7
+    python benchmarks/fuzz.py --surfaces new --inputs 1000 --seed 22
+
+``--surfaces new`` fuzzes the surfaces added since the first round (profiler traces,
+calibration sizes, ``design``, schedule CSV, Megatron and torchtitan import, plan files,
+``to_chrome_trace`` targets, degenerate setups, safe budgets, and the commands that wrap them),
+with the generators and oracles of ``tests/fuzz_surfaces.py`` and ``tests/fuzz_runs.py``;
+``all`` runs both campaigns.
 
 Figures depend on the machine's load only through ``hang`` (a generous bound).
+
+(Over 500 lines: one script holds the first round's generators, oracles, the worker and the
+parent, so that it measures an older checkout with nothing else; the newer surfaces'
+generators and oracles live next to the tests that share them.)
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTCOMES = ("ok", "clear", "raw", "hang", "wrong")
+sys.path.insert(0, str(ROOT / "tests"))  # the new surfaces' generators and oracles live with the tests
 
 EXTREME_INTS = [0, -1, 1, 2**31, 2**53 + 1, 2**62, 2**63, 2**64, -(2**63) - 1, 10**30, 10**400]
 EXTREME_FLOATS = [-0.0, 1e-300, 5e-324, 1e300, -1e300, math.inf, -math.inf, math.nan, 2.5, 1e8]
@@ -220,8 +232,21 @@ CACHE_DAMAGE = ["truncated_part", "foreign_parquet", "text_part", "directory_par
                 "empty_part", "cache_is_file", "missing_columns", "bad_key_types", "nested_missing"]
 
 
-def make_campaign(seed: int, size: int) -> list[dict[str, Any]]:
-    """``size`` inputs (at least), by category, replaying from ``seed``."""
+def make_campaign(seed: int, size: int, surfaces: str = "first") -> list[dict[str, Any]]:
+    """``size`` inputs (at least), by category, replaying from ``seed``: the first round's
+    surfaces, the ``new`` ones (``tests/fuzz_surfaces.py`` and the commands that wrap them) or ``all``."""
+    if surfaces != "first":
+        import fuzz_surfaces
+
+        r = random.Random(seed)
+        cases = fuzz_surfaces.make_cases(seed, round(size * 0.95))
+        cases += [{"cat": "cli_new", "data": cli_new_argv(r)} for _ in range(max(1, round(size * 0.05)))]
+        if surfaces == "all":
+            cases += make_campaign(seed, size)
+        r.shuffle(cases)
+        for i, case in enumerate(cases):
+            case["id"] = i
+        return cases
     r = random.Random(seed)
     share = {"profile_dict": 0.15, "profile_file": 0.15, "special_file": 0.05, "mindformers": 0.13,
              "mindformers_file": 0.05, "pipeline": 0.12, "calibration": 0.05, "simulate": 0.06, "cache": 0.07,
@@ -294,6 +319,49 @@ def cli_argv(r: random.Random) -> list[str]:
         ["balance", "demo", "-p", "4", "-m", r.choice(["8", "x", "1e3", ""]), "--chunks", r.choice(["0", "2", "-1"])],
     ]
     return r.choice(choices)
+
+
+def cli_new_argv(r: random.Random) -> list[str]:
+    """Command lines of the new surfaces: design, calibrate with a trace, export of plan files."""
+    choices: list[list[str]] = [
+        ["design", "-p", r.choice(["4", "0", "1000000", "-3", "x"]), "--layers", r.choice(["16", "1" + "0" * 30]),
+         *(["--rounds", r.choice(["1000000", "0", "2"])] if r.random() < 0.5 else []),
+         *(["--seed", r.choice(["-1", "0", "99999999999999999999999"])] if r.random() < 0.5 else [])],
+        ["calibrate", "{calibration}", "--trace", "{bad_trace}", "--layer", r.choice(["body=layer", "body=((", "x"])],
+        ["calibrate", "{calibration}", "--trace", "{good_trace}", "--layer", "body=layer\\d",
+         "--skip-steps", r.choice(["0", "-1", "99999999999999999999"])],
+        ["export", r.choice(["{plan}", "{bad_plan}"]), "--to", r.choice(["megatron", "torchtitan", "mindformers",
+                                                                         "torch-csv"]),
+         *(["--out", r.choice(["{fifo}", "{fresh_dir}", "{out_file}", "/proc/sapptk-fuzz/x"])] if r.random() < 0.6
+           else [])],
+        ["balance", "demo", "-p", "1", "-m", r.choice(["1", "2"]), "--time-limit", "2"],
+    ]
+    return r.choice(choices)
+
+
+def _new_cli_files(folder: Path) -> dict[str, str]:
+    """Files the new surfaces' command lines name (a plan, a damaged plan, traces)."""
+    import yaml
+
+    from sapptk import PipelineConfig
+    from sapptk.plan import even_split
+    from sapptk.profile import bundled_profile
+
+    plan = folder / "plan.yaml"
+    if not plan.exists():
+        text = even_split(bundled_profile("demo"), PipelineConfig(2, 4)).save()
+        plan.write_text(text)
+        data = yaml.safe_load(text)
+        data["status"], data["step_time_ms"] = "optimal", data["step_time_ms"] / 2
+        (folder / "bad_plan.yaml").write_text(yaml.safe_dump(data))
+        good = [{"ph": "X", "name": f"layer{i % 3}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5} for i in range(9)]
+        (folder / "good_trace.json").write_text(json.dumps({"traceEvents": good}))
+        bad = good + [{"ph": "X", "name": "layer0", "pid": 1, "tid": 1, "ts": 99, "dur": -5}]
+        (folder / "bad_trace.json").write_text(json.dumps({"traceEvents": bad}))
+    return {"{plan}": str(plan), "{bad_plan}": str(folder / "bad_plan.yaml"),
+            "{good_trace}": str(folder / "good_trace.json"), "{bad_trace}": str(folder / "bad_trace.json"),
+            "{calibration}": str(ROOT / "data" / "calibration" / "init_demo.yaml"),
+            "{out_file}": str(folder / "out.txt")}
 
 
 # =============================================================================== oracles
@@ -444,6 +512,14 @@ def run_case(case: dict[str, Any]) -> None:  # noqa: C901 - one branch per categ
     cat, data = case["cat"], case["data"]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
+        if not cat.startswith("cli") and cat in _new_surfaces():
+            import fuzz_surfaces
+
+            try:
+                fuzz_surfaces.run_case(case, folder)
+            except fuzz_surfaces.Wrong as exc:
+                raise Wrong(str(exc)) from None
+            return
         if cat == "profile_dict":
             profile = Profile.from_dict(data)
             check_profile(profile)
@@ -515,7 +591,7 @@ def run_case(case: dict[str, Any]) -> None:  # noqa: C901 - one branch per categ
                 frame = sweep(bundled_profile("demo"), grid, solve=counted, cache=cache, progress=False)
             expect(len(frame) == 9 and frame["status"].astype(str).eq("optimal").all(), "rows lost")
             expect(good < 0 or len(calls) <= 9 - good, f"{len(calls)} points recomputed, {good} were cached")
-        elif cat == "cli":
+        elif cat.startswith("cli"):
             raise RuntimeError("CLI cases run in the parent")
         elif cat == "balance":
             from sapptk.balancer import balance
@@ -543,6 +619,12 @@ def run_case(case: dict[str, Any]) -> None:  # noqa: C901 - one branch per categ
             expect(len(frame) >= 1, "no rows")
             limit = data["time_limit"]
             expect(isinstance(limit, int | float) and 0 < limit < math.inf, f"time_limit = {limit!r} accepted")
+
+
+def _new_surfaces() -> tuple[str, ...]:
+    import fuzz_surfaces
+
+    return fuzz_surfaces.SURFACES
 
 
 def worker() -> None:
@@ -623,6 +705,8 @@ def run_cli(argv: list[str], timeout: float, folder: Path) -> dict[str, Any]:
               "{manual}": str(ROOT / "data" / "llama2_70b_manual.yaml"),
               "{bad_mf}": str(bad / "mf_offset_wrap.yaml"), "{bad_profile}": str(bad / "deep.yaml"),
               "{fresh_dir}": str(folder / "fresh"), "{fifo}": str(fifo), "{dev_zero_json}": "/dev/zero"}
+    if any(a in ("{plan}", "{bad_plan}", "{good_trace}", "{bad_trace}", "{calibration}", "{out_file}") for a in argv):
+        values.update(_new_cli_files(folder))
     args = [values.get(a, a) for a in argv]
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}  # a strict UTF-8 terminal: unencodable names must not crash
     proc = subprocess.Popen([sys.executable, "-m", "sapptk", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -654,13 +738,15 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before an input counts as a hang")
     parser.add_argument("--memory-gb", type=float, default=8.0, help="address-space cap of the worker process")
     parser.add_argument("--report", type=Path, default=None, help="write every outcome to this JSON file")
+    parser.add_argument("--surfaces", choices=("first", "new", "all"), default="first",
+                        help="the first round's surfaces (default), the ones added since, or both")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker()
         return
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
-    cases = make_campaign(seed, args.inputs)
+    cases = make_campaign(seed, args.inputs, args.surfaces)
     print(f"fuzz campaign: seed {seed}, {len(cases)} inputs, hang after {args.timeout:g} s, worker capped at "
           f"{args.memory_gb:g} GB; sapptk from {_where_sapptk()}", flush=True)
     results: list[dict[str, Any]] = []
@@ -669,7 +755,7 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for n, case in enumerate(cases, 1):
-                if case["cat"] == "cli":
+                if case["cat"].startswith("cli"):
                     result = run_cli(case["data"], args.timeout, Path(tmp))
                 else:
                     work = work or Worker(args.memory_gb)

@@ -55,14 +55,20 @@ _EXPORTS: dict[str, str] = {
     "TraceError": "sapptk.errors",
     "SearchOptions": "sapptk.solver.settings",
     "sweep": "sapptk.sweeps",
+    "choose": "sapptk.choosing",
+    "Choice": "sapptk.choosing",
+    "estimate_profile": "sapptk.models.estimate",
+    "SliceChoice": "sapptk.solver.slices",
+    "choose_slices": "sapptk.solver.slices",
 }
-_MODULES = ("schedules", "calibration")
+_MODULES = ("schedules", "calibration", "models")
 
 __all__ = [
     "AlternativeLayout",
     "Bubble",
     "Calibration",
     "CalibrationError",
+    "Choice",
     "ConfigError",
     "DeadlockError",
     "FileError",
@@ -79,14 +85,18 @@ __all__ = [
     "ScheduleError",
     "SearchOptions",
     "Simulation",
+    "SliceChoice",
     "TraceError",
     "balance",
     "bundled_profile",
     "calibrate",
     "calibration",
     "bundled_profiles",
+    "choose",
+    "choose_slices",
     "even_baseline",
     "even_split",
+    "estimate_profile",
     "from_megatron",
     "from_mindformers",
     "from_mindformers_named",
@@ -94,6 +104,7 @@ __all__ = [
     "load_plan",
     "load_profile",
     "make_plan",
+    "models",
     "schedules",
     "simulate",
     "simulate_offload",
@@ -102,10 +113,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
-    from sapptk import calibration, schedules
+    from sapptk import calibration, models, schedules
     from sapptk.balancer import balance
     from sapptk.calibration.fitting import Calibration, calibrate
     from sapptk.calibration.validation import validate
+    from sapptk.choosing import Choice, choose
     from sapptk.config import PipelineConfig
     from sapptk.errors import (
         CalibrationError,
@@ -118,6 +130,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         ScheduleError,
         TraceError,
     )
+    from sapptk.models.estimate import estimate_profile
     from sapptk.offload import OffloadSimulation, simulate_offload
     from sapptk.plan import (
         Plan,
@@ -133,6 +146,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile, bundled_profiles, load_profile
     from sapptk.simulation import Bubble, Simulation, simulate
     from sapptk.solver.settings import SearchOptions
+    from sapptk.solver.slices import SliceChoice, choose_slices
     from sapptk.sweeps import sweep
 
 

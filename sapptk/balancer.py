@@ -55,6 +55,7 @@ def balance(
     memory_error: Any = None,
     per_micro_batch: bool = False,
     stall_time: float | None = None,
+    choose_splits: bool = False,
 ) -> Plan:
     """The plan with the shortest simulated step time that fits the memory budget.
 
@@ -130,6 +131,29 @@ def balance(
                              stop=stop, options=options)
     if not isinstance(per_micro_batch, (bool, np.bool_)):
         raise ConfigError(f"per_micro_batch = {per_micro_batch!r}: expected True or False")
+    from sapptk.seq import is_sliced
+
+    if not isinstance(choose_splits, (bool, np.bool_)):
+        raise ConfigError(f"choose_splits = {choose_splits!r}: expected True or False")
+    if choose_splits and not is_sliced(profile, config):
+        raise ConfigError(f"choose_splits = True: splits = {config.splits} on profile {profile.name!r} (seq_length = "
+                          f"{profile.seq_length}): expected k > 1 sequence slices and a profile with seq_length")
+    if is_sliced(profile, config):
+        from sapptk.config import OFFLOAD
+
+        if per_micro_batch or OFFLOAD in config.recompute:
+            lever = "per_micro_batch = True" if per_micro_batch else f"{OFFLOAD!r} in config.recompute"
+            raise ConfigError(f"{lever}: not modelled with the sequence slices of a long-context profile "
+                              f"(seq_length = {profile.seq_length}); expected per-stage recompute without offload")
+        from sapptk.seq import solver_profile
+        from sapptk.solver.slices import balance_sliced
+
+        return balance_sliced(profile, safe_config, config, safety, time_limit=float(time_limit),
+                               choose_splits=bool(choose_splits), deterministic=bool(deterministic),
+                               solve=lambda cfg, ratio, limit: balance(
+                                   solver_profile(profile, ratio), cfg.replace(slice_lengths=None), time_limit=limit,
+                                   workers=workers, seed=seed, deterministic=deterministic,
+                                   allow_empty_stages=allow_empty_stages, start=counts, stop=stop, options=options))
     if per_micro_batch:
         from sapptk.config import OFFLOAD
 
@@ -252,6 +276,8 @@ def with_offload(plan: Plan, *, deadline: float, stop: threading.Event | None = 
     before = f"{res.base_step_time:.6g} ms" if usable else f"no plan ({plan.status})"
     note = (f"activation offload: {res.evaluations} candidates simulated in {res.seconds:.1f} s ({how}); "
             f"step time {before} -> {res.step_time:.6g} ms")
+    if res.evaluations == 0:
+        note = "activation offload: not tried (no time left for one simulation of this setup, or stopped)"
     if not res.improved:
         kept = "kept without offload" if usable else "nothing fits with offload either"
         return dataclasses.replace(plan, message=f"{plan.message}; {note} (no faster plan: {kept})")

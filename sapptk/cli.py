@@ -4,7 +4,9 @@ Commands: ``balance`` (solve a plan, compare with the even splits, optionally wr
 plan file, the MindFormers YAML and the layout CSV), ``simulate`` (evaluate hand-made
 MindFormers configs, or a schedule CSV of your own), ``export`` (a saved plan for
 Megatron-LM, torchtitan, MindFormers or as PyTorch's schedule CSV), ``sweep`` (a grid of
-setups to one Parquet table, resumable), ``schedules`` (list the schedules).
+setups to one Parquet table, resumable), ``choose`` (the pipeline setup to run, ranked and
+pruned by proven bounds), ``schedules`` (list the schedules), ``estimate`` (a
+profile from a model card, a layout and a hardware card; ``balance --model`` solves on one).
 
 Exit codes: 0 success, 1 no plan found (infeasible, or none within the time limit),
 2 bad input (the message goes to stderr, without a traceback). Output folders are checked
@@ -15,7 +17,7 @@ Adding a command: write ``_add_<name>(commands)`` that adds a subparser and sets
 ``func=<handler>`` (a function ``(args) -> int``), and call it in :func:`build_parser`.
 :func:`add_pipeline_args` and :func:`sapptk.profile.resolve_profile` are there to share.
 
-(Over 500 lines: seven commands, each an ``_add_<name>`` parser and a handler of a few
+(Over 500 lines: nine commands, each an ``_add_<name>`` parser and a handler of a few
 lines; they share the argument types and the pipeline arguments at the top.)
 """
 
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sapptk.errors import ConfigError, SapptkError
+from sapptk.errors import ConfigError, FileError, SapptkError
 from sapptk.files import writable_dir, write_text
 from sapptk.profile import MODES, Profile, resolve_profile
 
@@ -85,6 +87,15 @@ def _budget(text: str) -> float | None:
 
 _budget.__name__ = "budget (MB, or none)"
 
+def _splits(text: str) -> int | list[int]:
+    """``k`` or comma-separated slice lengths in tokens (checked against the profile by the config)."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected k or comma-separated slice lengths (tokens)") from None
+    return values[0] if len(values) == 1 and "," not in text else values
+
+
 # ------------------------------------------------------------------------ shared helpers
 def add_pipeline_args(parser: argparse.ArgumentParser, *, sizes_required: bool = True) -> None:
     """The pipeline setup options shared by the commands (one value each)."""
@@ -93,7 +104,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser, *, sizes_required: bool =
     group.add_argument("--micro-batches", "-m", type=int, required=sizes_required, help="micro-batches per step, m")
     group.add_argument("--chunks", "-v", type=int, default=1, help="model chunks per device, v (default 1)")
     group.add_argument("--schedule", default="1f1b", help="schedule name, see `sapptk schedules` (default 1f1b)")
-    group.add_argument("--splits", "-k", type=int, default=1, help="sequence slices per micro-batch (seq1f1b)")
+    group.add_argument("--splits", "-k", type=_splits, default=1, metavar="K|L0,L1,...",
+                       help="sequence slices per micro-batch, or their lengths in tokens (seq schedules)")
     group.add_argument("--memory", type=float, default=None, metavar="MB", help="memory budget per device, MB")
     group.add_argument("--constant", type=float, default=0.0, metavar="MB",
                        help="constant memory per device besides parameters and activations, MB")
@@ -164,8 +176,10 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
         help="solve the layer and recompute assignment with the shortest step time",
         description="Balance layers and recompute over the pipeline with CP-SAT; compare with the even splits.",
     )
-    parser.add_argument("profile", metavar="PROFILE", help="profile file, or a bundled name (llama2_70b, demo, ...)")
+    parser.add_argument("profile", metavar="PROFILE", nargs="?", default=None,
+                        help="profile file, or a bundled name (llama2_70b, demo, ...); or give --model instead")
     add_pipeline_args(parser)
+    _add_model_args(parser)
     parser.add_argument("--recompute", nargs="+", choices=(*MODES, "offload"), default=None, metavar="MODE",
                         help=f"modes the solver may use (default all: {' '.join(MODES)}; 'offload' allows "
                         "activation offload, with --host-bandwidth)")
@@ -174,6 +188,8 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=_workers, default=2, help="solver worker threads (2)")
     parser.add_argument("--seed", type=_seed, default=0, help="solver random seed (0)")
     levers = parser.add_argument_group("levers (docs/micro_batch_recompute.md, docs/offload.md)")
+    levers.add_argument("--choose-splits", action="store_true",
+                        help="long context: choose the slice lengths for the plan (docs/schedules.md)")
     levers.add_argument("--per-micro-batch", action="store_true",
                         help="let a stage recompute less for the micro-batches not alive at its memory peaks")
     levers.add_argument("--host-bandwidth", type=_positive_bandwidth, default=None, metavar="MB_PER_MS",
@@ -194,7 +210,7 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
 def _balance(args: argparse.Namespace) -> int:
     from sapptk.plan import even_splits
 
-    profile = resolve_profile(args.profile)
+    profile = _balance_profile(args)
     config = pipeline_config(args, profile)
     if args.out is not None:  # before solving: a bad folder must not cost a solve
         writable_dir(args.out, what="output folder (--out)")
@@ -204,7 +220,7 @@ def _balance(args: argparse.Namespace) -> int:
     safe_budget_config(config, **safety)  # a bad safety argument is refused before the setup line
     print(_setup_line(profile, config))
     plan = balance(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed,
-                   per_micro_batch=args.per_micro_batch, **safety)
+                   per_micro_batch=args.per_micro_batch, choose_splits=args.choose_splits, **safety)
     print(plan.summary())
     print()
     print("compared with the even splits (ratio = baseline step time / plan step time; > 1: the plan is faster):")
@@ -225,6 +241,72 @@ def _balance(args: argparse.Namespace) -> int:
             print(f"\nwrote {saved} and {layout}; plan.yaml not written: {exc}")
         else:
             print(f"\nwrote {saved} (sapptk export reads it), {args.out / 'plan.yaml'} and {layout}")
+    return 0
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    from sapptk.models.options import add_model_args
+
+    add_model_args(parser, required=False)
+    parser.set_defaults(constant=None)  # with --model: the hardware card's constant, else 0
+
+
+def _balance_profile(args: argparse.Namespace) -> Profile:
+    """The PROFILE argument, or the estimate of ``--model`` (whose hardware card gives the
+    budget and the constant when ``--memory`` / ``--constant`` are not given)."""
+    if args.model is None:
+        if args.profile is None:
+            raise ConfigError("balance: expected a PROFILE or --model (a model card, see `sapptk estimate`)")
+        args.constant = 0.0 if args.constant is None else args.constant
+        return resolve_profile(args.profile)
+    if args.profile is not None:
+        raise ConfigError(f"balance: got both PROFILE {args.profile!r} and --model {args.model!r}: expected one")
+    from sapptk.models.options import model_hardware, model_profile
+
+    profile = model_profile(args)
+    if args.memory is None:
+        args.memory = model_hardware(args).memory_mb
+    if args.constant is None:
+        args.constant = float(profile.provenance["constant_mb"])
+    return profile
+
+
+# ----------------------------------------------------------------------------- estimate
+def _add_estimate(commands: argparse._SubParsersAction) -> None:
+    from sapptk.models.options import add_model_args
+
+    parser = commands.add_parser(
+        "estimate",
+        help="estimate a profile from a model card, a parallel layout and a hardware card",
+        description="Estimate a layer profile before any run (docs/estimation.md): print the per-group table, "
+        "optionally write the profile (.yaml or .json, sapptk-profile/1 with its provenance).",
+    )
+    add_model_args(parser, required=True)
+    parser.add_argument("--out", type=Path, default=None, metavar="FILE", help="write the profile (.yaml, .json)")
+    parser.set_defaults(func=_estimate)
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    import json
+
+    from sapptk.models.options import model_hardware, model_profile, profile_table
+
+    if args.out is not None and args.out.suffix.lower() not in (".yaml", ".yml", ".json"):
+        raise ConfigError(f"--out {args.out}: expected a .yaml, .yml or .json file name")
+    if args.out is not None:
+        writable_dir(args.out.parent if str(args.out.parent) else Path("."), what="output folder (--out)")
+    profile = model_profile(args)
+    device = model_hardware(args)
+    card = profile.provenance["card"]
+    print(f"{profile.name}: {card['parameters']:,} parameters; {device.name} {device.peak_tflops:g} TFLOPS "
+          f"x {device.matmul_efficiency:g}, {device.memory_mb:g} MB, constant {device.constant_mb:g} MB (assumed)")
+    print(_table(profile_table(profile), left=("group", "kind")))
+    if args.out is not None:
+        if args.out.suffix.lower() == ".json":
+            write_text(args.out, json.dumps(profile.to_dict(), indent=1) + "\n", what="profile")
+        else:
+            profile.to_yaml(args.out)
+        print(f"\nwrote {args.out}")
     return 0
 
 
@@ -305,7 +387,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------- export
-EXPORT_FORMATS = ("megatron", "torchtitan", "mindformers", "torch-csv")
+EXPORT_FORMATS = ("megatron", "torchtitan", "torchtitan-py", "mindformers", "torch-csv")
 
 
 def _add_export(commands: argparse._SubParsersAction) -> None:
@@ -313,8 +395,9 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
         "export",
         help="write a saved plan for another runtime",
         description="Read a sapptk plan file (sapptk balance --out writes sapptk_plan.yaml; Plan.save) and write it "
-        "as Megatron-LM arguments, a torchtitan TOML fragment, MindFormers lists, or the op order as PyTorch's "
-        "schedule CSV. What a runtime cannot express is listed, with the step time it costs.",
+        "as Megatron-LM arguments, a torchtitan TOML fragment (torchtitan <= 0.2.2) or config module (torchtitan-py: "
+        ">= 0.3), MindFormers lists, or the op order as PyTorch's schedule CSV. What a runtime cannot express is "
+        "listed, with the step time it costs.",
     )
     parser.add_argument("plan", metavar="PLAN", type=Path, help="sapptk plan file (YAML)")
     parser.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="target format")
@@ -324,20 +407,24 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from sapptk import checks
     from sapptk.plan import load_plan
 
+    if args.out is not None:  # a folder or a FIFO (which would block) is refused before the plan is read
+        checks.output_file(args.out, "--out", error=FileError)
     plan = load_plan(args.plan)
     extra: dict[Path, str] = {}
     if args.to == "megatron":
         text = plan.to_megatron().text()
-    elif args.to == "torchtitan":
-        csv_name = "schedule.csv" if args.out is None else f"{args.out.stem}_schedule.csv"
-        out = plan.to_torchtitan(csv_name=csv_name)
-        text = out.text()
+    elif args.to in ("torchtitan", "torchtitan-py"):
+        # the CSV goes next to --out; the TOML names it by its absolute path (torchtitan looks it up from the
+        # launch directory), the Python config by its place next to itself
+        target = Path("schedule.csv") if args.out is None else args.out.parent / f"{args.out.stem}_schedule.csv"
+        out = plan.to_torchtitan(csv_name=target.resolve())
+        text = out.text() if args.to == "torchtitan" else out.python
         if out.csv is not None:
-            target = Path(csv_name) if args.out is None else args.out.parent / csv_name
             if args.out is None:
-                text += f"\n# ---- {csv_name} ----\n{out.csv}"
+                text += f"\n# ---- {target.name} ----\n{out.csv}"
             else:
                 extra[target] = out.csv
     elif args.to == "mindformers":
@@ -347,9 +434,9 @@ def _export(args: argparse.Namespace) -> int:
     if args.out is None:
         print(text, end="")
         return 0
-    args.out.write_text(text, encoding="utf-8")
+    write_text(args.out, text, what="export")
     for path, content in extra.items():
-        path.write_text(content, encoding="utf-8")
+        write_text(path, content, what="schedule CSV")
     print("wrote " + ", ".join(str(p) for p in (args.out, *extra)))
     return 0
 
@@ -428,6 +515,65 @@ def _sweep(args: argparse.Namespace) -> int:
     table = table.round({"step_time_ms": 1, "bubble": 3, "peak_mb_max": 0, "gap": 4})
     print("best setup per memory budget (least step time; bubble: idle / busy):")
     print(table.to_string(index=False))
+    return 0
+
+
+# ------------------------------------------------------------------------------- choose
+def _add_choose(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "choose",
+        help="choose the pipeline setup (schedule, stages, chunks, micro-batches) with the shortest step",
+        description="Rank every pipeline setup of DEVICES devices for a global batch: proven bounds prune the "
+        "setups that cannot win, the rest are balanced best-bound-first. Prints the top setups, how many were "
+        "pruned and whether the winner is proven.",
+    )
+    parser.add_argument("profile", metavar="PROFILE", help="profile file, or a bundled name (llama2_70b, demo, ...)")
+    parser.add_argument("--devices", type=int, required=True, help="devices in all (pipeline stages x dp)")
+    parser.add_argument("--global-batch", type=int, required=True, help="samples per step over all dp copies")
+    parser.add_argument("--micro-batch-size", type=int, default=1, help="samples per micro-batch (1)")
+    parser.add_argument("--memory", type=_budget, required=True, metavar="MB", help="budget per device, MB ('none')")
+    parser.add_argument("--schedule", nargs="+", default=None, help="schedules to consider (default: every fixed one)")
+    parser.add_argument("--stages", "-p", type=int, nargs="+", default=None, help="stage counts (default: divisors)")
+    parser.add_argument("--chunks", "-v", type=int, nargs="+", default=None, help="chunks per device (default 1-4)")
+    parser.add_argument("--recompute", nargs="+", choices=MODES, default=None, metavar="MODE",
+                        help=f"modes the solver may use (default all: {' '.join(MODES)})")
+    parser.add_argument("--dp-bandwidth", type=_positive_bandwidth, default=None, metavar="MB_PER_MS",
+                        help="link per device for the DP gradient all-reduce, MB/ms (default: not counted)")
+    parser.add_argument("--sequence-length", type=int, default=None, help="tokens per sample, for tokens/s")
+    parser.add_argument("--time-limit", type=_positive_seconds, default=20.0, metavar="S",
+                        help="solver limit per balanced setup, s (20)")
+    parser.add_argument("--executor", default="serial",
+                        help="serial (default), processes, dask (a local cluster) or dask://HOST:PORT")
+    parser.add_argument("--cache", type=Path, default=None, metavar="DIR", help="Parquet cache: a rerun resumes")
+    parser.add_argument("--top", type=int, default=10, help="rows of the ranking to print (10)")
+    parser.add_argument("--deterministic", action="store_true", help="deterministic bounds and solver runs")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="write the winner's plan there (sapptk_plan.yaml) and the ranking (choice.csv)")
+    parser.set_defaults(func=_choose)
+
+
+def _choose(args: argparse.Namespace) -> int:
+    from sapptk.choosing import choose
+
+    profile = resolve_profile(args.profile)
+    if args.out is not None:
+        writable_dir(args.out, what="output folder (--out)")
+    choice = choose(profile, devices=args.devices, global_batch=args.global_batch,
+                    micro_batch_size=args.micro_batch_size, memory_budget=args.memory, schedules=args.schedule,
+                    stages=args.stages, chunks=args.chunks, recompute=args.recompute, dp_bandwidth=args.dp_bandwidth,
+                    sequence_length=args.sequence_length, time_limit=args.time_limit, executor=args.executor,
+                    cache=args.cache, progress=not args.no_progress, deterministic=args.deterministic)
+    table = choice.top(max(1, args.top)).round({"step_time_ms": 1, "bound_ms": 1, "peak_mb_max": 0,
+                                                "tokens_per_s_per_device": 1})
+    print(f"profile {profile.name} on {args.devices} devices, global batch {args.global_batch}:")
+    print(table.to_string(index=False))
+    print(choice.summary())
+    if args.out is not None:
+        saved = args.out / "sapptk_plan.yaml"
+        choice.best.save(saved)
+        write_text(args.out / "choice.csv", choice.frame.to_csv(index=False), what="ranking")
+        print(f"wrote {saved} (the winner's plan; sapptk export reads it) and {args.out / 'choice.csv'}")
     return 0
 
 
@@ -560,8 +706,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(commands)
     _add_schedules(commands)
     _add_sweep(commands)
+    _add_choose(commands)
     _add_calibrate(commands)
     _add_design(commands)
+    _add_estimate(commands)
     return parser
 
 

@@ -18,6 +18,7 @@ from functools import lru_cache
 from numbers import Real
 from typing import TYPE_CHECKING, Any
 
+from sapptk import checks
 from sapptk.errors import ConfigError, ScheduleError
 from sapptk.profile import MODES, mode_set
 from sapptk.schedules import Program, build, get, names
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["MAX_BANDWIDTH", "MAX_BUDGET_MB", "MAX_COMM_MS", "MAX_PROGRAM_OPS", "OFFLOAD", "PipelineConfig",
            "build_program", "program_ops"]
 
-MAX_PROGRAM_OPS = 1_000_000
+MAX_PROGRAM_OPS = checks.MAX_PROGRAM_OPS
 """Most ops a schedule's program may have (stages × chunks × micro-batches × splits × 2, or
 × 3 with a split backward; :func:`program_ops`). Larger setups are refused before any work,
 with an estimate of the time and memory they would need (``docs/limits.md`` gives the
@@ -65,8 +66,14 @@ def build_program(schedule: str, stages: int, micro_batches: int, chunks: int, s
     """The :class:`Program` of a schedule instance, built once per argument tuple.
 
     Programs are immutable and cache their compiled graph, so sharing them between plans,
-    the solver and the simulator is safe and saves the (linear, but not free) build.
+    the solver and the simulator is safe and saves the (linear, but not free) build. A setup
+    of more than :data:`MAX_PROGRAM_OPS` ops is refused before anything is built.
     """
+    if isinstance(schedule, str) and schedule in names() and all(map(_is_int, (stages, micro_batches, chunks, splits))):
+        ops = program_ops(schedule, stages, micro_batches, chunks, splits)
+        checks.size(ops, f"{schedule} with stages = {stages}, micro_batches = {micro_batches}, chunks = {chunks}, "
+                    f"splits = {splits}: the program would have", error=ScheduleError, limit=MAX_PROGRAM_OPS,
+                    what="ops", constant="sapptk.config.MAX_PROGRAM_OPS")
     return build(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks, splits=splits)
 
 
@@ -111,7 +118,9 @@ class PipelineConfig:
     micro_batches: micro-batches per step, ``m`` (at least ``p``).
     chunks: virtual stages (model chunks) per device, ``v``.
     schedule: a name from :func:`sapptk.schedules.names`.
-    splits: sequence slices per micro-batch, ``k`` (seq-pipe schedules only).
+    splits: sequence slices per micro-batch, ``k`` (seq-pipe schedules only), or a list of
+        the slices' lengths in tokens (they must sum to the profile's ``seq_length``): then
+        ``splits`` is their number and ``slice_lengths`` keeps them.
     memory_budget: MB available on each device; ``None`` means unlimited.
     constant_memory: MB every device holds besides parameters and activations.
     comm: point-to-point latency between devices, ms.
@@ -139,10 +148,20 @@ class PipelineConfig:
     recompute: tuple[str, ...] = field(default=MODES)
     custom_program: Program | None = None
     host_bandwidth: float | None = None
+    slice_lengths: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         # one canonical tuple (MODES order), so equal mode sets give equal, hashable configs
         object.__setattr__(self, "recompute", mode_set(self.recompute))
+        if isinstance(self.splits, list | tuple):  # splits=[lengths]: k = their number
+            if self.slice_lengths is not None:
+                raise ConfigError(f"splits = {_show(self.splits)}: slice lengths given twice (splits and "
+                                  "slice_lengths); give one")
+            object.__setattr__(self, "slice_lengths", tuple(self.splits))
+            object.__setattr__(self, "splits", len(self.splits))
+        elif self.slice_lengths is not None and not isinstance(self.slice_lengths, tuple):
+            object.__setattr__(self, "slice_lengths", tuple(self.slice_lengths)
+                               if isinstance(self.slice_lengths, list) else self.slice_lengths)
 
     # ------------------------------------------------------------- derived
     @property
@@ -170,6 +189,8 @@ class PipelineConfig:
         """A copy running ``program`` (sizes and schedule label from it; everything else kept)."""
         fields = {f: getattr(self, f) for f in ("memory_budget", "constant_memory", "comm", "recompute",
                                                 "host_bandwidth")}
+        if self.slice_lengths is not None and program.splits == self.splits:
+            fields["slice_lengths"] = self.slice_lengths
         return PipelineConfig.from_program(program, **fields)
 
     def program(self) -> Program:
@@ -197,6 +218,18 @@ class PipelineConfig:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ConfigError(f"{name} = {_show(value)}: expected an integer >= 1")
+        lengths = self.slice_lengths
+        if lengths is not None:
+            if not isinstance(lengths, tuple) or not lengths:
+                raise ConfigError(f"splits = {_show(lengths)}: expected k or a non-empty list of slice lengths "
+                                  "(tokens)")
+            for j, n in enumerate(lengths):
+                if not _is_int(n) or n < 1:
+                    raise ConfigError(f"splits[{j}] = {_show(n)}: expected a slice length in tokens, an integer >= 1 "
+                                      f"(in splits = {_show(list(lengths))})")
+            if len(lengths) != self.splits:
+                raise ConfigError(f"slice_lengths = {_show(lengths)}: {len(lengths)} lengths for splits = "
+                                  f"{self.splits}: expected one per slice")
         if self.custom_program is not None:
             self._check_program()
         else:
@@ -278,6 +311,7 @@ class PipelineConfig:
         for every virtual stage that holds neither the head nor the tail.
         """
         self.validate()
+        self._check_slices(profile)
         body = tuple(profile.body)
         rec = self.recompute
         if not body:
@@ -302,3 +336,31 @@ class PipelineConfig:
                     f"need at least {need} body layers (one per stage without head or tail), "
                     f"the profile has {layers}; use fewer stages/chunks or allow empty stages"
                 )
+
+    def _check_slices(self, profile: Profile) -> None:
+        """Slice lengths against the profile's ``seq_length``; K/V sizes for a sliced long-context setup."""
+        seq = profile.seq_length
+        lengths = self.slice_lengths
+        if lengths is not None and self.splits > 1 and seq is None:
+            raise ConfigError(f"splits = {list(lengths)}: slice lengths in tokens need the profile's seq_length "
+                              f"(profile {profile.name!r} has none); give seq_length or splits = k")
+        if seq is None or self.splits == 1:
+            return
+        if lengths is not None and sum(lengths) != seq:
+            raise ConfigError(f"splits = {list(lengths)}: the slice lengths sum to {sum(lengths)} tokens: expected "
+                              f"the profile's seq_length = {seq}")
+        if self.splits > seq:
+            raise ConfigError(f"splits = {self.splits}: more slices than the profile's seq_length = {seq} tokens: "
+                              "expected at most one slice per token")
+        for end in (profile.head, profile.tail):
+            if end is not None and end.attention_share:
+                raise ConfigError(f"profile {profile.name!r}: {end.kind} group {end.name!r} has attention_share = "
+                                  f"{end.attention_share:g}: expected 0 (the head and tail are linear in the sequence)")
+        missing = [g.name for g in profile.body if g.kv_mb_per_token is None]
+        if missing:
+            raise ConfigError(
+                f"profile {profile.name!r}: body group {missing[0]!r} has no kv_mb_per_token: a sequence-slice "
+                f"schedule on a profile with seq_length = {seq} keeps each slice's K/V for the later slices, so "
+                "every body group needs kv_mb_per_token (K/V MB per layer per token; the model-card estimator "
+                "fills it)"
+            )

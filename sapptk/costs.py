@@ -26,6 +26,12 @@ programs have ``I`` and ``W`` ops) need the weight-gradient part separately: we 
 group offers) and give the input-gradient op ``I`` the rest, including any recompute. For
 schedules without split the weight cost is 0 and ``B`` carries the whole backward, so a
 layer's backward total is the same either way.
+
+Sequence slices (long context, :mod:`sapptk.seq`): on a sliced setup :func:`slice_costs`
+splits each stage's totals over the slices (causal attention, slice lengths) and adds the K/V
+term; :func:`simulate_counts` and :func:`peak_memory` use it. (Just over 500 lines: the
+per-stage, per-micro-batch and per-slice forms of one assignment's costs share the rounded
+figures and belong together.)
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import numpy as np
 from sapptk.errors import ConfigError
 from sapptk.profile import MODES
 from sapptk.schedules.memory import device_peaks
+from sapptk.seq import is_sliced, kv_per_token, per_slice, slice_lengths, slice_live_points, time_attention
 from sapptk.simulation import WEIGHT_HOLDS, Simulation, simulate
 
 if TYPE_CHECKING:
@@ -60,6 +67,7 @@ __all__ = [
     "micro_batch_costs",
     "peak_memory",
     "simulate_counts",
+    "slice_costs",
     "stage_costs",
     "time_units",
 ]
@@ -352,7 +360,8 @@ class StageCosts:
     With an :class:`AlternativeLayout` (:func:`micro_batch_costs`), ``backward``,
     ``activation`` and ``recompute_overhead`` have shape (virtual stages, micro-batches);
     the others stay per virtual stage (the layers, hence forward, weight and parameters, are
-    the same for every micro-batch).
+    the same for every micro-batch). On a sliced setup (:func:`slice_costs`) the times,
+    ``activation`` and ``kv`` (K/V MB) are per (virtual stage, micro-batch, slice).
     """
 
     forward: np.ndarray
@@ -363,6 +372,7 @@ class StageCosts:
     recompute_overhead: np.ndarray
     comm: float
     constant: float
+    kv: np.ndarray | float = 0.0
 
     def simulate(self, config: PipelineConfig, **kw: Any) -> Simulation:
         """Run the config's program with these costs, measured against the config's budget.
@@ -386,6 +396,7 @@ class StageCosts:
             weight=self.weight,
             activation=self.activation,
             params=self.params,
+            kv=self.kv,
             **args,
         )
 
@@ -481,13 +492,57 @@ def simulate_counts(
 ) -> Simulation:
     """Simulate ``counts`` on the config's program (costs from :func:`stage_costs`, its comm and constant);
     with ``alternative``, its micro-batches run that layout (:func:`micro_batch_costs`)."""
+    if is_sliced(profile, config):
+        if alternative is not None:
+            raise ConfigError("alternative: recompute per micro-batch is not modelled with sequence slices of a "
+                              "long-context profile (seq_length); vary the recompute per stage")
+        return slice_costs(profile, config, counts).simulate(config, **kw)
     if alternative is None:
         return stage_costs(profile, config, counts).simulate(config, **kw)
     return micro_batch_costs(profile, config, counts, alternative).simulate(config, **kw)
 
 
+def slice_costs(profile: Profile, config: PipelineConfig, counts: Any, lengths: Any = None) -> StageCosts:
+    """Costs of ``counts`` on a sliced setup per (virtual stage, micro-batch, slice) (:mod:`sapptk.seq`):
+    each stage's rounded totals split by the slices' linear and causal shares, activation by
+    length, K/V = kv_mb_per_token × slice tokens. ``lengths`` (tokens, summing to the profile's
+    ``seq_length``) replace the config's slice lengths."""
+    config.check(profile, allow_empty_stages=True)
+    costs = stage_costs(profile, config, counts)
+    arr = check_counts(profile, config, counts)
+    coef = layer_coefficients(profile, config)
+    if lengths is None:
+        lengths = slice_lengths(profile, config)
+    else:
+        config.replace(splits=list(lengths), slice_lengths=None).check(profile, allow_empty_stages=True)
+    att = time_attention(profile, coef, arr)
+    m, ms = config.micro_batches, TIME_UNIT_MS
+    tokens = np.asarray(lengths, dtype=np.float64)
+    kv = kv_per_token(profile, arr)[:, None] * tokens[None, :]
+    return StageCosts(
+        forward=per_slice(costs.forward, att["forward"] * ms, lengths, m),
+        backward=per_slice(costs.backward, att["backward"] * ms, lengths, m),
+        weight=per_slice(costs.weight, att["weight"] * ms, lengths, m),
+        activation=per_slice(costs.activation, np.zeros(len(costs.activation)), lengths, m),
+        params=costs.params,
+        recompute_overhead=costs.recompute_overhead,
+        comm=costs.comm,
+        constant=costs.constant,
+        kv=np.broadcast_to(kv[:, None, :], (len(kv), m, len(tokens))),
+    )
+
+
 def peak_memory(profile: Profile, config: PipelineConfig, counts: Any) -> np.ndarray:
-    """Peak MB of every device, from the program's live points (equal to the simulator's peak)."""
+    """Peak MB of every device, from the program's live points (equal to the simulator's peak);
+    on a sliced setup from its slice live points with K/V (:func:`sapptk.seq.slice_live_points`)."""
+    if is_sliced(profile, config):  # the slice live points with K/V (equal to the simulator's peak)
+        costs, program = slice_costs(profile, config, counts), config.program()
+        out = []
+        for d, rows in enumerate(slice_live_points(program)):
+            st = list(program.device_stages[d])
+            amounts = np.concatenate([costs.activation[st, 0, :].ravel(), costs.kv[st, 0, :].ravel()])
+            out.append(costs.params[st].sum() + costs.constant + max(0.0, float((rows @ amounts).max(initial=0.0))))
+        return np.asarray(out)
     arr = check_counts(profile, config, counts)
     coef = layer_coefficients(profile, config)
     program = config.program()

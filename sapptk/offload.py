@@ -186,11 +186,9 @@ def _pairs(program: Program) -> _Pairs:
     b_unit = g.op_unit[b_ops]
     n = g.n_units
     preds_arr, cross_arr = g.unit_preds, g.unit_cross
-    preds = []
-    for u in range(n):
-        row = preds_arr[u]
-        keep = row < n
-        preds.append(list(zip(row[keep].tolist(), cross_arr[u][keep].tolist(), strict=True)))
+    # per unit its predecessors as plain lists (the pass below is Python): one tolist, not one per unit
+    preds = [[(q, c) for q, c in zip(row, cross, strict=True) if q < n]
+             for row, cross in zip(preds_arr.tolist(), cross_arr.tolist(), strict=True)]
     return _Pairs(
         f_op=f_ops,
         b_op=b_ops,
@@ -462,7 +460,8 @@ def simulate_offload(
     step_time, dur = r["step"], r["dur"]
     peak_mb = r["peak"]
     peak = pd.Series(peak_mb.copy(), index=pd.RangeIndex(p, name="device"), name="peak_mb")
-    memory = pd.DataFrame({"device": r["dev"], "time_ms": r["times"], "memory_mb": r["mem"]})
+    memory = pd.DataFrame({"device": r["dev"], "time_ms": r["times"], "memory_mb": r["mem"],
+                           "kv_mb": np.zeros(len(r["mem"]))})  # K/V is simulated without offload only
     busy = np.bincount(g.unit_device, weights=dur, minlength=p)
     idle = step_time - busy
     total_busy, total_idle = float(busy.sum()), float(idle.sum())

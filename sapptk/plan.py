@@ -41,6 +41,7 @@ from sapptk.formats import megatron, mindformers, plan_file, torchtitan
 from sapptk.offload import check_offload, simulate_plan_offload
 from sapptk.profile import MODES
 from sapptk.sensitivity import Sensitivity, critical_path, sensitivity
+from sapptk.seq import is_sliced
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
@@ -128,6 +129,23 @@ class Plan:
             "per-micro-batch choice from plan.micro_batch_layout"
         )
 
+    def _not_sliced(self, what: str) -> None:
+        """Refuse an analysis that re-times per-stage costs for a plan with causal slice costs and K/V."""
+        if is_sliced(self.profile, self.config):
+            raise ConfigError(f"{what}: not modelled for the sequence slices of a long-context profile (seq_length = "
+                              f"{self.profile.seq_length}): it re-times per-stage costs with equal, linear slices; "
+                              "simulate the plan (plan.simulate()) for its causal slice costs and K/V")
+
+    def _no_slices(self, what: str, why: str) -> None:
+        """Refuse ``what`` for a plan with sequence slices that the target cannot run."""
+        if self.config.splits == 1:
+            return
+        raise ConfigError(
+            f"{what} cannot express sequence slices: this plan runs {self.config.schedule!r} with k = "
+            f"{self.config.splits} slices per micro-batch ({why}); export it to MindFormers (plan.to_yaml(), "
+            "parallel_config.seq_split_num) or keep it as a sapptk plan (plan.save())"
+        )
+
     def per_stage_plan(self) -> Plan:
         """The plan without its per-micro-batch choice: every micro-batch runs ``counts`` (simulated
         anew; it may be slower than this plan, or exceed the budget where the choice made room)."""
@@ -187,6 +205,7 @@ class Plan:
         (:func:`sapptk.sensitivity.sensitivity`). Not for plans that recompute per micro-batch."""
         self._no_offload("sensitivity (it re-times the plan without a copy stream)")
         self._per_stage_only("sensitivity")
+        self._not_sliced("sensitivity")
         return sensitivity(self, time_error=time_error, memory_error=memory_error, samples=samples, seed=seed)
 
     def critical(self) -> pd.DataFrame:
@@ -195,6 +214,7 @@ class Plan:
         per micro-batch."""
         self._no_offload("critical (the critical path without a copy stream)")
         self._per_stage_only("critical")
+        self._not_sliced("critical")
         return critical_path(self)
 
     # ------------------------------------------------------------------ frames
@@ -347,6 +367,14 @@ class Plan:
         self._no_offload("MindFormers' offset and recompute lists")
         self._per_stage_only("a MindFormers config", " (its recompute lists are per (chunk, stage), for every "
                              "micro-batch)")
+        lengths = self.config.slice_lengths
+        if lengths is not None and len(set(lengths)) > 1:
+            raise ConfigError(
+                f"a MindFormers config cannot express unequal slice lengths {list(lengths)}: MindFormers cuts the "
+                f"sequence into parallel_config.seq_split_num = {self.config.splits} equal slices (seq_length // "
+                "seq_split_num); export the plan with equal slices (plan.config.replace(splits=k)) or keep it as a "
+                "sapptk plan (plan.save())"
+            )
         return mindformers.encode(self.profile, self.config.program(), self.counts)
 
     def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
@@ -367,6 +395,9 @@ class Plan:
             "# lists are [chunk][stage]; offset = layers in the cell - floor(N / (p*v));",
             "# select_recompute / select_comm_recompute count layers with select / comm, both or full",
         ]
+        if c.splits > 1:
+            header.insert(2, f"# sequence pipeline: parallel_config: {{seq_split_num: {c.splits}}} ({c.splits} equal "
+                             "slices per micro-batch)")
         if len(body) == 1:
             payload: dict[str, Any] = data[body[0].name]
             header.append(f"# body group {body[0].name!r}: N = {body[0].count}")
@@ -388,23 +419,31 @@ class Plan:
                          "recompute; --fine-grained-activation-offloading with --offload-modules offloads the same "
                          "submodules' inputs in every layer of every stage, with no per-stage layer count; see "
                          "docs/offload.md)")
+        self._no_slices("Megatron-LM arguments", "Megatron-LM's pipeline schedules move whole micro-batches; its "
+                        "context parallelism splits the sequence across devices, not along the pipeline")
         self._per_stage_only("Megatron-LM arguments", " (--recompute-num-layers holds for every micro-batch; "
                              "FlagScale's --recompute-num-layers-per-stage-micro-batch can vary full recompute "
                              "per pipeline rank and micro-batch, not per chunk or group)")
         return megatron.export(self.profile, self.config, self.counts, self.simulation)
 
-    def to_torchtitan(self, csv_name: str = "schedule.csv") -> torchtitan.TorchtitanExport:
+    def to_torchtitan(self, csv_name: str | os.PathLike[str] = "schedule.csv",
+                      base_config: str = torchtitan.DEFAULT_BASE_CONFIG) -> torchtitan.TorchtitanExport:
         """The plan as torchtitan settings (:func:`sapptk.formats.torchtitan.export`): the exact
-        partition, the schedule (or its CSV, saved as ``csv_name``), the checkpointing mode."""
+        partition, the schedule (or its CSV, saved as ``csv_name``), the checkpointing mode; the
+        TOML for torchtitan <= 0.2.2 and ``.python`` for >= 0.3 (changing ``base_config``);
+        ``.save(folder)`` writes them with the CSV."""
         self._need_solution("torchtitan settings")
         self._no_offload("torchtitan's settings (activation checkpointing only)")
+        self._no_slices("torchtitan settings", "torch.distributed.pipelining's schedules and schedule CSV move whole "
+                        "micro-batches")
         self._per_stage_only("torchtitan settings", " (activation checkpointing is set per model, for every "
                              "micro-batch)")
         return torchtitan.export(self.profile, self.config, self.counts, self.simulation, status=self.status,
-                                 csv_name=csv_name)
+                                 csv_name=csv_name, base_config=base_config)
 
     def to_torch_csv(self, path: str | os.PathLike[str] | None = None) -> str:
         """The op order the plan runs, in PyTorch's schedule CSV (:meth:`Program.to_csv`)."""
+        self._no_slices("PyTorch's schedule CSV", "its actions name a stage and a micro-batch, no slice")
         return self.config.program().to_csv(path)
 
     # ---------------------------------------------------------------- plan file
@@ -416,8 +455,8 @@ class Plan:
                                bound=self.bound, gap=self.gap, solve_seconds=self.solve_seconds,
                                message=self.message, source=self.source, offload=self.offload,
                                alternative=self.alternative)
-        if path is not None:
-            Path(path).write_text(text, encoding="utf-8")
+        if path is not None:  # atomically, through sapptk.files (a folder or a FIFO never blocks or half-writes)
+            write_text(path, text, what="plan", error=ConfigError)
         return text
 
     # ----------------------------------------------------------------- summary
@@ -516,6 +555,9 @@ def make_plan(
     arr.setflags(write=False)
     off = None
     if offload is not None:
+        if is_sliced(profile, config):
+            raise ConfigError(f"offload: not modelled with the sequence slices of a long-context profile (seq_length "
+                              f"= {profile.seq_length}): expected no offload")
         if status not in _SOLVED:
             raise ConfigError(f"offload: a plan with status {status!r} has no layer assignment to offload")
         off = check_offload(profile, config, arr, offload)
@@ -678,6 +720,7 @@ def from_mindformers(profile: Profile, config: PipelineConfig, data: Any, *, nam
     reads them all). The plan is simulated (status ``"given"``, source
     ``"mindformers:<name>"``, the file's stem for an unnamed config). ``data`` is not modified.
     """
+    _check_inputs(profile, config, "from_mindformers")
     file, named, configs = _mindformers_configs(data, profile)
     where = file or "<data>"
     if name is not None:
@@ -719,9 +762,53 @@ def load_plan(source: str | os.PathLike[str] | Any) -> Plan:
     d = plan_file.load(source)
     where = d.pop("where")
     try:
-        return make_plan(**d)
+        plan = make_plan(**d)
     except SapptkError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    _check_evidence(plan, where)
+    return plan
+
+
+_AGREE_MS = 1e-6
+"""How far a plan file's step time and bound may be from what sapptk recomputes (ms, plus 1e-9 relative)."""
+
+
+def _check_evidence(plan: Plan, where: str) -> None:
+    """A plan file is evidence, not truth: its step time must be the simulated one, a solved
+    plan (optimal, feasible) must fit its budget, its bound may not exceed its step time and
+    its gap must be (step - bound) / step."""
+    if not plan.solved:
+        return
+    step = plan.simulation.step_time
+    tolerance = _AGREE_MS + 1e-9 * abs(step)
+    if plan.step_time is not None and abs(plan.step_time - step) > tolerance:
+        raise ConfigError(f"{where}: step_time_ms = {plan.step_time!r}: the plan simulates to {step:.6f} ms: expected "
+                          "the simulated step time (was the file edited?)")
+    if plan.status in ("optimal", "feasible") and not plan.fits:
+        peak = float(plan.simulation.peak_memory.max())
+        raise ConfigError(f"{where}: status = {plan.status!r}, but the plan's peak of {peak:.6g} MB exceeds its "
+                          f"memory_budget_mb = {plan.config.memory_budget:.6g}: expected a plan that fits (status "
+                          "'given' for a hand-made plan)")
+    if plan.bound is not None and plan.bound > step + tolerance:
+        raise ConfigError(f"{where}: bound_ms = {plan.bound!r} exceeds the plan's step time {step:.6f} ms: expected a "
+                          "lower bound on the optimum, at most the step time")
+    if plan.gap is not None and plan.bound is not None and step > 0:
+        gap = max(0.0, (step - plan.bound) / step)
+        if abs(plan.gap - gap) > 1e-6:
+            raise ConfigError(f"{where}: gap = {plan.gap!r}: the step time and bound give {gap:.6g}: expected "
+                              "(step - bound) / step")
+
+
+def _check_inputs(profile: Any, config: Any, where: str, *, optional_config: bool = False) -> None:
+    """A sapptk Profile and a PipelineConfig (or None when ``optional_config``); else a ConfigError naming it."""
+    from sapptk import checks
+    from sapptk.config import PipelineConfig
+    from sapptk.profile import Profile
+
+    if not isinstance(profile, Profile):
+        checks.fail(ConfigError, f"{where}: profile", profile, "a sapptk Profile (sapptk.load_profile)")
+    if not (isinstance(config, PipelineConfig) or (optional_config and config is None)):
+        checks.fail(ConfigError, f"{where}: config", config, "a sapptk PipelineConfig")
 
 
 def from_megatron(profile: Profile, config: PipelineConfig, source: Any) -> Plan:
@@ -730,6 +817,7 @@ def from_megatron(profile: Profile, config: PipelineConfig, source: Any) -> Plan
     ``config`` gives the setup (stages and chunks must agree with the arguments). The plan is
     simulated (status ``"given"``, source ``"megatron"``).
     """
+    _check_inputs(profile, config, "from_megatron")
     counts = megatron.decode(profile, config, source)
     try:
         return make_plan(profile, config, counts, status="given", source="megatron")
@@ -745,6 +833,7 @@ def from_torchtitan(profile: Profile, source: Any, config: PipelineConfig | None
     fields and must agree where both speak. The plan is simulated (status ``"given"``, source
     ``"torchtitan"``).
     """
+    _check_inputs(profile, config, "from_torchtitan", optional_config=True)
     setup, counts, where = torchtitan.decode(profile, source, config, csv=csv)
     try:
         return make_plan(profile, setup, counts, status="given", source="torchtitan")

@@ -49,6 +49,7 @@ __all__ = [
     "MAX_LAYERS",
     "MAX_MB",
     "MAX_MS",
+    "MAX_SEQ_LENGTH",
     "MODES",
     "LayerGroup",
     "ModeCost",
@@ -86,6 +87,9 @@ MAX_COEF = 1e3
 MAX_LAYERS = 1_000_000
 """Most layers accepted in one layer group."""
 
+MAX_SEQ_LENGTH = 1 << 24
+"""Longest sequence accepted (``Profile.seq_length``), in tokens (16 M)."""
+
 # --- SAPP layer JSON vocabulary ---------------------------------------------------------
 _SAPP_MEMORY_KEYS = {
     "none": "memory_activation",
@@ -109,16 +113,18 @@ _SAPP_COEF_KEYS = {
     "full": "recompute_coef",
 }
 _SAPP_TYPES = {"HEAD": "head", "BODY": "body", "TAIL": "tail"}
+_SEQ_GROUP_KEYS = ("kv_mb_per_token", "attention_share")
+"""Long-context fields of a layer group, spelt the same in both formats."""
 _SAPP_KNOWN_KEYS = frozenset(
-    {"name", "model_name", "type", "nb_layer", "time", "forward_time", "memory_parameter"}
+    {"name", "model_name", "type", "nb_layer", "time", "forward_time", "memory_parameter", *_SEQ_GROUP_KEYS}
     | set(_SAPP_MEMORY_KEYS.values())
     | set(_SAPP_TIME_KEYS.values())
     | set(_SAPP_COEF_KEYS.values())
 )
 
 # --- our format's vocabulary -----------------------------------------------------------
-_OWN_TOP_KEYS = ("format", "name", "units", "groups", "description")
-_OWN_GROUP_KEYS = ("name", "kind", "count", "forward", "params", "modes")
+_OWN_TOP_KEYS = ("format", "name", "units", "groups", "description", "seq_length", "provenance")
+_OWN_GROUP_KEYS = ("name", "kind", "count", "forward", "params", "modes", *_SEQ_GROUP_KEYS)
 _OWN_MODE_KEYS = ("backward", "activation")
 
 _MISSING: Any = object()
@@ -180,6 +186,35 @@ def _count(value: Any, where: str, field_name: str) -> int:
         number = int(as_float)
     if number < 1 or number > MAX_LAYERS:
         _fail(where, field_name, value, expected)
+    return number
+
+
+def _share(value: Any, where: str, field_name: str) -> float:
+    """A fraction: a finite number from 0 to 1. Bools refused."""
+    expected = "a number from 0 to 1 (a fraction of the layer's time)"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        _fail(where, field_name, value, expected)
+    if isinstance(value, numbers.Integral) and int(value) not in (0, 1):
+        _fail(where, field_name, value, expected)
+    if not 0.0 <= float(value) <= 1.0:
+        _fail(where, field_name, value, expected)
+    return float(value)
+
+
+def _seq_length(value: Any, where: str) -> int | None:
+    """``None`` or tokens per sample: an integer from 1 to :data:`MAX_SEQ_LENGTH`."""
+    if value is None:
+        return None
+    expected = f"an integer number of tokens >= 1 and at most {MAX_SEQ_LENGTH}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        _fail(where, "seq_length", value, expected)
+    if not isinstance(value, numbers.Integral):
+        as_float = float(value)
+        if not math.isfinite(as_float) or not as_float.is_integer():
+            _fail(where, "seq_length", value, expected)
+    number = int(value)
+    if number < 1 or number > MAX_SEQ_LENGTH:
+        _fail(where, "seq_length", value, expected)
     return number
 
 
@@ -312,6 +347,13 @@ class LayerGroup:
     memory: weights, gradients and this device's optimizer share. ``modes`` holds the
     available recompute modes only. A head or tail given no modes gets
     ``{"none": ModeCost(backward=2 * forward, activation=0)}``; a body needs at least one.
+
+    Long context (sequence-slice schedules, ``docs/schedules.md``), both optional:
+    ``kv_mb_per_token`` is the K/V one layer keeps per token of the sequence, in MB
+    (2 · KV heads · head dim · dtype bytes, already divided by TP and CP); ``None`` means not
+    given. ``attention_share`` (0..1, default 0) is the part of the layer's forward and
+    backward time that is the causal attention term, quadratic in the sequence length; the
+    rest is linear in it.
     """
 
     name: str
@@ -320,6 +362,8 @@ class LayerGroup:
     forward: float
     params: float
     modes: Mapping[str, ModeCost] = field(default_factory=dict)
+    kv_mb_per_token: float | None = None
+    attention_share: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"layer group {self.name!r}"
@@ -329,6 +373,9 @@ class LayerGroup:
         object.__setattr__(self, "count", _count(self.count, where, "count"))
         object.__setattr__(self, "forward", _number(self.forward, where, "forward", limit=MAX_MS))
         object.__setattr__(self, "params", _number(self.params, where, "params"))
+        if self.kv_mb_per_token is not None:
+            object.__setattr__(self, "kv_mb_per_token", _number(self.kv_mb_per_token, where, "kv_mb_per_token"))
+        object.__setattr__(self, "attention_share", _share(self.attention_share, where, "attention_share"))
         if not isinstance(self.modes, Mapping):
             _fail(where, "modes", self.modes, "a mapping of mode name to ModeCost")
         for mode, cost in self.modes.items():
@@ -377,8 +424,8 @@ class LayerGroup:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """This group in our own format, as plain data."""
-        return {
+        """This group in our own format, as plain data (long-context fields only when set)."""
+        data = {
             "name": self.name,
             "kind": self.kind,
             "count": self.count,
@@ -389,6 +436,17 @@ class LayerGroup:
                 for m, c in self.modes.items()
             },
         }
+        data.update(self._seq_fields())
+        return data
+
+    def _seq_fields(self) -> dict[str, int | float]:
+        """The long-context fields that differ from their defaults, as written in both formats."""
+        fields: dict[str, int | float] = {}
+        if self.kv_mb_per_token is not None:
+            fields["kv_mb_per_token"] = _plain(self.kv_mb_per_token)
+        if self.attention_share:
+            fields["attention_share"] = _plain(self.attention_share)
+        return fields
 
 
 class _IndentedDumper(yaml.SafeDumper):
@@ -408,16 +466,22 @@ class Profile:
     """A model as layer groups in model order: optional head, bodies, optional tail.
 
     ``source`` (the file it came from) is only for messages; it takes no part in
-    equality, so a profile and its YAML round trip compare equal.
+    equality, so a profile and its YAML round trip compare equal. ``seq_length`` (optional)
+    is the tokens per sample, which sequence-slice schedules cut into slices.
     """
 
     name: str
     groups: tuple[LayerGroup, ...]
     source: str | None = field(default=None, compare=False)
+    seq_length: int | None = None
+    provenance: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    """Where the figures came from (an estimate's card, layout, hardware, assumptions), as
+    plain data; written to and read from ``sapptk-profile/1`` files; no part of equality."""
 
     def __post_init__(self) -> None:
         prefix = f"{self.source}: " if self.source else ""
         _name(self.name, f"{prefix}profile")
+        object.__setattr__(self, "seq_length", _seq_length(self.seq_length, f"{prefix}profile {self.name!r}"))
         if isinstance(self.groups, (str, bytes)) or not isinstance(self.groups, Sequence):
             _fail(f"{prefix}profile {self.name!r}", "groups", self.groups, "a sequence")
         groups = tuple(self.groups)
@@ -425,6 +489,8 @@ class Profile:
             if not isinstance(group, LayerGroup):
                 _fail(f"{prefix}profile {self.name!r}: groups[{i}]", None, group, "a LayerGroup")
         object.__setattr__(self, "groups", groups)
+        if self.provenance is not None and not isinstance(self.provenance, Mapping):
+            _fail(f"{prefix}profile {self.name!r}", "provenance", self.provenance, "a mapping or None")
         _check_layout(
             kinds=[g.kind for g in groups],
             names=[g.name for g in groups],
@@ -457,12 +523,13 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         """The profile in our own format (``sapptk-profile/1``), as plain data."""
-        return {
-            "format": FORMAT,
-            "name": self.name,
-            "units": dict(UNITS),
-            "groups": [g.to_dict() for g in self.groups],
-        }
+        data: dict[str, Any] = {"format": FORMAT, "name": self.name, "units": dict(UNITS)}
+        if self.seq_length is not None:
+            data["seq_length"] = self.seq_length
+        data["groups"] = [g.to_dict() for g in self.groups]
+        if self.provenance is not None:
+            data["provenance"] = dict(self.provenance)
+        return data
 
     def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
         """The profile as ``sapptk-profile/1`` YAML; also written to ``path`` when given."""
@@ -472,6 +539,11 @@ class Profile:
             "# params: MB per layer (weights, grads, optimizer share);\n"
             "# activation: MB per layer per in-flight micro-batch.\n"
         )
+        if self.seq_length is not None or any(g._seq_fields() for g in self.groups):
+            header += (
+                "# seq_length: tokens per sample; kv_mb_per_token: K/V MB per layer per token;\n"
+                "# attention_share: fraction of a layer's time quadratic in the sequence length.\n"
+            )
         data = self.to_dict()
         options = {"Dumper": _IndentedDumper, "sort_keys": False, "default_flow_style": None}
         body = yaml.dump(data, allow_unicode=True, width=100, **options)
@@ -512,8 +584,13 @@ class Profile:
                             f"(0 means the default {default:g} ms there)"
                         )
                     entry[_SAPP_TIME_KEYS[mode]] = _plain(cost.backward)
+            entry.update(group._seq_fields())
             entries.append(entry)
-        return {"name": self.name, "layers_description": entries}
+        data: dict[str, Any] = {"name": self.name}
+        if self.seq_length is not None:
+            data["seq_length"] = self.seq_length
+        data["layers_description"] = entries
+        return data
 
     def to_sapp_json(self, path: str | os.PathLike[str] | None = None) -> str:
         """The profile as SAPP layer JSON text (:meth:`to_sapp_dict`); also written to ``path`` when given."""
@@ -596,6 +673,7 @@ def _finish(
     list_name: str,
     wheres: list[str],
     shown: list[Any],
+    seq_length: int | None = None,
 ) -> Profile:
     """Check the whole-profile rules with the file's own vocabulary, then build."""
     _check_layout(
@@ -607,7 +685,7 @@ def _finish(
         prefix=f"{source}: ",
         list_name=list_name,
     )
-    return Profile(name=name, groups=tuple(groups), source=source)
+    return Profile(name=name, groups=tuple(groups), source=source, seq_length=seq_length)
 
 
 def _parse_sapp(data: Mapping[str, Any], source: str) -> Profile:
@@ -621,7 +699,8 @@ def _parse_sapp(data: Mapping[str, Any], source: str) -> Profile:
         groups.append(_sapp_group(entry, base, where))
         wheres.append(where)
         shown.append(entry["type"])
-    return _finish(name, groups, source, "layers_description", wheres, shown)
+    seq_length = _seq_length(data.get("seq_length"), f"{source}: top level")
+    return _finish(name, groups, source, "layers_description", wheres, shown, seq_length)
 
 
 def _suspicious_known(key: str) -> list[str]:
@@ -713,7 +792,8 @@ def _sapp_group(entry: Any, base: str, where: str) -> LayerGroup:
     if not modes:
         _check_default_backward(where, "forward_time" if forward != time else "time", forward, kind)
     return LayerGroup(
-        name=entry["name"], kind=kind, count=count, forward=forward, params=params, modes=modes
+        name=entry["name"], kind=kind, count=count, forward=forward, params=params, modes=modes,
+        **_seq_group_fields(entry, where),
     )
 
 
@@ -747,7 +827,13 @@ def _parse_own(data: Mapping[str, Any], source: str) -> Profile:
         groups.append(_own_group(entry, base, where))
         wheres.append(where)
         shown.append(entry["kind"])
-    return _finish(name, groups, source, "groups", wheres, shown)
+    seq_length = _seq_length(data.get("seq_length"), top)
+    profile = _finish(name, groups, source, "groups", wheres, shown, seq_length)
+    if "provenance" in data:
+        if not isinstance(data["provenance"], Mapping):
+            _fail(top, "provenance", data["provenance"], "a mapping")
+        object.__setattr__(profile, "provenance", dict(data["provenance"]))
+    return profile
 
 
 def _own_group(entry: Any, base: str, where: str) -> LayerGroup:
@@ -795,8 +881,19 @@ def _own_group(entry: Any, base: str, where: str) -> LayerGroup:
     if not modes:
         _check_default_backward(where, "forward", forward, kind)
     return LayerGroup(
-        name=entry["name"], kind=kind, count=count, forward=forward, params=params, modes=modes
+        name=entry["name"], kind=kind, count=count, forward=forward, params=params, modes=modes,
+        **_seq_group_fields(entry, where),
     )
+
+
+def _seq_group_fields(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``kv_mb_per_token`` and ``attention_share`` of a group entry (either format), checked here."""
+    fields: dict[str, Any] = {}
+    if entry.get("kv_mb_per_token") is not None:
+        fields["kv_mb_per_token"] = _number(entry["kv_mb_per_token"], where, "kv_mb_per_token")
+    if entry.get("attention_share") is not None:
+        fields["attention_share"] = _share(entry["attention_share"], where, "attention_share")
+    return fields
 
 
 def _check_default_backward(where: str, field_name: str, forward: float, kind: str) -> None:

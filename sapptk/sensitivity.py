@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from sapptk import checks
+from sapptk.config import MAX_BUDGET_MB
 from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients
 from sapptk.errors import ConfigError
 from sapptk.schedules.ops import B_CODE, F_CODE, I_CODE, W_CODE
@@ -308,6 +310,10 @@ def robust_budget(
     object with ``.residuals``), whose relative root-mean-square error is used. Both may be
     given (the tighter budget wins). ``None`` when the config has no budget.
     """
+    from sapptk.config import PipelineConfig
+
+    if not isinstance(config, PipelineConfig):
+        checks.fail(ConfigError, "config", config, "a sapptk PipelineConfig")
     budget = config.memory_budget
     if memory_margin is None and oom_risk is None:
         if memory_error is not None:
@@ -318,9 +324,7 @@ def robust_budget(
     out = float(budget)
     constant = float(config.constant_memory)
     if memory_margin is not None:
-        if isinstance(memory_margin, bool) or not isinstance(memory_margin, int | float) \
-                or not math.isfinite(memory_margin) or memory_margin < 0:
-            raise ConfigError(f"memory_margin = {memory_margin!r}: expected MB >= 1 or a fraction in [0, 1)")
+        memory_margin = checks.number(memory_margin, "memory_margin", error=ConfigError, low=0.0, high=MAX_BUDGET_MB)
         margin = memory_margin * budget if memory_margin < 1 else float(memory_margin)
         out = min(out, budget - margin)
     if oom_risk is not None:
@@ -330,7 +334,8 @@ def robust_budget(
             raise ConfigError("oom_risk: give memory_error too (a relative error such as 0.02, or residuals)")
         sigma = _relative_error("memory_error", _error_of(memory_error))
         s = _lognormal_sigma(sigma)
-        q = math.exp(s * NormalDist().inv_cdf(1 - oom_risk) - s * s / 2)
+        # the 1 - oom_risk quantile as minus the oom_risk one: exact for a tiny risk (1 - 1e-300 == 1.0)
+        q = math.exp(-s * NormalDist().inv_cdf(oom_risk) - s * s / 2)
         out = min(out, constant + (budget - constant) / q)
     if out <= constant:
         raise ConfigError(
@@ -343,7 +348,7 @@ def robust_budget(
 def _error_of(memory_error: Any) -> float:
     """A relative error from a number or from calibration residuals (relative RMS)."""
     if isinstance(memory_error, int | float) and not isinstance(memory_error, bool):
-        return float(memory_error)
+        return checks.number(memory_error, "memory_error", error=ConfigError, low=0.0, high=1.0)
     frame = getattr(memory_error, "residuals", memory_error)
     if isinstance(frame, pd.DataFrame) and {"residual_mb", "observed_mb"} <= set(frame.columns):
         rel = frame["residual_mb"].to_numpy(float) / frame["observed_mb"].to_numpy(float)

@@ -8,7 +8,8 @@ works small cases by hand):
   work. Each is one number, one number per virtual stage, or one per (virtual stage,
   micro-batch) — a virtual stage whose micro-batches recompute differently. A full
   backward ``B`` lasts ``backward + weight``; a split one runs ``I`` for ``backward`` and
-  ``W`` for ``weight``. A sequence slice lasts ``1/splits`` of its op.
+  ``W`` for ``weight``. A sequence slice lasts ``1/splits`` of its op, unless the costs are
+  given per (virtual stage, micro-batch, slice): then each slice op lasts its own cost.
 * **Time.** A unit starts when the previous unit of its device has ended and every op
   it depends on has ended, plus ``comm`` ms when that op ran on another device. An
   overlapped unit lasts ``overlap(op durations)``: by default their sum (overlap hides
@@ -17,7 +18,9 @@ works small cases by hand):
   ``constant``. An ``F`` allocates its virtual stage's ``activation`` (of its micro-batch,
   ``1/splits`` per slice) when its unit *starts*; a ``B`` frees it when its unit *ends*;
   an ``I`` frees ``1 - weight_holds`` of it and its ``W`` the remaining ``weight_holds``.
-  Within a unit, allocations come before frees.
+  Within a unit, allocations come before frees. ``kv`` (MB, like ``activation``) is the K/V
+  of sequence slices: allocated when an ``F`` of slice j starts, freed when the backward of
+  slice 0 of its micro-batch on its virtual stage ends (:func:`sapptk.schedules.memory.kv_events`).
 
 Times come from the longest-path kernel (:mod:`sapptk.schedules.timing`), memory from the
 program's events (:mod:`sapptk.schedules.memory`): no recursion, linear in the ops.
@@ -25,6 +28,7 @@ program's events (:mod:`sapptk.schedules.memory`): no recursion, linear in the o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -37,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from sapptk.errors import SapptkError
-from sapptk.schedules.memory import memory_steps
+from sapptk.schedules.memory import kv_events, memory_steps, memory_steps_kv
 from sapptk.schedules.program import Program, kind_dtype
 from sapptk.schedules.timing import longest_path, unit_starts
 
@@ -48,6 +52,7 @@ __all__ = [
     "op_durations",
     "op_durations_batch",
     "per_op_costs",
+    "per_slice_costs",
     "per_stage",
     "simulate",
     "unit_durations",
@@ -83,7 +88,8 @@ class Simulation:
     ``virtual_stage``, ``chunk``, ``slice``, ``unit`` (ops sharing it ran overlapped),
     ``start_ms``, ``end_ms``.
     ``memory``: memory in use as steps: ``device``, ``time_ms``, ``memory_mb`` (the value
-    from this time on); the first row of each device is the static memory at time 0.
+    from this time on), ``kv_mb`` (the part of it that is K/V of sequence slices); the first
+    row of each device is the static memory at time 0.
     ``peak_memory``: Series of peak MB per device. ``summary``: one row per device with
     ``busy_ms``, ``idle_ms``, ``bubble_of_step``, ``static_mb``, ``peak_mb``,
     ``peak_live`` (micro-batch activations at the peak, summed over chunks).
@@ -198,6 +204,36 @@ def per_op_costs(name: str, value: Costs, n: int, micro_batches: int) -> np.ndar
     return arr
 
 
+def per_slice_costs(name: str, value: Costs, n: int, micro_batches: int, splits: int) -> np.ndarray:
+    """As :func:`per_op_costs`, or an array of shape ``(n, micro_batches, splits)``: the cost of
+    each slice op itself (not divided by the slices). Raises :class:`SapptkError` naming ``name``."""
+    raw = value
+    if not isinstance(value, np.ndarray) and isinstance(value, list | tuple):
+        try:
+            raw = np.asarray(value)
+        except Exception:  # noqa: BLE001 - ragged: per_op_costs words the error
+            raw = value
+    if not (isinstance(raw, np.ndarray) and raw.ndim == 3):
+        return per_op_costs(name, value, n, micro_batches)
+    if raw.dtype.kind not in "iuf":
+        raise SapptkError(f"{name}: expected numbers >= 0, got {_describe(value)} (dtype {raw.dtype})")
+    arr = raw.astype(float)
+    if arr.shape != (n, micro_batches, splits):
+        raise SapptkError(f"{name}: expected shape ({n}, {micro_batches}, {splits}) (virtual stages, micro-batches, "
+                          f"slices), got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)) or (arr < 0).any():
+        raise SapptkError(f"{name}: expected finite values >= 0, got {_describe(arr.tolist())}")
+    return arr
+
+
+def _as_slices(cost: np.ndarray, micro_batches: int, splits: int) -> np.ndarray:
+    """A cost per virtual stage or per (stage, micro-batch) as the cost of each slice op: 1/splits of it."""
+    if cost.ndim == 3:
+        return cost
+    per_mb = cost[:, None] if cost.ndim == 1 else cost
+    return np.broadcast_to(per_mb[:, :, None] / splits, (len(cost), micro_batches, splits))
+
+
 def _check_program(program: Any) -> Program:
     if isinstance(program, Program):
         return program
@@ -229,9 +265,13 @@ def op_durations(program: Program, forward: Costs, backward: Costs, weight: Cost
     """
     g = program.graph
     nvs, m = program.num_virtual_stages, program.micro_batches
-    f = per_op_costs("forward", forward, nvs, m)
-    b = per_op_costs("backward", backward, nvs, m)
-    w = per_op_costs("weight", weight, nvs, m)
+    k = program.splits
+    f = per_slice_costs("forward", forward, nvs, m, k)
+    b = per_slice_costs("backward", backward, nvs, m, k)
+    w = per_slice_costs("weight", weight, nvs, m, k)
+    if 3 in (f.ndim, b.ndim, w.ndim):  # per slice: each slice op lasts its own cost
+        f, b, w = (_as_slices(x, m, k) for x in (f, b, w))
+        return _kind_table(f, b, w)[g.op_kind, g.op_virtual_stage, g.op_micro_batch, g.op_slice]
     if f.ndim == b.ndim == w.ndim == 1:
         table = _kind_table(f, b, w) / program.splits
         return table[g.op_kind, g.op_virtual_stage]
@@ -295,6 +335,7 @@ def simulate(
     weight_holds: float = WEIGHT_HOLDS,
     overlap: str = "sum",
     memory_budget: float | None = None,
+    kv: Costs = 0.0,
 ) -> Simulation:
     """Run ``program`` with the given per-virtual-stage costs; see the module docstring.
 
@@ -313,6 +354,12 @@ def simulate(
     weight_holds: fraction of the activation a ``W`` still needs after its ``I``.
     overlap: how long an overlapped unit lasts: "sum" or "max" of its ops.
     memory_budget: MB per device, kept on the result for figures (None: no budget).
+    kv: MB of K/V a micro-batch's slices keep on each virtual stage (sequence slices: from the
+        ``F`` of each slice to the end of the backward of slice 0); ``sim.memory["kv_mb"]``.
+
+    ``forward``, ``backward``, ``weight``, ``activation`` and ``kv`` may also be arrays of shape
+    (virtual stages, micro-batches, slices): the cost of each slice op itself (unequal slices,
+    causal attention; :mod:`sapptk.seq` builds them from a profile).
 
     Raises :class:`~sapptk.errors.SapptkError` naming the argument for a bad value (not a
     program, strings, bools, negative or non-finite numbers, arrays of the wrong length).
@@ -328,10 +375,12 @@ def simulate(
     if not isinstance(overlap, str) or overlap not in _OVERLAPS:
         raise SapptkError(f"overlap: expected one of {sorted(_OVERLAPS)}, got {_describe(overlap)}")
     nvs, m = program.num_virtual_stages, program.micro_batches
-    f = per_op_costs("forward", forward, nvs, m)
-    b = per_op_costs("backward", backward, nvs, m)
-    w = per_op_costs("weight", weight, nvs, m)
-    act = per_op_costs("activation", activation, nvs, m)
+    k = program.splits
+    f = per_slice_costs("forward", forward, nvs, m, k)
+    b = per_slice_costs("backward", backward, nvs, m, k)
+    w = per_slice_costs("weight", weight, nvs, m, k)
+    act = per_slice_costs("activation", activation, nvs, m, k)
+    kv_cost = per_slice_costs("kv", kv, nvs, m, k)
     par = per_stage("params", params, nvs)
 
     g = program.graph
@@ -344,9 +393,9 @@ def simulate(
             f"forward/backward/weight/comm: too large: the step time could overflow ({g.n_units} units of up to "
             f"{longest_op:.3g} ms); give ms per micro-batch"
         )
-    worst_mb = float(act.max()) * g.n_ops + float(par.sum()) + constant
+    worst_mb = (float(act.max()) + float(kv_cost.max())) * g.n_ops + float(par.sum()) + constant
     if not worst_mb < _HUGE:
-        raise SapptkError("activation/params/constant: too large: the memory could overflow; give MB")
+        raise SapptkError("activation/kv/params/constant: too large: the memory could overflow; give MB")
     dur = unit_durations(program, op_durations(program, f, b, w), overlap)
     start, end = unit_times(program, dur, comm)
     step_time = float(end.max(initial=0.0))
@@ -359,12 +408,23 @@ def simulate(
     if act.ndim == 1:
         act_by_chunk = np.zeros((p, events_m.width))
         act_by_chunk[placement, chunk] = act
-    else:  # a column per (chunk, amount) on each device: live counts stay exact integers
+    elif act.ndim == 2:  # a column per (chunk, amount) on each device: live counts stay exact integers
         events_m, act_by_chunk = events_m.by_amount(act[g.op_virtual_stage, g.op_micro_batch][events_m.op], p)
-    dev_col, time_col, mem_col = memory_steps(events_m, start, end, act_by_chunk, static, weight_holds)
+    else:  # per slice: the amounts are each slice's own, so the counts are not divided by the slices
+        amount = act[g.op_virtual_stage, g.op_micro_batch, g.op_slice][events_m.op]
+        events_m, act_by_chunk = events_m.by_amount(amount, p)
+        events_m = dataclasses.replace(events_m, splits=1)
+    if kv_cost.any():
+        kv_op = _as_slices(kv_cost, m, k)[g.op_virtual_stage, g.op_micro_batch, g.op_slice]
+        dev_col, time_col, mem_col, kv_col = memory_steps_kv(
+            events_m, kv_events(g), kv_op, start, end, act_by_chunk, static, weight_holds)
+    else:
+        dev_col, time_col, mem_col = memory_steps(events_m, start, end, act_by_chunk, static, weight_holds)
+        kv_col = np.zeros(len(dev_col))
     # the frames own fresh arrays (copied where they are the graph's), so copy=False is safe
-    memory = pd.DataFrame({"device": dev_col, "time_ms": time_col, "memory_mb": mem_col}, copy=False)
-    first_rows = events_m.ptr[:-1] + np.arange(p)
+    memory = pd.DataFrame({"device": dev_col, "time_ms": time_col, "memory_mb": mem_col, "kv_mb": kv_col},
+                          copy=False)
+    first_rows = np.searchsorted(dev_col, np.arange(p), side="left")
     peak_mb = np.maximum.reduceat(mem_col, first_rows)
     peak = pd.Series(peak_mb.copy(), index=pd.RangeIndex(p, name="device"), name="peak_mb")
 
@@ -409,6 +469,7 @@ def simulate(
         "backward": b,
         "weight": w,
         "activation": act,
+        "kv": kv_cost,
         "params": par,
         "comm": comm,
         "constant": constant,

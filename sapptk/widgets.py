@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from sapptk.plan import Plan
     from sapptk.profile import Profile
 
-__all__ = ["EXPORT_FORMATS", "Explorer", "export_texts"]
+__all__ = ["EXPORT_FORMATS", "Explorer", "explorer_from_card", "export_texts"]
 
 _MAX_STAGES = 64
 _MAX_MICRO_BATCHES = 512
@@ -191,6 +191,9 @@ class Explorer:
             w.HBox([self.time_limit, typed(self.time_limit, "time limit")]),
             w.HBox([self.solve_button, self.cancel_button]), self.input_note,
         ])
+        from sapptk.choose_panel import ChoosePanel
+
+        self.chooser = ChoosePanel(self)  # the "choose" tab: which setup to run
         self._tabs = self._build_tabs()
         self.results = w.Tab(children=[tab.widget for tab in self._tabs])
         for i, tab in enumerate(self._tabs):
@@ -264,6 +267,7 @@ class Explorer:
             _Tab("MindFormers YAML", self.yaml, show_yaml, lambda: setattr(self.yaml, "value", "")),
             _Tab("memory & time", self.bars, show_bars, lambda: setattr(self.bars, "children", ()), lazy=True),
             _Tab("export", self.exports, fill_exports, clear_exports, lazy=True),
+            _Tab("choose", self.chooser.widget, lambda _plan, _b: None, lambda: None),
         ]
 
     def _on_tab(self, _change: Any = None) -> None:
@@ -611,3 +615,21 @@ def _device_table(plan: Plan) -> str:
         elif col.endswith("_ms"):
             frame[col] = frame[col].map(lambda x: f"{x:,.1f}")
     return frame.to_html(index=False, border=0, classes="sapptk-devices")
+
+
+def explorer_from_card(card: Any, parallel: Any = None, hardware: Any = "h100",
+                       config: PipelineConfig | None = None, **options: Any) -> Explorer:
+    """An :class:`Explorer` that starts from a model card: ``card`` (a bundled name such as
+    ``"llama3.1-70b"`` or a :class:`~sapptk.models.ModelCard`) estimated with ``parallel`` on
+    ``hardware`` (:func:`sapptk.estimate_profile`); without ``config``, 4 stages and 8
+    micro-batches with the device's memory as the budget and the estimate's constant.
+    ``options`` go to :class:`Explorer` (``time_limit``, ``workers``)."""
+    from sapptk.models import estimate_profile
+    from sapptk.models import hardware as hardware_card
+
+    device = hardware_card(hardware)
+    profile = estimate_profile(card, parallel, device)
+    if config is None:
+        config = PipelineConfig(4, 8, memory_budget=device.memory_mb,
+                                constant_memory=float(profile.provenance["constant_mb"]))
+    return Explorer(profile, config, **options)

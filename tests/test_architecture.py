@@ -21,12 +21,14 @@ PACKAGE = ROOT / "sapptk"
 # lowest first; a module belongs to the layer of the longest prefix that names it
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.errors", "sapptk.pareto"),
-    ("sapptk.files",),  # row 0 of docs/internals.md: files raises the error types
+    ("sapptk.files", "sapptk.checks"),  # row 0 of docs/internals.md: files and checks raise the error types
     ("sapptk.profile",),
+    ("sapptk.models",),  # model cards, layouts, hardware: estimate_profile builds a Profile
     ("sapptk.schedules",),
     ("sapptk.formats.chrome_trace",),
     ("sapptk.simulation",),
     ("sapptk.config",),
+    ("sapptk.seq",),
     ("sapptk.costs",),
     ("sapptk.sensitivity",),
     ("sapptk.offload",),
@@ -36,8 +38,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.balancer",),
     ("sapptk.calibration",),
     ("sapptk.sweeps",),
+    ("sapptk.choosing",),
     ("sapptk.viz",),
-    ("sapptk.explorer_inputs",),  # row 13½ of docs/internals.md
+    ("sapptk.choose_panel", "sapptk.explorer_inputs"),  # row 13½ of docs/internals.md
     ("sapptk.widgets",),
     ("sapptk.cli",),
     ("sapptk.__main__",),

@@ -67,6 +67,14 @@ def test_export_to_files_writes_the_schedule_csv_next_to_the_toml(capsys, tmp_pa
     back = from_torchtitan(demo, tmp_path / "job.toml", cfg)
     np.testing.assert_array_equal(back.counts, plan.counts)
     assert back.config.program().units == cfg.program().units
+    # the TOML names the CSV by its absolute path (torchtitan looks it up from the launch directory)
+    assert f'pipeline_parallel_schedule_csv = "{tmp_path / "job_schedule.csv"}"' in (tmp_path / "job.toml").read_text()
+    code, out, err = run(capsys, "export", str(tmp_path / "plan.yaml"), "--to", "torchtitan-py",
+                         "--out", str(tmp_path / "titan.py"))
+    assert code == 0, err
+    python = (tmp_path / "titan.py").read_text(encoding="utf-8")
+    assert "def sapptk_plan():" in python and "'titan_schedule.csv')" in python
+    assert (tmp_path / "titan_schedule.csv").read_text(encoding="utf-8") == cfg.program().to_csv()
 
 
 def test_export_errors(capsys, tmp_path, saved, demo):

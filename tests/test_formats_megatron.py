@@ -72,7 +72,7 @@ def tiny(n: int = 12) -> Profile:
     [
         ("Et*5|t*5|L", "3 stages: expected a multiple of the 2 pipeline stages"),
         ("Et*5|t*4|tt|L", "11 decoder layers ('t'): expected 12"),
-        ("Et*5|t*5|tt|mL", "MTP layers"),
+        ("Et*5|t*5|mt|tL", "an MTP layer ('m') before a decoder layer"),
         ("t*5|Et*5|tt|L", "'E' must open virtual stage 0"),
         ("Et*5|t*5|L|tt", "'L' must close the last virtual stage"),
         ("Et*6|t*6L", "2 stages = 1 chunks per rank: the setup has chunks = 2"),
@@ -97,6 +97,14 @@ def test_uniform_flags_where_they_fit():
     assert none is None and "sets only the first and the last rank apart" in why
     none, why = uniform_args(np.array([2, 2, 3, 2]), 2, 2)
     assert none is None and "the same count" in why
+    # Megatron's TransformerConfig refuses 0 layers on a rank set apart, and empty middle ranks
+    # (found by tests/runtimes/test_parsers_as_oracles.py)
+    none, why = uniform_args(np.array([4, 4, 4, 0]), 4, 1)
+    assert none is None and "--decoder-last-pipeline-num-layers must be > 0" in why
+    none, why = uniform_args(np.array([0, 6]), 2, 1)
+    assert none is None and "--decoder-first-pipeline-num-layers must be > 0" in why
+    none, why = uniform_args(np.array([6, 0, 0, 6]), 4, 1)
+    assert none is None and "needs layers on the middle ranks" in why
     with pytest.raises(ConfigError, match="must share 7 layers evenly"):
         uniform_layers(4, 1, 10, 3, None)
 
@@ -209,3 +217,35 @@ L = "--pipeline-model-parallel-layout 'Et*3|t*3|t*3|t*3L' "
 def test_bad_arguments(args, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
         from_megatron(tiny(), PipelineConfig(2, 4, 2, "interleaved"), args)
+
+
+# ------------------------------------------------- issue 22: sizes and magnitudes before allocation
+@pytest.mark.parametrize(
+    ("source", "needle"),
+    [
+        ("E|t*1000000000|L", "expands to: 1,000,000,004 characters: expected at most"),
+        ("E|(t|)*100000000,L", "expands to: 200,000,003 characters"),
+        ("E|t*" + "9" * 5000 + "|L", "digits"),
+        ({"decoder-first-pipeline-num-layers": 10**30}, "--decoder-first-pipeline-num-layers = 1000000"),
+        ({"decoder-last-pipeline-num-layers": "9" * 5000}, "--decoder-last-pipeline-num-layers = '999"),
+        ({"recompute-granularity": "full", "recompute-method": "block", "recompute-num-layers": float("inf")},
+         "--recompute-num-layers = inf"),
+    ],
+)
+def test_huge_layouts_and_flags_are_refused_before_allocation(llama, source, needle):
+    from sapptk import PipelineConfig
+    from sapptk.plan import from_megatron
+
+    with pytest.raises(ConfigError) as exc:
+        from_megatron(llama, PipelineConfig(4, 8), source)
+    assert needle in str(exc.value)
+
+
+@pytest.mark.parametrize(("layout", "last_two"), [("Et*3|(tt|)*29,m|L", [0, 0]), ("Et|(tt|)*30mL", [2, 0])])
+def test_deepseek_layouts_with_mtp_read_as_tail(deepseek, layout, last_two):
+    # Megatron-LM's published DeepSeek-V3 layouts: 'm' (MTP) after the decoder; sapptk's tail holds it
+    cfg = PipelineConfig(16, 32, 2, "interleaved")
+    plan = from_megatron(deepseek, cfg, layout)
+    layers = plan.counts.sum(axis=(0, 1))
+    assert layers.sum() == 61 and list(layers[-2:]) == last_two
+    assert layers[0] == (3 if layout.startswith("Et*3") else 1)

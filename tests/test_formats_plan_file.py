@@ -31,10 +31,12 @@ def assert_same_plan(a, b):
 def test_round_trip_every_schedule_random_plans(config, rng, tmp_path):
     for trial in range(3):
         prof = small_profile(rng)
-        cfg = config.replace(memory_budget=[None, 123.5, 1e6][trial])
-        plan = make_plan(prof, cfg, random_counts(rng, prof, cfg), status=["optimal", "feasible", "given"][trial],
-                         step_time=None if trial == 2 else 987.25, bound=None if trial else 980.5,
-                         gap=None if trial else 0.0072, solve_seconds=1.5 * trial, message=f"trial {trial}: ok",
+        cfg = config.replace(memory_budget=[None, 1e6, 123.5][trial])
+        counts = random_counts(rng, prof, cfg)
+        step = make_plan(prof, cfg, counts, status="given").step_time  # a file's figures must be the plan's own
+        plan = make_plan(prof, cfg, counts, status=["optimal", "feasible", "given"][trial],
+                         step_time=None if trial == 2 else step, bound=None if trial else 0.75 * step,
+                         gap=None if trial else 0.25, solve_seconds=1.5 * trial, message=f"trial {trial}: ok",
                          source="balance")
         path = tmp_path / f"plan{trial}.yaml"
         text = plan.save(path)
@@ -79,6 +81,16 @@ def test_plans_without_an_assignment_round_trip(rng):
         (lambda d: d.update(step_time_ms="fast"), "step_time_ms = 'fast'"),
         (lambda d: d["setup"].update(program_csv="0F0,0X0\n"), "setup.program_csv, line 1, column 2"),
         (lambda d: d.update(profile={"name": "x"}), "profile"),
+        # issue 22: a plan file is evidence, not truth
+        (lambda d: d.update(step_time_ms=-5.0), "step_time_ms = -5.0: expected a finite number from 0"),
+        (lambda d: d.update(step_time_ms=10**400), "step_time_ms = 1000000"),
+        (lambda d: d["layout"][0].update(layers=10**30), "layout[0].layers = 1000000000000000000000000000000"),
+        (lambda d: d.update(step_time_ms=d["step_time_ms"] / 2), "the plan simulates to"),
+        (lambda d: d.update(status="optimal", bound_ms=d["step_time_ms"] * 2), "bound_ms"),
+        (lambda d: d.update(status="optimal", bound_ms=d["step_time_ms"] / 2, gap=0.9), "gap = 0.9"),
+        (lambda d: d.update(gap=1.5), "gap = 1.5: expected a finite number from 0"),
+        (lambda d: (d.update(status="optimal"), d["setup"].update(memory_budget_mb=1.0)),
+         "status = 'optimal', but the plan's peak"),
     ],
 )
 def test_bad_plan_files_name_the_field(edit, needle, tmp_path):

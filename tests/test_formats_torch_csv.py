@@ -125,3 +125,26 @@ def test_bad_files(tmp_path):
     (tmp_path / "binary.csv").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ScheduleError, match="cannot read"):
         from_csv(tmp_path / "binary.csv")
+
+
+# ---------------------------------------------------------------- issue 22: sizes before allocation
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("0F0,0B0,99999999999999999999F0\n", "stage of '99999999999999999999F0' = 99999999999999999999"),
+        ("0F0,0B0,0F99999999999999999999\n", "micro-batch of '0F99999999999999999999'"),
+        ("(" * 5000 + "0F0" + ")OVERLAP_F_B" * 5000 + ",0B0\n", "is not a compute action"),
+    ],
+)
+def test_huge_indices_and_nested_cells_are_refused(text, needle):
+    with pytest.raises(ScheduleError) as exc:
+        from_csv_text(text)
+    assert needle in str(exc.value) and len(str(exc.value)) < 500
+
+
+def test_the_op_limit_is_enforced(monkeypatch):
+    from sapptk import checks
+
+    monkeypatch.setattr(checks, "MAX_PROGRAM_OPS", 100)
+    with pytest.raises(ScheduleError, match="101 ops: expected at most 100"):
+        from_csv_text(",".join(f"0F{i},0B{i}" for i in range(60)) + "\n")

@@ -11,7 +11,7 @@ import pytest
 from support import random_counts, small_profile
 
 from sapptk.config import PipelineConfig
-from sapptk.errors import ConfigError, ScheduleError
+from sapptk.errors import ConfigError
 from sapptk.formats.torchtitan import fqns, torch_schedule
 from sapptk.plan import even_split, from_torchtitan, make_plan
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
@@ -39,7 +39,7 @@ def test_round_trip_every_schedule(name, mode, tmp_path):
     p = 3
     cfg = PipelineConfig(p, max(spec.min_micro_batches(p, v), p) + 1, v, name, memory_budget=1e6, comm=0.01)
     plan = uniform(tiny(), cfg, mode)
-    out = plan.to_torchtitan(csv_name="order.csv")
+    out = plan.to_torchtitan(csv_name=tmp_path / "order.csv")
     assert out.exact and out.cost_ms == 0
     (tmp_path / "job.toml").write_text(out.toml, encoding="utf-8")
     if out.csv is not None:
@@ -59,6 +59,7 @@ def test_round_trip_every_schedule(name, mode, tmp_path):
 def test_schedule_names_and_csv_fallbacks():
     assert torch_schedule("interleaved", 4, 10, 2) == "Interleaved1F1B"  # rounds 5 + 5
     assert torch_schedule("interleaved", 4, 11, 2) is None  # PyTorch refuses 11 in 2 rounds
+    assert torch_schedule("interleaved", 4, 11, 1) == "1F1B"  # Interleaved1F1B at v = 1 warms up more
     assert torch_schedule("zb-h1", 4, 8, 1) == "InterleavedZeroBubble"
     assert torch_schedule("interleaved-rf", 4, 8, 2) is None
     for name, schedule, csv in (("interleaved", "Interleaved1F1B", False), ("zb-v", "ZBVZeroBubble", False),
@@ -67,7 +68,7 @@ def test_schedule_names_and_csv_fallbacks():
         out = even_split(tiny(16), PipelineConfig(4, 8, 2, name)).to_torchtitan()
         assert (out.schedule, out.csv is not None) == (schedule, csv), name
         assert ("pipeline_parallel_schedule_csv" in out.toml) == csv
-    with pytest.raises(ScheduleError, match="no sequence slices"):
+    with pytest.raises(ConfigError, match="torchtitan settings cannot express sequence slices"):
         even_split(tiny(), PipelineConfig(2, 4, 1, "seq1f1b", splits=2)).to_torchtitan()
 
 
@@ -181,10 +182,66 @@ def test_the_file_and_the_config_must_agree():
 def test_a_schedule_csv_next_to_the_file(tmp_path):
     program = build("zb-v-greedy", stages=2, micro_batches=4, chunks=2)
     cfg = PipelineConfig.from_program(program)
-    out = even_split(tiny(), cfg, "full").to_torchtitan(csv_name="mine.csv")
+    out = even_split(tiny(), cfg, "full").to_torchtitan(csv_name=tmp_path / "mine.csv")
+    assert out.csv_name == str(tmp_path / "mine.csv")
     (tmp_path / "job.toml").write_text(out.toml, encoding="utf-8")
     with pytest.raises(ConfigError, match="mine.csv: cannot read"):
         from_torchtitan(tiny(), tmp_path / "job.toml")
     (tmp_path / "mine.csv").write_text(out.csv, encoding="utf-8")
     back = from_torchtitan(tiny(), tmp_path / "job.toml")
     assert back.config.program().units == program.units and back.config.schedule == "csv:mine"
+
+
+def test_save_names_the_csv_so_any_launch_directory_works(tmp_path, monkeypatch):
+    cfg = PipelineConfig(2, 5, 2, "interleaved-rf")
+    monkeypatch.chdir(tmp_path)
+    out = even_split(tiny(), cfg, "full").to_torchtitan()
+    assert out.csv_name == str(tmp_path / "schedule.csv")  # a relative name resolves now, not at launch
+    assert tomllib.loads(out.toml)["parallelism"]["pipeline_parallel_schedule_csv"] == str(tmp_path / "schedule.csv")
+    paths = out.save(tmp_path / "export", stem="job")
+    assert sorted(p.name for p in paths.values()) == ["job.py", "job.toml", "schedule.csv"]
+    data = tomllib.loads(paths["toml"].read_text(encoding="utf-8"))
+    assert data["parallelism"]["pipeline_parallel_schedule_csv"] == str(tmp_path / "export" / "schedule.csv")
+    assert paths["csv"].read_text(encoding="utf-8") == out.csv
+    monkeypatch.chdir(tmp_path / "export")  # the reader too finds it from elsewhere
+    back = from_torchtitan(tiny(), paths["toml"], cfg)
+    assert back.config.program().units == cfg.program().units
+    python = paths["python"].read_text(encoding="utf-8")
+    compile(python, "job.py", "exec")
+    assert "os.path.join(os.path.dirname(os.path.abspath(__file__)), 'schedule.csv')" in python
+
+
+@pytest.mark.parametrize(("mode", "ac"), [("none", "None"), ("select", "SelectiveAC.Config()"),
+                                          ("full", "FullAC.Config()")])
+def test_python_config_for_torchtitan_0_3(mode, ac):
+    out = uniform(tiny(), PipelineConfig(2, 4, 2, "interleaved"), mode).to_torchtitan(base_config="pkg.configs:mine")
+    assert "torchtitan >= 0.3" in out.python and "torchtitan <= 0.2.2" in out.toml
+    compile(out.python, "plan.py", "exec")  # valid Python (tests/runtimes runs it with torchtitan 0.3.0)
+    assert f"config.activation_checkpoint = {ac}\n" in out.python
+    assert "BASE_CONFIG = 'pkg.configs:mine'" in out.python and "NUM_LAYERS = 12" in out.python
+    assert "'norm', 'lm_head']" in out.python and "'output'" not in out.python  # 0.3 renamed the output layer
+    assert "pipeline_parallel_schedule = 'Interleaved1F1B'" in out.python
+    assert "pipeline_parallel_schedule_csv = \"\"" in out.python
+    with pytest.raises(ConfigError, match="expected 'module:function'"):
+        uniform(tiny(), PipelineConfig(2, 4, 2, "interleaved"), mode).to_torchtitan(base_config="no_function")
+
+
+# ------------------------------------------------- issue 22: magnitudes bounded before conversion
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda t: t.replace("pipeline_parallel_degree = 2", f"pipeline_parallel_degree = {2**70}"),
+         "pipeline_parallel_degree = 1180591620717411303424: expected an integer from 1 to 1,000,000"),
+        (lambda t: t.replace('"layers.0"', '"layers.' + "9" * 5000 + '"', 1), "expected layers.0"),
+        (lambda t: t + '\n[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "' + "9" * 5000 + '"\n',
+         "selective_ac_option = '999"),
+    ],
+)
+def test_huge_numbers_are_clear_errors(edit, needle):
+    profile = Profile("p", (LayerGroup("body", "body", 4, 1.0, 1.0, {"none": ModeCost(2.0, 1.0)}),))
+    text = ('[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = "1F1B"\n'
+            'module_fqns_per_model_part = [["layers.0", "layers.1"], ["layers.2", "layers.3"]]\n'
+            "[training]\nlocal_batch_size = 4\n")
+    with pytest.raises(ConfigError) as exc:
+        from_torchtitan(profile, edit(text))
+    assert needle in str(exc.value) and len(str(exc.value)) < 400

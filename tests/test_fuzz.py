@@ -360,3 +360,37 @@ def test_layer_groups_built_in_python(count: Any, forward: Any, backward: Any, a
     if kind == "ok":
         check_profile(profile)
         outcome(lambda: simulate_even(profile))
+
+
+# ------------------------------------------------ the surfaces added since (issue 22)
+# Profiler traces, calibration sizes, design, schedule CSV, Megatron and torchtitan import, plan
+# files, to_chrome_trace targets, degenerate setups and safe budgets: generators and oracles in
+# tests/fuzz_surfaces.py and tests/fuzz_runs.py (benchmarks/fuzz.py --surfaces new runs them too).
+def _run_surface_cases(seed: int, size: int, skip: tuple[str, ...] = ()) -> dict[str, int]:
+    from fuzz_surfaces import make_cases, run_case
+
+    seen: dict[str, int] = {}
+    for case in make_cases(seed, size):
+        if case["cat"] in skip:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            try:  # a refuted result (fuzz_surfaces.Wrong) fails as a raw exception, naming the oracle
+                outcome(lambda case=case, tmp=tmp: run_case(case, Path(tmp)))
+            except AssertionError as exc:
+                raise AssertionError(f"{exc} for {case}") from exc
+        seen[case["cat"]] = seen.get(case["cat"], 0) + 1
+    return seen
+
+
+def test_new_surfaces_a_fixed_sample():
+    """About 60 inputs over every new surface (seed 22): clear errors or results the oracles accept.
+    (Degenerate setups balance for seconds: test_degenerate_shapes.py has them in the fast loop.)"""
+    from fuzz_surfaces import SURFACES
+
+    assert set(_run_surface_cases(22, 60, skip=("degenerate",))) == set(SURFACES) - {"degenerate"}
+
+
+@pytest.mark.slow
+def test_new_surfaces_four_hundred_inputs():
+    """More of them, degenerate setups included (the 1,000-input campaign is benchmarks/fuzz.py --surfaces new)."""
+    assert sum(_run_surface_cases(2022, 400).values()) >= 400

@@ -236,7 +236,7 @@ def test_plan_with_offload_frames_files_and_exports(llama, tmp_path):
     assert data["setup"]["host_bandwidth_mb_per_ms"] == 10.0
     assert data["offload"] == [{"group": "LLamaDecodeLayer", "virtual_stage": v, "layers": 24} for v in (0, 1, 2)]
     data["offload"][0]["layers"] = 0
-    with pytest.raises(ConfigError, match=r"offload\[0\].layers = 0: expected a layer count >= 1"):
+    with pytest.raises(ConfigError, match=r"offload\[0\].layers = 0: expected an integer from 1"):
         load_plan(data)
     # a plan without offload writes no offload key
     assert "offload" not in yaml.safe_load(even.save())
@@ -291,7 +291,7 @@ def test_search_stops_at_once_when_asked(llama):
     stop = threading.Event()
     stop.set()
     res = offload_search(llama, cfg, np.asarray(base.counts), deadline=time.perf_counter() + 60, stop=stop)
-    assert res.evaluations == 1 and not res.improved and not res.complete
+    assert res.evaluations == 0 and not res.improved and not res.complete
     assert with_offload(base, deadline=time.perf_counter() + 60, stop=stop) is not base  # a note is added
     assert with_offload(base, deadline=time.perf_counter() + 60, stop=stop).offload is None
 

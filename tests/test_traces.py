@@ -152,3 +152,15 @@ def test_calibrate_takes_times_from_a_trace(torch_times):
     assert body.forward == pytest.approx(medians["body"]["forward"])
     assert body.modes["none"].backward == pytest.approx(medians["body"]["backward"])
     assert body.modes["select"].backward == pytest.approx(medians["body"]["backward"] + 0.04 * 2 * body.forward)
+
+
+def test_a_trace_without_ranges_says_how_to_get_them(tmp_path):
+    """Only operators (no record_function, no with_stack): the error says so and what to do."""
+    path = tmp_path / "ops_only.json"
+    events = [{"name": "ProfilerStep#0", "cat": "user_annotation", "ph": "X", "ts": 0, "dur": 100, "pid": 1, "tid": 1}]
+    events += [{"name": "aten::addmm", "cat": "cpu_op", "ph": "X", "ts": 10 + 20 * i, "dur": 5, "pid": 1, "tid": 1,
+                "args": {"Sequence number": i}} for i in range(4)]
+    path.write_text(json.dumps({"traceEvents": events}), encoding="utf-8")
+    with pytest.raises(TraceError, match=r"ops_only.json: the trace has no record_function ranges and no module "
+                                         r"events.*record_function\('<layer name>'\).*with_stack=True.*Block_"):
+        pytorch_layer_times(path, "Block", skip_steps=0)

@@ -28,9 +28,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sapptk import checks
 from sapptk.calibration.fields import fail, integer, is_int, load_yaml, mapping, peak_mb, show
 from sapptk.calibration.observations import LIST_COLUMNS, DryRuns, observations_from_frame
 from sapptk.errors import CalibrationError
+from sapptk.profile import MAX_LAYERS
 
 __all__ = ["read_calibration_yaml", "read_observations"]
 
@@ -99,9 +101,9 @@ def read_calibration_yaml(path: str | os.PathLike[str]) -> DryRuns:
         raise CalibrationError(f"{source}: the file is empty: expected pipeline_config, recompute_config, memory_usage")
     top = mapping(data, source, "top level", _TOP, ("pipeline_config", "memory_usage"))
     pipe = mapping(top["pipeline_config"], source, "pipeline_config", _PIPELINE, ("pipeline_num", "num_layer"))
-    p = integer(pipe["pipeline_num"], source, "pipeline_config.pipeline_num", minimum=1)
-    n = integer(pipe["num_layer"], source, "pipeline_config.num_layer", minimum=1)
-    v = integer(pipe.get("chunks", 1), source, "pipeline_config.chunks", minimum=1)
+    p = integer(pipe["pipeline_num"], source, "pipeline_config.pipeline_num", minimum=1, maximum=checks.MAX_STAGES)
+    n = integer(pipe["num_layer"], source, "pipeline_config.num_layer", minimum=1, maximum=MAX_LAYERS)
+    v = integer(pipe.get("chunks", 1), source, "pipeline_config.chunks", minimum=1, maximum=checks.MAX_STAGES)
     m = integer(pipe.get("micro_batches", p), source, "pipeline_config.micro_batches", minimum=1)
     schedule = pipe.get("schedule", "1f1b")
     if not isinstance(schedule, str):

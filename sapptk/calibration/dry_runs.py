@@ -26,13 +26,17 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from sapptk.config import build_program
+from sapptk import checks
+from sapptk.config import build_program, program_ops
 from sapptk.errors import CalibrationError, SapptkError
-from sapptk.profile import MODES
+from sapptk.profile import MAX_LAYERS, MODES
+from sapptk.schedules import names as schedule_names
 
 __all__ = ["RECOMPUTE_MODES", "DryRunDesign", "design"]
 
 RECOMPUTE_MODES: tuple[str, ...] = tuple(m for m in MODES if m != "none")
+MAX_DESIGN_PEAKS = 100_000
+"""Rounds × stages of one design (the rows of its identifiability matrix, drawn 24 times)."""
 _DRAWS = 24  # candidate designs drawn per number of rounds
 _EXTRA_ROUNDS = 3  # rounds tried beyond the lower bound before giving up
 
@@ -197,11 +201,19 @@ def design(
     Raises :class:`~sapptk.errors.CalibrationError` for bad arguments or when no draw
     identifies every unknown (e.g. ``rounds`` too small).
     """
-    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 2:
-        raise CalibrationError(f"design: stages = {stages!r}: expected an integer >= 2")
+    stages = checks.integer(stages, "design: stages", error=CalibrationError, low=2, high=checks.MAX_STAGES)
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < stages:
-        raise CalibrationError(f"design: layers = {layers!r}: expected an integer >= stages = {stages} "
+        raise CalibrationError(f"design: layers = {checks.show(layers)}: expected an integer >= stages = {stages} "
                                "(every stage holds at least one layer)")
+    checks.integer(layers, "design: layers", error=CalibrationError, low=stages, high=MAX_LAYERS)
+    if micro_batches is not None:
+        checks.integer(micro_batches, "design: micro_batches", error=CalibrationError, low=1, high=checks.MAX_INDEX)
+    if isinstance(schedule, str) and schedule in schedule_names():
+        ops = program_ops(schedule, stages, stages if micro_batches is None else micro_batches, 1, 1)
+        checks.size(ops, f"design: the {schedule} program of {stages} stages", error=CalibrationError,
+                    limit=checks.MAX_PROGRAM_OPS, what="ops", constant="sapptk.checks.MAX_PROGRAM_OPS")
+    if not isinstance(modes, str | list | tuple | set | frozenset):
+        checks.fail(CalibrationError, "design: modes", modes, f"recompute modes among {', '.join(RECOMPUTE_MODES)}")
     given = (modes,) if isinstance(modes, str) else tuple(modes)
     unknown = [m for m in given if m not in MODES]
     if unknown or not all(isinstance(m, str) for m in given):
@@ -209,16 +221,15 @@ def design(
             f"design: modes = {given!r}: expected recompute modes among {', '.join(RECOMPUTE_MODES)}"
         )
     chosen = tuple(m for m in RECOMPUTE_MODES if m in given)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise CalibrationError(f"design: seed = {seed!r}: expected an integer")
+    seed = checks.integer(seed, "design: seed", error=CalibrationError, low=0, high=2**64 - 1)
     m = stages if micro_batches is None else micro_batches
     live = _live(schedule, stages, m)
     names, folded = _unknowns(stages, chosen)
     k = len(names)
     bound = math.ceil(k / stages)
     if rounds is not None:
-        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-            raise CalibrationError(f"design: rounds = {rounds!r}: expected an integer >= 1")
+        rounds = checks.integer(rounds, "design: rounds", error=CalibrationError, low=1,
+                                high=min(checks.MAX_DESIGN_ROUNDS, max(1, MAX_DESIGN_PEAKS // stages)))
         if rounds < bound:
             raise CalibrationError(f"design: rounds = {rounds}: {rounds} run(s) of {stages} stages give "
                                    f"{rounds * stages} peaks for {k} unknowns: expected rounds >= {bound}")

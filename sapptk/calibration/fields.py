@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-import numpy as np
-
+from sapptk import checks
+from sapptk.config import MAX_BUDGET_MB
 from sapptk.errors import CalibrationError
 from sapptk.files import load_document
 
@@ -31,20 +30,17 @@ def is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def integer(value: Any, source: str, field_name: str, *, minimum: int) -> int:
-    if isinstance(value, float) and value.is_integer():
+def integer(value: Any, source: str, field_name: str, *, minimum: int, maximum: int = checks.MAX_INDEX) -> int:
+    """An integer (integral floats such as ``4.0`` accepted) from ``minimum`` to ``maximum``
+    (:mod:`sapptk.checks`: sized before anything is allocated for it)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
         value = int(value)
-    if isinstance(value, np.integer):
-        value = int(value)
-    if not is_int(value) or value < minimum:
-        fail(source, field_name, value, f"an integer >= {minimum}")
-    return int(value)
+    return checks.integer(value, f"{source}: {field_name}", error=CalibrationError, low=minimum, high=maximum)
 
 
 def peak_mb(value: Any, source: str, field_name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        fail(source, field_name, value, "a peak memory in MB (a finite number)")
-    return float(value)
+    return checks.number(value, f"{source}: {field_name}", error=CalibrationError, low=-MAX_BUDGET_MB,
+                         high=MAX_BUDGET_MB)
 
 
 def load_yaml(path: Path, source: str) -> Any:

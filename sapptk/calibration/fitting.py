@@ -33,7 +33,6 @@ observation (an unobserved device, or a new dry run) that would identify them.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from sapptk import checks
 from sapptk.calibration.calibration_file import read_observations
 from sapptk.calibration.identifiability import suggest
 from sapptk.calibration.memory_model import (
@@ -54,10 +54,11 @@ from sapptk.calibration.memory_model import (
     unidentified,
 )
 from sapptk.calibration.observations import DryRuns
+from sapptk.calibration.prior import check_prior, moved_frame, prior_basis, prior_constant, scaled_profile, time_scale
 from sapptk.config import PipelineConfig
 from sapptk.errors import CalibrationError
 from sapptk.plan import Plan, from_mindformers
-from sapptk.profile import DEFAULT_COEFS, MODES, LayerGroup, ModeCost, Profile
+from sapptk.profile import DEFAULT_COEFS, MAX_MS, MODES, LayerGroup, ModeCost, Profile
 from sapptk.simulation import WEIGHT_HOLDS, simulate
 
 if TYPE_CHECKING:
@@ -159,6 +160,15 @@ class Calibration:
     dry_runs: DryRuns = field(repr=False)
     verified: bool = False
     notes: tuple[str, ...] = ()
+    prior: Profile | None = field(default=None, repr=False)
+    scales: pd.Series | None = None  # with a prior: static, activation, time (docs/estimation.md)
+
+    @property
+    def moved(self) -> pd.DataFrame:
+        """With a prior: what the dry runs moved (:func:`~sapptk.calibration.prior.moved_frame`)."""
+        if self.prior is None or self.scales is None:
+            raise CalibrationError("moved: this calibration had no prior (calibrate(..., prior=profile))")
+        return moved_frame(self.prior, self.scales, self.constant_mb)
 
     @property
     def constant_mb(self) -> float:
@@ -195,6 +205,9 @@ class Calibration:
         coefficient × 2 × forward of each mode. Raises :class:`CalibrationError` when a figure
         is negative (the dry runs contradict the model) or no forward times are known.
         """
+        if self.prior is not None and self.scales is not None:  # the prior, scaled
+            return scaled_profile(self.prior, self.scales, constant_mb=self.constant_mb if fold_constant else 0.0,
+                                  name=name)
         missing = [g for g in ("head", "body", "tail") if "forward" not in self.times.get(g, {})]
         if missing:
             raise CalibrationError(
@@ -311,10 +324,11 @@ def _times(dry: DryRuns, times: Any, trace: LayerTimes | None) -> dict[str, dict
                 raise CalibrationError(f"times: unknown group {group!r}: expected head, body or tail")
             entry = dict(value) if isinstance(value, Mapping) else {"forward": value}
             for key, ms in entry.items():
-                if key not in ("forward", "backward") or isinstance(ms, bool) or not isinstance(ms, int | float) \
-                        or not math.isfinite(ms) or ms < 0:
+                if key not in ("forward", "backward"):
                     raise CalibrationError(f"times[{group!r}]: {key} = {ms!r}: expected forward/backward ms >= 0")
-            out[group] = {k: float(v) for k, v in entry.items()}
+                entry[key] = checks.number(ms, f"times[{group!r}]: {key}", error=CalibrationError, low=0.0,
+                                           high=MAX_MS)
+            out[group] = entry
     return out
 
 
@@ -325,6 +339,7 @@ def calibrate(
     times: Mapping[str, Any] | None = None,
     trace: LayerTimes | None = None,
     weight_holds: float = WEIGHT_HOLDS,
+    prior: Profile | None = None,
 ) -> Calibration:
     """Fit per-layer memory to observed dry-run peaks (see the module docstring).
 
@@ -338,12 +353,21 @@ def calibrate(
         ``{"body": {"forward": 90, "backward": 185}}``; overrides the trace and ``time_config``.
     trace: layer times read from a profiler trace (:func:`sapptk.calibration.layer_times`).
     weight_holds: fraction of a split backward's activation its ``W`` still holds.
+    prior: an estimated profile (one body group): fit only a static scale, an activation
+        scale and the constant (:mod:`sapptk.calibration.prior`), so even one dry run
+        corrects the estimate; ``Calibration.moved`` says what moved, ``.profile`` is the
+        prior scaled.
 
     Raises :class:`~sapptk.errors.CalibrationError` for bad input and for data that cannot
     identify the unknowns (naming them and an observation that would).
     """
     if constant not in ("auto", True, False):
         raise CalibrationError(f"constant = {constant!r}: expected 'auto', True or False")
+    from sapptk.calibration.traces import LayerTimes
+
+    weight_holds = checks.number(weight_holds, "weight_holds", error=CalibrationError, low=0.0, high=1.0)
+    if trace is not None and not isinstance(trace, LayerTimes):
+        checks.fail(CalibrationError, "trace", trace, "layer times read from a trace (sapptk.calibration.layer_times)")
     dry = source if isinstance(source, DryRuns) else read_observations(source)
     obs = [
         _Observation(int(r.run), int(r.device), float(r.peak_mb), device_rows(dry.runs[int(r.run)], int(r.device),
@@ -351,6 +375,8 @@ def calibrate(
         for r in dry.observations.itertuples(index=False)
     ]
     y = np.array([o.peak for o in obs])
+    if prior is not None:
+        return _calibrate_prior(dry, obs, y, prior, constant, _times(dry, times, trace), weight_holds)
     everything = np.vstack([o.rows for o in obs])
     cols = [
         COLUMN[n] for n in UNKNOWNS
@@ -381,16 +407,7 @@ def calibrate(
         )
     rank, _, cond = rank_and_null(matrix)
     predicted = matrix @ x
-    labels = [dry.runs[o.run].label for o in obs]
-    residuals = pd.DataFrame(
-        {
-            "run": pd.Categorical(labels, categories=list(dict.fromkeys(labels))),
-            "device": np.array([o.device for o in obs], dtype=np.int64),
-            "observed_mb": y,
-            "predicted_mb": predicted,
-            "residual_mb": y - predicted,
-        }
-    )
+    residuals = _residuals(dry, obs, y, predicted)
     coefficients = pd.Series(
         {n: float(v) for n, v in sorted(zip(names, x, strict=True), key=lambda t: UNKNOWNS.index(t[0]))},
         name="mb", dtype=float,
@@ -403,21 +420,64 @@ def calibrate(
     verified = _verify(dry, obs, full, predicted, weight_holds)
     if not verified:
         notes.append("negative fitted figures: the simulator check of the predicted peaks was skipped")
-    calibration = Calibration(
-        coefficients=coefficients,
-        residuals=residuals,
-        design=design,
-        rank=rank,
-        unknowns=tuple(names),
-        unidentified=tuple(dropped),
-        condition=cond,
-        times=_times(dry, times, trace),
-        dry_runs=dry,
-        verified=verified,
-        notes=tuple(notes),
-    )
-    return calibration
+    return Calibration(coefficients=coefficients, residuals=residuals, design=design, rank=rank, unknowns=tuple(names),
+                       unidentified=tuple(dropped), condition=cond, times=_times(dry, times, trace), dry_runs=dry,
+                       verified=verified, notes=tuple(notes))
 
+
+def _residuals(dry: DryRuns, obs: list[_Observation], y: np.ndarray, predicted: np.ndarray) -> pd.DataFrame:
+    labels = [dry.runs[o.run].label for o in obs]
+    return pd.DataFrame({"run": pd.Categorical(labels, categories=list(dict.fromkeys(labels))),
+                         "device": np.array([o.device for o in obs], dtype=np.int64), "observed_mb": y,
+                         "predicted_mb": predicted, "residual_mb": y - predicted})
+
+
+_PRIOR_UNKNOWNS = ("static", "activation", "constant", "memory")
+
+
+def _calibrate_prior(dry: DryRuns, obs: list[_Observation], y: np.ndarray, prior: Any, constant: bool | str,
+                     times: dict[str, dict[str, float]], weight_holds: float) -> Calibration:
+    """Three unknowns (static and activation scales, constant), fewer when the data are short."""
+    everything = np.vstack([o.rows for o in obs])
+    used = {m for m in MODES if np.any(everything[:, COLUMN[f"activation_{m}"]] != 0)}
+    basis = prior_basis(check_prior(prior, used))
+    # columns: static scale, activation scale, constant, and (3) one common memory scale
+    reduced = [_Observation(o.run, o.device, o.peak, np.column_stack([r := o.rows @ basis, r[:, 0] + r[:, 1]]))
+               for o in obs]
+    base, notes = prior_constant(prior), []
+    fits = [([0, 1, 2], y)] if constant is not False else []
+    fits += [([0, 1], y - base), ([3], y - base)]
+    for cols, target in fits:
+        sel, x = _fit(reduced, cols, target)
+        matrix = np.array([o.rows[i, cols] for o, i in zip(reduced, sel, strict=True)])
+        if rank_and_null(matrix)[0] == len(cols):
+            break
+        notes.append(f"the dry runs cannot identify {' and '.join(_PRIOR_UNKNOWNS[c] for c in cols)} together")
+    else:
+        raise CalibrationError(f"{dry.source}: no observation constrains the prior's memory scale")
+    values = dict(zip(cols, x, strict=True))
+    static, activation = values.get(0, values.get(3)), values.get(1, values.get(3))
+    fitted_constant = values.get(2, base)
+    if 2 not in values:
+        notes.append(f"constant fixed at the prior's {base:g} MB")
+    time = time_scale(prior, times)
+    if time is None:
+        notes.append("no measured body forward time: times stay as estimated")
+    scales = pd.Series({"static": static, "activation": activation, "time": 1.0 if time is None else time},
+                       name="scale", dtype=float)
+    full = basis @ np.array([static, activation, fitted_constant])
+    names = ["param", *(f"activation_{m}" for m in MODES if m in prior.body[0].modes), "head", "tail", "constant"]
+    coefficients = pd.Series({n: float(full[COLUMN[n]]) for n in names}, name="mb", dtype=float)
+    coefficients.index.name = "unknown"
+    predicted = matrix @ x + (y - target)
+    residuals = _residuals(dry, obs, y, predicted)
+    unknowns = tuple(_PRIOR_UNKNOWNS[c] for c in cols)
+    design = pd.DataFrame(matrix, columns=list(unknowns))
+    rank, _, cond = rank_and_null(matrix)
+    verified = _verify(dry, obs, {n: float(full[COLUMN[n]]) for n in UNKNOWNS}, predicted, weight_holds)
+    return Calibration(coefficients=coefficients, residuals=residuals, design=design, rank=rank, unknowns=unknowns,
+                       unidentified=() if 2 in values else ("constant",), condition=cond, times=times, dry_runs=dry,
+                       verified=verified, notes=tuple(notes), prior=prior, scales=scales)
 
 
 def _verify(dry: DryRuns, obs: list[_Observation], values: Mapping[str, float], predicted: np.ndarray,

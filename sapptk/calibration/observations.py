@@ -45,11 +45,12 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from sapptk import checks
 from sapptk.calibration.fields import fail, integer, peak_mb
 from sapptk.config import build_program
 from sapptk.errors import CalibrationError, SapptkError
 from sapptk.formats.mindformers import decode
-from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
+from sapptk.profile import MAX_LAYERS, MODES, LayerGroup, ModeCost, Profile
 from sapptk.schedules import Program
 
 __all__ = ["FRAME_COLUMNS", "LIST_COLUMNS", "DryRun", "DryRuns", "observations_from_frame"]
@@ -169,6 +170,8 @@ def observations_from_frame(
             fail(source, f"{where}: run", label, "a label (a number or a string)")
         signature = _make_signature(values, lists)
         if key not in index:
+            checks.size(len(runs) + 1, f"{source}: {where}: dry runs", error=CalibrationError,
+                        limit=checks.MAX_DESIGN_ROUNDS, what="runs", constant="sapptk.checks.MAX_DESIGN_ROUNDS")
             index[key] = len(runs)
             signatures[key] = signature
             runs.append(_make_run(key, values, lists, source))
@@ -205,10 +208,10 @@ def _make_run(label: Any, values: Mapping[str, Any], lists: Mapping[str, Any], s
     schedule = values["schedule"]
     if not isinstance(schedule, str):
         fail(where, "schedule", schedule, "a schedule name")
-    p = integer(values["stages"], where, "stages", minimum=1)
-    v = integer(values["chunks"], where, "chunks", minimum=1)
+    p = integer(values["stages"], where, "stages", minimum=1, maximum=checks.MAX_STAGES)
+    v = integer(values["chunks"], where, "chunks", minimum=1, maximum=checks.MAX_STAGES)
     k = integer(values["splits"], where, "splits", minimum=1)
-    n = integer(values["layers"], where, "layers", minimum=1)
+    n = integer(values["layers"], where, "layers", minimum=1, maximum=MAX_LAYERS)
     m = p if values["micro_batches"] is None else integer(values["micro_batches"], where, "micro_batches", minimum=1)
     try:
         program = build_program(schedule, p, m, v, k)

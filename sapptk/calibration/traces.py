@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sapptk import checks
 from sapptk.errors import TraceError
 from sapptk.formats.chrome_trace import Trace, read_trace
 
@@ -97,10 +98,7 @@ def _patterns(layers: Any, source: str) -> list[tuple[str, re.Pattern[str], str]
     for text, group in layers.items():
         if not isinstance(text, str) or not isinstance(group, str) or not group:
             raise TraceError(f"{source}: layers entry {text!r}: {group!r}: expected a name or regex and a group name")
-        try:
-            out.append((text, re.compile(text), group))
-        except re.error as exc:
-            raise TraceError(f"{source}: layers entry {text!r}: not a valid regex ({exc})") from None
+        out.append((text, checks.regex(text, f"{source}: layers entry", error=TraceError), group))
     return out
 
 
@@ -136,7 +134,8 @@ def _steps(trace: Trace, pattern: str | None) -> list[tuple[float, float]]:
     """Step windows (start, end) in µs from spans whose name matches ``pattern``; one window if none."""
     ev = trace.events
     if pattern is not None:
-        spans = ev[ev["name"].str.fullmatch(pattern)].sort_values("ts")
+        rx = checks.regex(pattern, f"{trace.source}: step", error=TraceError)  # Python's regex, not pandas' engine
+        spans = ev[[rx.fullmatch(name) is not None for name in ev["name"]]].sort_values("ts")
         if len(spans):
             return list(zip(spans["ts"].to_numpy(), (spans["ts"] + spans["dur"]).to_numpy(), strict=True))
     return [(-np.inf, np.inf)]
@@ -180,8 +179,15 @@ def pytorch_layer_times(path: str | os.PathLike[str] | Trace, layers: Any, *, sk
         step = _step_of(row.ts, windows)
         if step is not None:
             spans.append((hit[0], hit[1], step, row.pid, row.tid, row.ts, row.ts + row.dur))
+    if not spans and marks.empty:
+        raise TraceError(f"{trace.source}: the trace has no record_function ranges and no module events, only "
+                         "operators: expected one range per layer pass. Wrap each layer's forward in "
+                         "torch.profiler.record_function('<layer name>'), or profile with with_stack=True, whose "
+                         "'nn.Module: Block_<i>' events match layers=r'nn\\.Module: Block_(?P<layer>\\d+)'")
     if not spans:
-        raise _no_match(trace, patterns, "record_function or module range in the recorded steps")
+        ranges = list(dict.fromkeys(marks["name"].tolist()))[:8]
+        raise TraceError(f"{_no_match(trace, patterns, 'record_function or module range in the recorded steps')}; "
+                         f"its ranges are {ranges}")
     spans.sort(key=lambda s: s[5])
     counter: dict[tuple, int] = {}
     rows = []
@@ -202,8 +208,8 @@ def pytorch_layer_times(path: str | os.PathLike[str] | Trace, layers: Any, *, sk
         for op in inside.itertuples(index=False):
             seq = int(op.seq)
             seq_owner[seq] = i
-            dims = op.args.get("Input Dims") if isinstance(op.args, Mapping) else None
-            if op.name in ("aten::addmm", "aten::mm") and isinstance(dims, list) and len(dims) >= 2:
+            dims = _dims(op.args)
+            if op.name in ("aten::addmm", "aten::mm") and dims is not None and len(dims) >= 2:
                 mat1, mat2 = (dims[0], dims[1]) if op.name == "aten::mm" else (dims[1], dims[2])
                 if len(mat1) == 2 and len(mat2) == 2:
                     weight_shape[seq] = (tuple(mat1), tuple(mat2))
@@ -253,9 +259,22 @@ def _seq(args: Any) -> float:
     return np.nan
 
 
-def _mm_out(args: Any) -> tuple | None:
+def _dims(args: Any) -> list[tuple] | None:
+    """``Input Dims`` as tuples of integer sizes (None when absent or not shapes: ignored)."""
     dims = args.get("Input Dims") if isinstance(args, Mapping) else None
-    if isinstance(dims, list) and len(dims) == 2 and all(isinstance(d, list) and len(d) == 2 for d in dims):
+    if not isinstance(dims, list):
+        return None
+    shapes = []
+    for d in dims:
+        if not isinstance(d, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in d):
+            return None
+        shapes.append(tuple(d))
+    return shapes
+
+
+def _mm_out(args: Any) -> tuple | None:
+    dims = _dims(args)
+    if dims is not None and len(dims) == 2 and all(len(d) == 2 for d in dims):
         return (dims[0][0], dims[1][1])
     return None
 
@@ -266,8 +285,10 @@ def mindspore_layer_times(path: str | os.PathLike[str] | Trace, layers: Any, *, 
     """Layer times from a MindSpore ``trace_view.json`` (see the module docstring)."""
     trace = _read(path)
     patterns = _patterns(layers, trace.source)
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
-        raise TraceError(f"{trace.source}: micro_batches = {micro_batches!r}: expected an integer >= 1")
+    micro_batches = checks.integer(micro_batches, f"{trace.source}: micro_batches", error=TraceError, low=1,
+                                   high=checks.MAX_INDEX)
+    outlier_share = checks.number(outlier_share, f"{trace.source}: outlier_share", error=TraceError, above=0.0,
+                                  high=1.0)
     ev = trace.events
     scope = [pid for pid, name in trace.process_names.items() if name == "Scope Layer"]
     scope += ev.loc[ev["name"] == "Scope Layer", "pid"].tolist()
@@ -332,7 +353,7 @@ def chrome_layer_times(path: str | os.PathLike[str] | Trace, layers: Any, *,
     for phase, text in (phases or {}).items():
         if phase not in PHASES:
             raise TraceError(f"{trace.source}: phases: unknown phase {phase!r}: expected one of {', '.join(PHASES)}")
-        rules.append((phase, re.compile(text)))
+        rules.append((phase, checks.regex(text, f"{trace.source}: phases[{phase!r}]", error=TraceError)))
     windows = _skip(_steps(trace, step), skip_steps, trace.source)
     counter: dict[tuple, int] = {}
     rows = []
@@ -344,14 +365,18 @@ def chrome_layer_times(path: str | os.PathLike[str] | Trace, layers: Any, *,
         if s is None:
             continue
         args = row.args if isinstance(row.args, Mapping) else {}
-        phase = _KIND_PHASE.get(args.get("kind"))
+        kind = args.get("kind")
+        phase = _KIND_PHASE.get(kind) if isinstance(kind, str) else None
         if phase is None:
             phase = next((p for p, rx in rules if rx.search(row.name)), None)
         if phase is None:
             phase = "backward" if re.search(r"(?i)backward|\bbwd\b|\bgrad", row.name) else "forward"
         key = (hit[0], hit[1], phase, s)
         mb = args.get("micro_batch")
-        if not isinstance(mb, int) or isinstance(mb, bool):
+        if mb is not None and not isinstance(mb, bool) and isinstance(mb, int):
+            mb = checks.integer(mb, f"{trace.source}: event {row.name!r}, args.micro_batch", error=TraceError,
+                                low=0, high=checks.MAX_INDEX)
+        else:
             mb = counter.get(key, 0)
             counter[key] = mb + 1
         rows.append((hit[0], hit[1], phase, s, mb, row.dur / 1e3))

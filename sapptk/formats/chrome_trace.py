@@ -9,7 +9,11 @@ events (gzipped when the name ends in ``.gz``); :func:`simulation_events` turns 
 a :class:`~sapptk.simulation.Simulation` into events: one complete event per op (device =
 process, one thread per device) and a memory counter per device.
 
-Bad files raise :class:`~sapptk.errors.TraceError` naming the file and what was expected.
+Bad files raise :class:`~sapptk.errors.TraceError` naming the file, the event (its index in
+the list) and what was expected: a time that is not a number within ±``sapptk.checks.MAX_TRACE_US``
+µs, a negative duration, an ``E`` with no open ``B`` or ending before it, a ``pid``/``tid``
+that is not an integer or a name, ``args`` that are not a mapping. Writing refuses a folder,
+a FIFO or a device as the target before anything is written.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import math
 import os
 import stat
 import zlib
@@ -26,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from sapptk import checks
 from sapptk.errors import TraceError
 
 __all__ = ["MAX_TRACE_BYTES", "Trace", "read_trace", "simulation_events", "write_trace"]
@@ -89,21 +92,41 @@ def _load(path: Path, source: str) -> Any:
         raise TraceError(f"{source}: invalid JSON: nested too deeply") from None
 
 
-def _number(value: Any) -> float:
-    if isinstance(value, bool):
-        return math.nan
-    if isinstance(value, int | float):
-        return float(value)
+def _number(value: Any, source: str, index: int, key: str, *, default: float | None = None) -> float:
+    """A time field of event ``index`` in µs: a number (or numeric text, as MindSpore writes it)
+    within ±:data:`sapptk.checks.MAX_TRACE_US`; ``default`` when absent (None: required)."""
+    where = f"{source}: event {index}, {key}"
+    if value is None and default is not None:
+        return default
     if isinstance(value, str):
         try:
-            return float(value)
+            value = float(value)
         except ValueError:
-            return math.nan
-    return math.nan
+            checks.fail(TraceError, where, value, "a time in µs")
+    return checks.number(value, where, error=TraceError, low=-checks.MAX_TRACE_US, high=checks.MAX_TRACE_US)
+
+
+def _ident(value: Any, source: str, index: int, key: str) -> Any:
+    """A process or thread id: an integer or text (hashable, comparable), or None when absent."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        checks.fail(TraceError, f"{source}: event {index}, {key}", value, "an integer or a name")
+    return value
+
+
+def _args(value: Any, source: str, index: int) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        checks.fail(TraceError, f"{source}: event {index}, args", value, "a mapping (JSON object)")
+    return dict(value)
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
     """Read a Chrome trace file (``.json`` or gzipped) into a :class:`Trace`."""
+    if not isinstance(path, str | os.PathLike):
+        checks.fail(TraceError, "trace path", path, "a file path")
     source = os.fspath(path)
     data = _load(Path(source), source)
     if isinstance(data, Mapping):
@@ -116,39 +139,55 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     if not isinstance(events, list):
         raise TraceError(f"{source}: traceEvents is {type(events).__name__}: expected a list of events")
     rows, counters = [], []
-    open_spans: dict[tuple[Any, Any], list[dict]] = {}
+    open_spans: dict[tuple[Any, Any], list[tuple[int, Mapping, float, dict]]] = {}
     processes: dict[Any, str] = {}
     threads: dict[tuple[Any, Any], str] = {}
-    for e in events:
+    for index, e in enumerate(events):
         if not isinstance(e, Mapping):
             continue
         ph = e.get("ph")
+        if ph not in ("X", "B", "E", "M", "C"):
+            continue
+        pid, tid = _ident(e.get("pid"), source, index, "pid"), _ident(e.get("tid"), source, index, "tid")
+        args = _args(e.get("args"), source, index)
         if ph == "X":
-            rows.append((e.get("name", ""), e.get("cat", ""), e.get("pid"), e.get("tid"), _number(e.get("ts")),
-                         _number(e.get("dur", 0.0)), e.get("args") or {}))
+            ts = _number(e.get("ts"), source, index, "ts")
+            dur = _number(e.get("dur"), source, index, "dur", default=0.0)
+            if dur < 0:
+                checks.fail(TraceError, f"{source}: event {index} ({_name(e)}), dur", e.get("dur"),
+                            "a duration >= 0 µs")
+            rows.append((_name(e), e.get("cat", ""), pid, tid, ts, dur, args))
         elif ph == "B":
-            open_spans.setdefault((e.get("pid"), e.get("tid")), []).append(dict(e))
+            open_spans.setdefault((pid, tid), []).append((index, e, _number(e.get("ts"), source, index, "ts"), args))
         elif ph == "E":
-            stack = open_spans.get((e.get("pid"), e.get("tid")))
-            if stack:
-                b = stack.pop()
-                ts = _number(b.get("ts"))
-                rows.append((b.get("name", ""), b.get("cat", ""), b.get("pid"), b.get("tid"), ts,
-                             _number(e.get("ts")) - ts, {**(b.get("args") or {}), **(e.get("args") or {})}))
+            end = _number(e.get("ts"), source, index, "ts")
+            stack = open_spans.get((pid, tid))
+            if not stack:
+                raise TraceError(f"{source}: event {index} ({_name(e)}): an 'E' (end) event with no open 'B' (begin) "
+                                 f"event on pid {pid!r}, tid {tid!r}: expected each E after its B")
+            b_index, b, ts, b_args = stack.pop()
+            if end < ts:
+                raise TraceError(f"{source}: event {index} ({_name(e)}): ends at ts = {end:g} µs, before its 'B' "
+                                 f"(event {b_index}) begins at {ts:g} µs: expected begin before end")
+            rows.append((_name(b), b.get("cat", ""), pid, tid, ts, end - ts, {**b_args, **args}))
         elif ph == "M":
-            name = (e.get("args") or {}).get("name")
+            name = args.get("name")
             if e.get("name") == "process_name" and isinstance(name, str):
-                processes[e.get("pid")] = name
+                processes[pid] = name
             elif e.get("name") == "thread_name" and isinstance(name, str):
-                threads[(e.get("pid"), e.get("tid"))] = name
+                threads[(pid, tid)] = name
         elif ph == "C":
-            counters.append((e.get("name", ""), e.get("pid"), _number(e.get("ts")), e.get("args") or {}))
+            counters.append((_name(e), pid, _number(e.get("ts"), source, index, "ts"), args))
     frame = pd.DataFrame(rows, columns=list(_COLUMNS))
     frame["name"] = frame["name"].astype(str)
     frame["cat"] = frame["cat"].astype(str)
-    frame = frame[np.isfinite(frame["ts"].to_numpy(dtype=float)) & np.isfinite(frame["dur"].to_numpy(dtype=float))]
     return Trace(source, frame.reset_index(drop=True), processes, threads,
                  pd.DataFrame(counters, columns=["name", "pid", "ts", "args"]))
+
+
+def _name(event: Mapping) -> str:
+    name = event.get("name", "")
+    return name if isinstance(name, str) else str(name)
 
 
 # ---------------------------------------------------------------------------- writing
@@ -156,14 +195,17 @@ def write_trace(path: str | os.PathLike[str], events: Iterable[Mapping[str, Any]
                 metadata: Mapping[str, Any] | None = None) -> Path:
     """Write ``events`` as a Chrome trace object (``traceEvents``, ``displayTimeUnit: ms``);
     gzipped when ``path`` ends in ``.gz``. Returns the path."""
-    out = Path(path)
+    out = checks.output_file(path, "trace path", error=TraceError)  # a folder or a FIFO: refused before writing
     data = {"traceEvents": list(events), "displayTimeUnit": "ms", **({"otherData": dict(metadata)} if metadata else {})}
     text = json.dumps(data, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    if out.suffix == ".gz":
-        with out.open("wb") as handle, gzip.GzipFile(out.stem, "wb", fileobj=handle, mtime=0) as gz:
-            gz.write(text)
-    else:
-        out.write_bytes(text)
+    try:
+        if out.suffix == ".gz":
+            with out.open("wb") as handle, gzip.GzipFile(out.stem, "wb", fileobj=handle, mtime=0) as gz:
+                gz.write(text)
+        else:
+            out.write_bytes(text)
+    except OSError as exc:
+        raise TraceError(f"{os.fspath(out)}: cannot write the trace: {exc.strerror or exc}") from None
     return out
 
 

@@ -5,10 +5,18 @@ Layout
 ``--pipeline-model-parallel-layout`` lists the layers of every virtual stage in virtual
 stage order (virtual stage ``c·p + s`` is model chunk c on rank s), stages separated by
 ``|``: ``E`` the embedding (sapptk's head), ``t`` a decoder layer (any body layer), ``L`` the
-loss (sapptk's tail), ``m`` an MTP layer (sapptk has none). Megatron's grammar: commas are
+loss (sapptk's tail), ``m`` a multi-token-prediction (MTP) layer: sapptk counts it in the
+tail (the bundled ``deepseek_v3`` profile's tail is the MTP module and the LM head), so ``m``
+is read as a marker, after the last decoder layer, and its cost stays on the last virtual
+stage with ``L`` (a layout such as ``Et*3|(tt|)*29,m|L`` then has an empty stage where
+Megatron runs the MTP layer). Megatron's grammar: commas are
 cosmetic; ``X*n`` repeats the character X n times; ``(…)*n`` repeats the bracketed text n
 times (no nesting); empty stages are allowed (``E||t|L``). ``Et*3|(tt|)*2,t|tL`` is
 E t t t | t t | t t | t | t L (the comma only separates the group from what follows).
+A layout is refused before it is expanded when it would expand to more than
+:data:`MAX_LAYOUT_CHARS` characters (``t*1000000000``); integer flags are bounded before they
+enter an array. (Over 500 lines: the grammar, its size guard, the argument reader and the
+exporter share one set of rules.)
 :func:`format_layout` writes the shortest form of that kind; :func:`parse_layout` reads any
 and names the position of a bad character.
 
@@ -52,9 +60,10 @@ from typing import Any
 
 import numpy as np
 
+from sapptk import checks
 from sapptk.errors import ConfigError
 from sapptk.formats.expressible import FIT_TOLERANCE_MB, ExpressedCost, closest, counts_from_layers, modes_used
-from sapptk.profile import MODES
+from sapptk.profile import MAX_LAYERS, MODES
 
 __all__ = [
     "MegatronExport",
@@ -185,16 +194,37 @@ def _check_grammar(text: str) -> None:
         raise ConfigError(f"layout {text!r}: '(' without ')'")
 
 
+MAX_LAYOUT_CHARS = 2 * MAX_LAYERS + 1_000
+"""Characters a layout string may expand to (a layer and a '|' per stage, at most
+``sapptk.profile.MAX_LAYERS`` layers): ``t*1000000000`` is refused before it is expanded."""
+
+
+def _expand(flat: str, text: str) -> str:
+    """Megatron's expansion of a grammar-checked layout: ``(…)*n`` first, then ``x*n``; each
+    step's length computed (and refused above :data:`MAX_LAYOUT_CHARS`) before it is built."""
+
+    def count(digits: str) -> int:  # bounded before conversion: a 5,000-digit count is refused, not parsed
+        if len(digits) > 10:
+            raise ConfigError(f"layout {checks.show(text)}: repeat count {digits[:20]}... ({len(digits)} digits): "
+                              f"expected at most {MAX_LAYOUT_CHARS:,}")
+        return int(digits)
+
+    for pattern, width in ((r"\(([^)]+)\)\*(\d+)", lambda mt: len(mt.group(1))), (r"(.)\*(\d+)", lambda mt: 1)):
+        matches = list(re.finditer(pattern, flat))
+        length = len(flat) + sum(width(mt) * count(mt.group(2)) - len(mt.group(0)) for mt in matches)
+        checks.size(length, f"layout {checks.show(text)}: expands to", error=ConfigError, limit=MAX_LAYOUT_CHARS,
+                    what="characters", constant="sapptk.formats.megatron.MAX_LAYOUT_CHARS")
+        flat = re.sub(pattern, lambda mt: mt.group(1) * int(mt.group(2)), flat)
+    return flat
+
+
 def parse_layout(text: str) -> list[str]:
     """The layer characters of every stage of a layout string, in Megatron's grammar."""
     if not isinstance(text, str) or not text.strip():
         raise ConfigError(f"layout = {text!r}: expected a layout string such as 'Et*3|(tt|)*29,m|L'")
     text = text.strip().replace(" ", "")
     _check_grammar(text)
-    flat = text.replace(",", "")
-    # Megatron's expansion: (…)*n first, then x*n
-    flat = re.sub(r"\(([^)]+)\)\*(\d+)", lambda mt: mt.group(1) * int(mt.group(2)), flat)
-    flat = re.sub(r"(.)\*(\d+)", lambda mt: mt.group(1) * int(mt.group(2)), flat)
+    flat = _expand(text.replace(",", ""), text)  # Megatron's expansion: (…)*n first, then x*n
     if set(flat) - set("EtLm|"):
         raise ConfigError(f"layout {text!r}: expands to {flat[:60]!r}, which is not only E, t, L, m and '|'")
     return flat.split("|")
@@ -248,9 +278,16 @@ def uniform_args(layers: np.ndarray, stages: int, chunks: int) -> tuple[tuple[st
     if p == 1 or (even is not None and (per_rank == even).all()):
         return tuple(args), ""
     mid = int(middle[0]) if len(middle) else None
-    if mid is None or per_rank[0] != mid:
+    first, last = mid is None or per_rank[0] != mid, mid is None or per_rank[-1] != mid
+    # Megatron's TransformerConfig refuses 0 for either flag, and middle ranks without layers
+    for flag, on, rank in ((first, "first", 0), (last, "last", p - 1)):
+        if flag and per_rank[rank] == 0:
+            return None, (f"rank {rank} holds no layers: Megatron's --decoder-{on}-pipeline-num-layers must be > 0")
+    if mid == 0:
+        return None, f"ranks 1..{p - 2} hold no layers: Megatron's uniform split needs layers on the middle ranks"
+    if first:
         args += ["--decoder-first-pipeline-num-layers", str(int(per_rank[0]))]
-    if mid is None or per_rank[-1] != mid:
+    if last:
         args += ["--decoder-last-pipeline-num-layers", str(int(per_rank[-1]))]
     return tuple(args), ""
 
@@ -349,11 +386,10 @@ def recompute_counts(profile: Any, layers: Sequence[int], flags: Mapping[str, An
         return counts_from_layers(profile, layers, lambda vs, pos: _SELECT)
     if granularity != "full":
         raise ConfigError(f"--recompute-granularity = {granularity!r}: expected full or selective")
-    try:
-        k = int(number)
-    except (TypeError, ValueError):
+    if number is None or isinstance(number, bool):
         raise ConfigError(f"--recompute-num-layers = {number!r}: expected a layer count (full granularity needs "
-                          "it)") from None
+                          "it)")
+    k = _flag_int(flags, "recompute-num-layers", None)
     if k < 1:
         raise ConfigError(f"--recompute-num-layers = {k}: expected >= 1")
     if method == "uniform":
@@ -373,8 +409,9 @@ def layers_of_layout(stages_text: list[str], *, stages: int, body_layers: int, t
         raise ConfigError(f"layout {text!r}: {n} stages: expected a multiple of the {stages} pipeline stages "
                           "(one entry per virtual stage)")
     flat = "".join(stages_text)
-    if "m" in flat:
-        raise ConfigError(f"layout {text!r}: MTP layers ('m'): the profile has no MTP layers")
+    if "m" in flat and "t" in flat[flat.index("m"):]:
+        raise ConfigError(f"layout {text!r}: an MTP layer ('m') before a decoder layer ('t'): expected the MTP "
+                          "layers after the last decoder layer (sapptk counts them in the tail)")
     for ch, what in (("E", "embedding"), ("L", "loss")):
         if flat.count(ch) != 1:
             raise ConfigError(f"layout {text!r}: {flat.count(ch)} '{ch}' ({what}): expected exactly one")
@@ -459,6 +496,14 @@ def export(profile: Any, config: Any, counts: np.ndarray, simulation: Any) -> Me
     )
 
 
+def _flag_int(flags: Mapping[str, Any], name: str, default: int | None) -> int | None:
+    """An integer flag (text or a number) from 0 to ``MAX_LAYERS``, checked before it enters an array."""
+    value = flags.get(name)
+    if value is None:
+        return default
+    return checks.integer(value, f"--{name}", error=ConfigError, low=0, high=MAX_LAYERS, text=True)
+
+
 def decode(profile: Any, config: Any, source: Any) -> np.ndarray:
     """The counts Megatron-LM arguments describe on ``config`` (stages and chunks must agree).
 
@@ -466,6 +511,9 @@ def decode(profile: Any, config: Any, source: Any) -> np.ndarray:
     The partition comes from ``--pipeline-model-parallel-layout``, else from the
     uniform-layout flags; recompute from the recompute flags (none without them).
     """
+    if not isinstance(source, str | Mapping | list | tuple):
+        checks.fail(ConfigError, "Megatron arguments", source, "a layout string, a command line, a list of arguments "
+                    "or a mapping of flags")
     try:
         if isinstance(source, str) and not source.lstrip().startswith("--"):
             flags: dict[str, Any] = {"pipeline-model-parallel-layout": source}
@@ -485,12 +533,11 @@ def decode(profile: Any, config: Any, source: Any) -> np.ndarray:
                 raise ConfigError(f"layout {text!r}: {len(layers)} stages = {len(layers) // p} chunks per rank: the "
                                   f"setup has chunks = {v}")
         else:
-            vv = int(flags.get("num-virtual-stages-per-pipeline-rank") or 1)
+            vv = _flag_int(flags, "num-virtual-stages-per-pipeline-rank", 1)
             if vv != v:
                 raise ConfigError(f"--num-virtual-stages-per-pipeline-rank = {vv}: the setup has chunks = {v}")
-            first, last = (flags.get(f"decoder-{k}-pipeline-num-layers") for k in ("first", "last"))
-            layers = uniform_layers(p, v, body, None if first is None else int(first),
-                                    None if last is None else int(last))
+            first, last = (_flag_int(flags, f"decoder-{k}-pipeline-num-layers", None) for k in ("first", "last"))
+            layers = uniform_layers(p, v, body, first, last)
         return recompute_counts(profile, layers, flags)
     except ValueError as exc:  # ConfigError is a ValueError too
         raise ConfigError(f"Megatron arguments: {exc}") from None

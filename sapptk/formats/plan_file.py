@@ -18,16 +18,17 @@ are the plan-level calls.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import yaml
 
+from sapptk import checks
+from sapptk.costs import MAX_UNITS, TIME_UNIT_MS
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.formats import mindformers
-from sapptk.profile import MODES, Profile
+from sapptk.profile import MAX_LAYERS, MODES, Profile
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 __all__ = ["FORMAT", "dumps", "load"]
 
 FORMAT = "sapptk-plan/1"
+MAX_MS = MAX_UNITS * TIME_UNIT_MS
+"""The largest step time, bound or solve time a plan file may state (the integer units' limit)."""
 _SETUP_KEYS = ("stages", "micro_batches", "chunks", "schedule", "splits", "memory_budget_mb", "constant_memory_mb",
                "comm_ms", "recompute", "host_bandwidth_mb_per_ms", "program_csv")
 _KEYS = ("format", "source", "status", "step_time_ms", "bound_ms", "gap", "solve_seconds", "message", "setup",
@@ -50,7 +53,7 @@ def to_dict(profile: Profile, config: PipelineConfig, counts: np.ndarray, **meta
         "micro_batches": c.micro_batches,
         "chunks": c.chunks,
         "schedule": c.schedule,
-        "splits": c.splits,
+        "splits": c.splits if c.slice_lengths is None else list(c.slice_lengths),
         "memory_budget_mb": None if c.memory_budget is None else float(c.memory_budget),
         "constant_memory_mb": float(c.constant_memory),
         "comm_ms": float(c.comm),
@@ -166,11 +169,10 @@ def load(source: str | os.PathLike[str] | Any) -> dict[str, Any]:
     counts = _layout(data.get("layout"), profile, config.num_virtual_stages, fail)
     offload = _offload(data.get("offload"), profile, config.num_virtual_stages, fail)
     numbers = {}
-    for key in ("step_time_ms", "bound_ms", "gap", "solve_seconds"):
+    for key, high in (("step_time_ms", MAX_MS), ("bound_ms", MAX_MS), ("gap", 1.0), ("solve_seconds", MAX_MS)):
         value = data.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value)):
-            fail(f"{key} = {value!r}: expected a number or null")
+        if value is not None:
+            value = _checked(fail, checks.number, value, key, low=0.0, high=high)
         numbers[key] = value
     message, plan_source, status = data.get("message") or "", data.get("source") or "plan file", data.get("status")
     if not isinstance(message, str) or not isinstance(plan_source, str):
@@ -184,6 +186,14 @@ def load(source: str | os.PathLike[str] | Any) -> dict[str, Any]:
         "offload": offload if solved else None,
         "alternative": alternative,
     }
+
+
+def _checked(fail: Any, check: Any, value: Any, label: str, **limits: Any) -> Any:
+    """``check(value, label, ...)`` of :mod:`sapptk.checks`, its message prefixed by the file's name."""
+    try:
+        return check(value, label, error=ConfigError, **limits)
+    except ConfigError as exc:
+        fail(str(exc))
 
 
 def _alternative(data: Any, profile: Profile, config: PipelineConfig, fail: Any) -> Any:
@@ -229,8 +239,7 @@ def _layout(layout: Any, profile: Profile, virtual_stages: int, fail: Any, label
         vs, n = cell["virtual_stage"], cell["layers"]
         if not isinstance(vs, int) or isinstance(vs, bool) or not 0 <= vs < virtual_stages:
             fail(f"{label}.virtual_stage = {vs!r}: expected 0..{virtual_stages - 1}")
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            fail(f"{label}.layers = {n!r}: expected a layer count >= 1")
+        _checked(fail, checks.integer, n, f"{label}.layers", low=1, high=MAX_LAYERS)
         counts[groups[cell["group"]], MODES.index(cell["mode"]), vs] += n
     return counts
 
@@ -252,7 +261,6 @@ def _offload(entries: Any, profile: Profile, virtual_stages: int, fail: Any) -> 
         vs, n = cell["virtual_stage"], cell["layers"]
         if not isinstance(vs, int) or isinstance(vs, bool) or not 0 <= vs < virtual_stages:
             fail(f"{label}.virtual_stage = {vs!r}: expected 0..{virtual_stages - 1}")
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            fail(f"{label}.layers = {n!r}: expected a layer count >= 1")
+        _checked(fail, checks.integer, n, f"{label}.layers", low=1, high=MAX_LAYERS)
         out[groups[cell["group"]], vs] += n
     return out

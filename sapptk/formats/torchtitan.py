@@ -23,6 +23,17 @@ A plan becomes three small TOML tables to paste into a torchtitan job file:
     ``local_batch_size = m``: with micro-batches of size 1 that gives m micro-batches
     (scale both by your micro-batch size).
 
+The TOML serves torchtitan up to 0.2.2. torchtitan 0.3 reads no TOML job files: its configs
+are Python functions (``--module <module> --config <function>``) and activation checkpointing
+is a config class. :func:`render_python` writes that form (:attr:`TorchtitanExport.python`): a
+module whose ``sapptk_plan()`` starts from a config of the user's (``BASE_CONFIG``), sets the
+same pipeline fields, the module lists (the output layer is ``lm_head`` there) and
+``FullAC.Config()`` / ``SelectiveAC.Config()`` / ``None``.
+
+A schedule CSV is named by an absolute path in the TOML (torchtitan checks it with
+``os.path.isfile`` against the launch directory) and by its place next to the module in the
+Python form; :meth:`TorchtitanExport.save` writes the three files into one folder.
+
 Reading (:func:`read`) uses ``tomllib`` and checks every key it uses; other keys of a full
 job file are ignored.
 """
@@ -38,13 +49,14 @@ from typing import Any
 
 import numpy as np
 
+from sapptk import checks
 from sapptk.errors import ConfigError
 from sapptk.files import load_toml_text, read_text
 from sapptk.formats.expressible import FIT_TOLERANCE_MB, ExpressedCost, closest, counts_from_layers, modes_used
 from sapptk.profile import MODES
 
-__all__ = ["AC_SETTINGS", "TORCH_SCHEDULES", "TorchtitanConfig", "TorchtitanExport", "ac_counts", "decode", "export",
-           "fqns", "read", "render", "sapptk_schedule", "torch_schedule"]
+__all__ = ["AC_SETTINGS", "PYTHON_AC", "TORCH_SCHEDULES", "TorchtitanConfig", "TorchtitanExport", "ac_counts", "decode",
+           "export", "fqns", "read", "render", "render_python", "sapptk_schedule", "torch_schedule"]
 
 _NONE, _SELECT, _FULL = (MODES.index(m) for m in ("none", "select", "full"))
 
@@ -68,6 +80,12 @@ AC_SETTINGS: dict[str, dict[str, str]] = {
 
 HEAD_MODULES = ("tok_embeddings",)
 TAIL_MODULES = ("norm", "output")
+TAIL_MODULES_0_3 = ("norm", "lm_head")  # torchtitan 0.3 renamed the output layer
+TOML_VERSIONS = "torchtitan <= 0.2.2 (TOML job files)"
+PYTHON_VERSIONS = "torchtitan >= 0.3 (Python configs, --module/--config)"
+PYTHON_AC: dict[str, str] = {"none": "None", "select": "SelectiveAC.Config()", "full": "FullAC.Config()"}
+"""torchtitan 0.3's activation-checkpointing config, by the mode it gives every layer."""
+DEFAULT_BASE_CONFIG = "torchtitan.models.llama3.config_registry:llama3_8b"
 _LAYER = re.compile(r"layers\.(\d+)")
 
 
@@ -85,8 +103,9 @@ class TorchtitanConfig:
 
 @dataclass(frozen=True)
 class TorchtitanExport(ExpressedCost):
-    """A plan as torchtitan settings: ``toml`` to paste into the job file; ``csv`` the
-    schedule CSV to save as ``csv_name`` when the schedule needs one (else None); ``notes``
+    """A plan as torchtitan settings: ``toml`` to paste into the job file (torchtitan <= 0.2.2;
+    ``python`` the config module for >= 0.3; :meth:`save` writes both); ``csv`` the schedule
+    CSV to save as ``csv_name`` (an absolute path) when the schedule needs one (else None); ``notes``
     what torchtitan cannot express; step times and peaks as in
     :class:`~sapptk.formats.megatron.MegatronExport`."""
 
@@ -96,6 +115,8 @@ class TorchtitanExport(ExpressedCost):
     schedule: str
     ac: dict[str, str]
     notes: tuple[str, ...]
+    python: str = ""
+    settings: dict[str, Any] = field(default_factory=dict, repr=False)
     step_time_ms: float | None = None
     peak_mb: float | None = None
     expressed_step_time_ms: float | None = None
@@ -112,12 +133,38 @@ class TorchtitanExport(ExpressedCost):
                          f"{self.expressed_peak_mb:.0f} MB" + ("" if self.expressed_fits else " (over the budget)"))
         return self.toml + ("\n" + "\n".join(extra) + "\n" if extra else "")
 
+    def save(self, directory: str | os.PathLike[str], *, stem: str = "sapptk_torchtitan") -> dict[str, Path]:
+        """Write ``<stem>.toml`` (torchtitan <= 0.2.2), ``<stem>.py`` (>= 0.3) and, when the
+        schedule needs one, the schedule CSV (``csv_name``'s file name) into ``directory``.
+
+        The TOML names the CSV by its absolute path there and the module by its place next to
+        itself, so torchtitan finds it from any launch directory. Returns the paths written.
+        """
+        from sapptk.files import writable_dir, write_text
+
+        folder = Path(writable_dir(directory, error=ConfigError)).resolve()
+        out = {"toml": folder / f"{stem}.toml", "python": folder / f"{stem}.py"}
+        csv_path = None
+        if self.csv is not None:
+            csv_path = out["csv"] = folder / Path(str(self.csv_name)).name
+            write_text(csv_path, self.csv)
+        s = self.settings
+        toml = render(**s["toml"], schedule_csv=None if csv_path is None else str(csv_path))
+        python = render_python(**s["python"], schedule_csv=None if csv_path is None else csv_path.name)
+        write_text(out["toml"], self.text().replace(self.toml, toml))
+        write_text(out["python"], python)
+        return out
+
 
 def torch_schedule(schedule: str, stages: int, micro_batches: int, chunks: int) -> str | None:
     """The PyTorch class that runs sapptk's ``schedule`` op for op at (p, m, v), or None."""
     name = TORCH_SCHEDULES.get(schedule)
     if name is None:
         return None
+    if schedule == "interleaved" and chunks == 1:
+        # PyTorch's Interleaved1F1B warms up 2(p - s - 1) + 1 forwards at v = 1 (more memory);
+        # sapptk's interleaved at v = 1 is 1F1B's order (checked by the runtime suite)
+        return "1F1B"
     if name in ("Interleaved1F1B", "InterleavedZeroBubble"):
         rounds = max(1, micro_batches // stages)
         if micro_batches % rounds:  # PyTorch refuses rounds that do not divide m
@@ -139,15 +186,17 @@ def sapptk_schedule(name: str, chunks: int, source: str = "<toml>") -> str:
     return by_lower[key]
 
 
-def fqns(layers: Sequence[int], *, head: bool = True, tail: bool = True) -> list[list[str]]:
-    """``module_fqns_per_model_part`` for body layers per virtual stage (model order)."""
+def fqns(layers: Sequence[int], *, head: bool = True, tail: bool = True,
+         tail_modules: Sequence[str] = TAIL_MODULES) -> list[list[str]]:
+    """``module_fqns_per_model_part`` for body layers per virtual stage (model order);
+    ``tail_modules`` :data:`TAIL_MODULES_0_3` for torchtitan 0.3."""
     parts: list[list[str]] = []
     start = 0
     for vs, n in enumerate(layers):
         part = list(HEAD_MODULES) if head and vs == 0 else []
         part += [f"layers.{i}" for i in range(start, start + int(n))]
         if tail and vs == len(layers) - 1:
-            part += list(TAIL_MODULES)
+            part += list(tail_modules)
         parts.append(part)
         start += int(n)
     return parts
@@ -175,6 +224,49 @@ def render(*, degree: int, schedule: str, parts: Sequence[Sequence[str]], ac: Ma
     return "\n".join(lines) + "\n"
 
 
+def render_python(*, degree: int, schedule: str, parts: Sequence[Sequence[str]], ac: str, micro_batches: int,
+                  base_config: str = DEFAULT_BASE_CONFIG, schedule_csv: str | None = None,
+                  comments: Sequence[str] = ()) -> str:
+    """A torchtitan >= 0.3 config module: ``sapptk_plan()`` returns ``base_config`` (``module:function``)
+    with the pipeline fields, the module lists and the activation checkpointing (``ac`` a key of
+    :data:`PYTHON_AC`) of the plan. ``schedule_csv``: a file name next to the module."""
+    if not isinstance(base_config, str) or base_config.count(":") != 1 or not all(base_config.split(":")):
+        raise ConfigError(f"base_config = {base_config!r}: expected 'module:function', e.g. {DEFAULT_BASE_CONFIG!r}")
+    layers = sum(1 for part in parts for name in part if _LAYER.fullmatch(name))
+    doc = [f"{c}" for c in comments] + [
+        f"For {PYTHON_VERSIONS}; the TOML export serves torchtitan <= 0.2.2.",
+        "Run with the folder of this file on PYTHONPATH:",
+        "    torchrun ... -m torchtitan.train --module <this module's name> --config sapptk_plan",
+        "sapptk_plan() starts from BASE_CONFIG (edit it: your model's config function) and sets the pipeline.",
+    ]
+    lines = ['"""' + doc[0], *doc[1:], '"""', "", "import importlib", "import os", "",
+             "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: F401", "",
+             f"BASE_CONFIG = {base_config!r}", f"NUM_LAYERS = {layers}"]
+    csv_line = '""'
+    if schedule_csv is not None:
+        lines.append(f"SCHEDULE_CSV = os.path.join(os.path.dirname(os.path.abspath(__file__)), {schedule_csv!r})")
+        csv_line = "SCHEDULE_CSV"
+    lines += ["", "", "def sapptk_plan():",
+              '    module, function = BASE_CONFIG.split(":")',
+              "    config = getattr(importlib.import_module(module), function)()",
+              '    layers = getattr(getattr(config.model_spec, "model", None), "layers", None)',
+              "    if layers is not None and len(layers) != NUM_LAYERS:",
+              '        raise ValueError(f"{BASE_CONFIG} builds {len(layers)} layers: "',
+              '                         f"the sapptk plan places {NUM_LAYERS}")',
+              "    parallelism = config.parallelism",
+              f"    parallelism.pipeline_parallel_degree = {int(degree)}",
+              f"    parallelism.pipeline_parallel_schedule = {schedule!r}",
+              f"    parallelism.pipeline_parallel_schedule_csv = {csv_line}",
+              "    parallelism.pipeline_parallel_microbatch_size = 1",
+              "    parallelism.module_fqns_per_model_part = ["]
+    lines += [f"        {list(part)!r}," for part in parts]
+    lines += ["    ]", f"    config.activation_checkpoint = {PYTHON_AC[ac]}",
+              f"    config.training.local_batch_size = {int(micro_batches)}  # m micro-batches of size 1",
+              "    config.training.disable_cuda_graphs = True  # torchtitan 0.3 refuses CUDA graphs with pipelines",
+              "    return config"]
+    return "\n".join(lines) + "\n"
+
+
 def _fail(source: str, message: str) -> ConfigError:
     return ConfigError(f"{source}: {message}")
 
@@ -186,9 +278,8 @@ def read(text: str, source: str = "<toml>") -> TorchtitanConfig:
     if not isinstance(par, dict):
         raise _fail(source, "no [parallelism] table: expected pipeline_parallel_degree, pipeline_parallel_schedule, "
                             "module_fqns_per_model_part")
-    degree = par.get("pipeline_parallel_degree")
-    if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
-        raise _fail(source, f"parallelism.pipeline_parallel_degree = {degree!r}: expected an integer >= 1")
+    degree = checks.integer(par.get("pipeline_parallel_degree"), f"{source}: parallelism.pipeline_parallel_degree",
+                            error=ConfigError, low=1, high=checks.MAX_INDEX)
     schedule = par.get("pipeline_parallel_schedule", "1F1B")
     if not isinstance(schedule, str):
         raise _fail(source, f"parallelism.pipeline_parallel_schedule = {schedule!r}: expected a schedule name")
@@ -224,10 +315,10 @@ def layers_of_parts(parts: Sequence[Sequence[str]], *, body_layers: int, source:
     expect = 0
     for i, part in enumerate(parts):
         for name in part:
-            label = f"module_fqns_per_model_part[{i}]: {name!r}"
+            label = f"module_fqns_per_model_part[{i}]: {checks.show(name)}"
             match = _LAYER.fullmatch(name)
             if match:
-                if int(match.group(1)) != expect:
+                if len(match.group(1)) > len(str(checks.MAX_INDEX)) or int(match.group(1)) != expect:
                     raise _fail(source, f"{label}: expected layers.{expect} (layers in order, each once)")
                 expect += 1
                 layers[i] += 1
@@ -262,8 +353,8 @@ def ac_counts(profile: Any, layers: Sequence[int], ac: Mapping[str, str], *, pla
     try:
         every = int(option)
     except ValueError:
-        raise _fail(source, f"activation_checkpoint.selective_ac_option = {option!r}: expected 'op' or an integer"
-                    ) from None
+        raise _fail(source, f"activation_checkpoint.selective_ac_option = {checks.show(option)}: expected 'op' or "
+                            "an integer") from None
     if every < 0:
         raise _fail(source, f"activation_checkpoint.selective_ac_option = {every}: expected >= 0")
     # torchtitan counts the layers of a rank over its model parts in order, 1-based
@@ -285,13 +376,16 @@ def _every_layer(mode: int) -> Any:
 
 
 def export(profile: Any, config: Any, counts: np.ndarray, simulation: Any, *, status: str = "given",
-           csv_name: str = "schedule.csv") -> TorchtitanExport:
+           csv_name: str | os.PathLike[str] = "schedule.csv",
+           base_config: str = DEFAULT_BASE_CONFIG) -> TorchtitanExport:
     """A plan (``counts`` on ``config``, its ``simulation``) as torchtitan settings.
 
     The partition is exact; the schedule is named when a PyTorch class runs the same order,
-    else exported as a schedule CSV (``csv_name``). Activation checkpointing is one mode for
-    every layer: the plan's own when it is uniform, else the fastest uniform mode that fits
-    the budget (the least memory when none fits); the export reports both step times.
+    else exported as a schedule CSV (``csv_name``; the TOML names it by its absolute path,
+    resolved against the current directory when relative). Activation checkpointing is one
+    mode for every layer: the plan's own when it is uniform, else the fastest uniform mode
+    that fits the budget (the least memory when none fits); the export reports both step
+    times. ``python`` is the same plan for torchtitan >= 0.3, changing ``base_config``.
     """
     from sapptk.costs import simulate_counts
 
@@ -318,15 +412,27 @@ def export(profile: Any, config: Any, counts: np.ndarray, simulation: Any, *, st
                      f"every layer, so it runs {mode!r}" + ("" if fits else ", the least memory it can, still over "
                                                                             "the budget"))
     expressed = simulate_counts(profile, c, candidates[mode])
-    comments = [f"sapptk plan for torchtitan: profile {profile.name!r}, schedule {c.schedule!r}, p = {c.stages}, "
-                f"v = {c.chunks}, m = {c.micro_batches}; status {status}"]
+    head = (f"sapptk plan for torchtitan: profile {profile.name!r}, schedule {c.schedule!r}, p = {c.stages}, "
+            f"v = {c.chunks}, m = {c.micro_batches}; status {status}")
+    csv_path = None if csv is None else str(Path(csv_name).resolve())
+    comments = [head, f"for {TOML_VERSIONS}; torchtitan >= 0.3 reads the Python form (TorchtitanExport.python)"]
     if csv is not None:
-        comments.append(f"no PyTorch class runs {c.schedule!r}: save the schedule CSV as {csv_name}")
-    toml = render(degree=c.stages, schedule=named, parts=fqns(layers), ac=AC_SETTINGS[mode],
-                  micro_batches=c.micro_batches, schedule_csv=None if csv is None else csv_name, comments=comments)
+        comments.append(f"no PyTorch class runs {c.schedule!r}: its order is the schedule CSV named below (written "
+                        "by TorchtitanExport.save or sapptk export; an absolute path, so any launch directory works)")
+    settings = {
+        "toml": {"degree": c.stages, "schedule": named, "parts": fqns(layers), "ac": AC_SETTINGS[mode],
+                 "micro_batches": c.micro_batches, "comments": comments},
+        "python": {"degree": c.stages, "schedule": named, "parts": fqns(layers, tail_modules=TAIL_MODULES_0_3),
+                   "ac": mode, "micro_batches": c.micro_batches, "base_config": base_config,
+                   "comments": [head] + ([] if csv is None else [f"no PyTorch class runs {c.schedule!r}: the schedule "
+                                                                  "CSV sits next to this module"])},
+    }
+    toml = render(**settings["toml"], schedule_csv=csv_path)
+    python = render_python(**settings["python"], schedule_csv=None if csv is None else Path(csv_name).name)
     peak = float(expressed.peak_memory.max())
     return TorchtitanExport(
-        toml=toml, csv=csv, csv_name=None if csv is None else csv_name, schedule=named, ac=dict(AC_SETTINGS[mode]),
+        toml=toml, csv=csv, csv_name=csv_path, schedule=named, ac=dict(AC_SETTINGS[mode]), python=python,
+        settings=settings,
         notes=tuple(notes), step_time_ms=simulation.step_time, peak_mb=float(simulation.peak_memory.max()),
         expressed_step_time_ms=expressed.step_time, expressed_peak_mb=peak,
         expressed_fits=c.memory_budget is None or peak <= c.memory_budget + FIT_TOLERANCE_MB,

@@ -15,6 +15,13 @@ to exactly zero.
 One set of events serves the simulator's memory steps (:func:`memory_steps`), a program's
 live points (:meth:`sapptk.schedules.Program.live_points`) and the peak of every device
 (:func:`device_peaks`: static memory plus the heaviest live point).
+
+K/V of sequence slices (:func:`kv_events`) is a second, separate term: the K/V an ``F`` of
+slice j writes stays alive from that ``F``'s start until the end of the backward of slice 0
+of the same micro-batch on the same virtual stage (with causal attention every later slice
+reads the K/V of the earlier ones, and the runtime keeps a micro-batch's K/V, and the
+gradient buffer it accumulates into, as one tensor freed after the last backward).
+:func:`memory_steps_kv` merges it with the activation steps.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import numpy as np
 from sapptk.schedules.graph import ProgramGraph
 from sapptk.schedules.ops import B_CODE, F_CODE, I_CODE, W_CODE
 
-__all__ = ["MemoryEvents", "device_peaks", "memory_events", "memory_steps"]
+__all__ = ["KVEvents", "MemoryEvents", "device_peaks", "kv_events", "memory_events", "memory_steps", "memory_steps_kv"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,6 +203,90 @@ def memory_steps(
         times[first + 1 : b + d + 1] = time[a:b]
         np.add(activation[d] @ live[:, a:b], static[d], out=memory[first + 1 : b + d + 1])
     return device, times, memory
+
+
+@dataclass(frozen=True, eq=False)
+class KVEvents:
+    """K/V allocation and free events, device by device in run order (allocations first within
+    a unit): ``op`` (the ``F`` whose K/V it is), ``unit``, ``device``, ``alloc``, ``ptr``."""
+
+    op: np.ndarray
+    unit: np.ndarray
+    device: np.ndarray
+    alloc: np.ndarray
+    ptr: np.ndarray
+
+
+def kv_events(graph: ProgramGraph) -> KVEvents:
+    """The K/V events of a compiled program: each ``F(m, vs, j)`` allocates at its unit's start,
+    and frees at the end of the unit of the backward (``B`` or ``I``) of ``(m, vs, 0)``."""
+    kind = graph.op_kind
+    fwd = np.flatnonzero(kind == F_CODE)
+    last = np.flatnonzero(((kind == B_CODE) | (kind == I_CODE)) & (graph.op_slice == 0))
+    m = int(graph.op_micro_batch.max(initial=0)) + 1
+    vs = graph.op_virtual_stage
+    free_unit = np.full((int(vs.max(initial=0)) + 1) * m, -1, dtype=np.int64)
+    free_unit[vs[last] * m + graph.op_micro_batch[last]] = graph.op_unit[last]
+    unit = np.r_[graph.op_unit[fwd], free_unit[vs[fwd] * m + graph.op_micro_batch[fwd]]]
+    alloc = np.r_[np.ones(len(fwd), dtype=bool), np.zeros(len(fwd), dtype=bool)]
+    order = np.lexsort((~alloc, unit))  # units are numbered device by device, in run order
+    device = graph.unit_device[unit[order]]
+    p = len(graph.unit_ptr) - 1
+    return KVEvents(op=np.r_[fwd, fwd][order], unit=unit[order], device=device, alloc=alloc[order],
+                    ptr=np.searchsorted(device, np.arange(p + 1), side="left"))
+
+
+def memory_steps_kv(
+    events: MemoryEvents,
+    kv: KVEvents,
+    kv_amount: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    activation: np.ndarray,
+    static: np.ndarray,
+    weight_holds: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`memory_steps` with the K/V term: ``(device, time, memory, kv)`` arrays, ``kv`` the
+    K/V MB in use (included in ``memory``). ``kv_amount[op]``: MB the K/V of ``F`` op ``op`` keeps.
+
+    The two streams are merged in run order (per device by unit, allocations before frees).
+    """
+    p = len(static)
+    act_val = np.empty(len(events.op))
+    live = events.live(weight_holds)
+    for d in range(p):
+        a, b = events.ptr[d], events.ptr[d + 1]
+        act_val[a:b] = activation[d] @ live[:, a:b]
+    step = np.where(kv.alloc, 1.0, -1.0) * np.asarray(kv_amount, dtype=float)[kv.op]
+    kv_val = np.empty(len(step))
+    for d in range(p):  # a running sum per device (each device's K/V returns to zero)
+        a, b = kv.ptr[d], kv.ptr[d + 1]
+        kv_val[a:b] = np.cumsum(step[a:b])
+    unit = np.r_[events.unit, kv.unit]
+    alloc = np.r_[events.alloc, kv.alloc]
+    source = np.r_[np.zeros(len(events.unit), dtype=np.int8), np.ones(len(kv.unit), dtype=np.int8)]
+    order = np.lexsort((source, ~alloc, unit))
+    n = len(order)
+    device_ev = np.r_[events.device, kv.device][order]
+    values = np.r_[act_val, kv_val][order]
+    filled = []
+    for src in (0, 1):  # the value of each stream after each merged event (0 before its first event on the device)
+        own = source[order] == src
+        last = np.maximum.accumulate(np.where(own, np.arange(n), -1))
+        ok = (last >= 0) & (device_ev[np.maximum(last, 0)] == device_ev)
+        filled.append(np.where(ok, values[np.maximum(last, 0)], 0.0))
+    ev_time = np.where(alloc, start[unit], end[unit])[order]
+    ptr = np.searchsorted(device_ev, np.arange(p + 1), side="left")
+    rows = n + p
+    device = np.repeat(np.arange(p, dtype=np.int64), np.diff(ptr) + 1)
+    times, memory, kv_mb = np.zeros(rows), np.empty(rows), np.zeros(rows)
+    for d in range(p):  # device d: its static row, then its merged events
+        a, b = ptr[d], ptr[d + 1]
+        memory[a + d] = static[d]
+        times[a + d + 1 : b + d + 1] = ev_time[a:b]
+        kv_mb[a + d + 1 : b + d + 1] = filled[1][a:b]
+        memory[a + d + 1 : b + d + 1] = static[d] + filled[0][a:b] + filled[1][a:b]
+    return device, times, memory, kv_mb
 
 
 def device_peaks(

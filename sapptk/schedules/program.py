@@ -25,13 +25,13 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from sapptk.errors import ScheduleError
+from sapptk.files import write_text
 from sapptk.pareto import pareto_front
 from sapptk.schedules.graph import ProgramGraph, compile_graph
 from sapptk.schedules.memory import MemoryEvents, memory_events
@@ -188,8 +188,8 @@ class Program:
         for units in self.units:
             writer.writerow([_csv_cell(u) for u in units])
         text = buffer.getvalue()
-        if path is not None:
-            Path(path).write_text(text, encoding="utf-8")
+        if path is not None:  # atomically; a folder, a missing folder or a full disk is a ScheduleError
+            write_text(path, text, what="schedule CSV", error=ScheduleError)
         return text
 
     # ------------------------------------------------------------ the graph

@@ -19,6 +19,7 @@ from sapptk.schedules.interleaved import (
     build_interleaved_zb,
 )
 from sapptk.schedules.program import Program
+from sapptk.schedules.seq import build_seq_interleaved, build_seq_interleaved_lm
 from sapptk.schedules.zerobubble import OpCosts, build_zb_h1, build_zb_v, build_zb_v_greedy
 
 Builder = Callable[..., Program]
@@ -141,6 +142,7 @@ def build(name: str, *, stages: int, micro_batches: int, chunks: int = 1, splits
 
 
 _AT_LEAST_P = {"min_micro_batches": lambda p, v: p, "min_micro_batches_text": "m >= p"}
+_SEQ_CHUNKS_MIN = {"min_micro_batches": lambda p, v: p if v > 1 else 1, "min_micro_batches_text": "m >= p when v > 1"}
 
 register(ScheduleSpec("gpipe", build_gpipe, "GPipe: all forwards, then all backwards", pytorch="ScheduleGPipe"))
 register(ScheduleSpec("1f1b", build_1f1b, "1F1B: p − s − 1 warm-up forwards, then one forward one backward",
@@ -178,6 +180,16 @@ register(ScheduleSpec(
 register(ScheduleSpec(
     "seq1f1b", build_seq1f1b,
     "Seq1F1B: 1F1B over k sequence slices per micro-batch", splits=True,
+))
+register(ScheduleSpec(
+    "seq-interleaved", build_seq_interleaved,
+    "Sequence slices on interleaved chunks: k slices per micro-batch, v chunks per device",
+    chunks=None, splits=True, grouping="equal", **_SEQ_CHUNKS_MIN,
+))
+register(ScheduleSpec(
+    "seq-interleaved-lm", build_seq_interleaved_lm,
+    "Sequence slices on less-memory interleaved chunks (warm-up (v − 1)·G + p − s + k − 2)",
+    chunks=None, splits=True, grouping="equal", **_SEQ_CHUNKS_MIN,
 ))
 register(ScheduleSpec(
     "dualpipe-v", build_dualpipe_v,

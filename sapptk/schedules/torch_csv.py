@@ -28,6 +28,7 @@ import os
 import re
 from pathlib import Path
 
+from sapptk import checks
 from sapptk.errors import DeadlockError, ScheduleError
 from sapptk.files import read_text
 from sapptk.schedules.program import Op, Program, make_program
@@ -56,29 +57,41 @@ def _parse_action(text: str, where: str) -> list[Op] | None:
             match = _COMPUTE.fullmatch(part)
             if not match:
                 raise ScheduleError(
-                    f"{where}: {part!r} inside {text!r} is not a compute action: expected "
+                    f"{where}: {checks.show(part)} inside {checks.show(text)} is not a compute action: expected "
                     "<stage><F|B|I|W><micro-batch> such as 0F3 or 5B1"
                 )
-            ops.append(Op(match.group(2), int(match.group(3)), int(match.group(1))))
+            ops.append(_op(match, where))
         if not ops:
-            raise ScheduleError(f"{where}: {text!r} overlaps no action: expected (0F3;5B1)OVERLAP_F_B")
+            raise ScheduleError(f"{where}: {checks.show(text)} overlaps no action: expected (0F3;5B1)OVERLAP_F_B")
         return ops
     match = _COMPUTE.fullmatch(text)
     if match:
-        return [Op(match.group(2), int(match.group(3)), int(match.group(1)))]
+        return [_op(match, where)]
     if _OTHER.fullmatch(text):
         return None
     raise ScheduleError(
-        f"{where}: {text!r} is not a PyTorch schedule action: expected <stage><F|B|I|W><micro-batch> "
+        f"{where}: {checks.show(text)} is not a PyTorch schedule action: expected <stage><F|B|I|W><micro-batch> "
         "(0F0, 1B3, 2I1, 2W1), (0F3;5B1)OVERLAP_F_B, a communication action (1SEND_F0, 0UNSHARD, ...) or an "
         "empty cell"
     )
+
+
+def _op(match: re.Match[str], where: str) -> Op:
+    """The op of a compute action; its stage and micro-batch bounded before they are converted
+    (a 20-digit stage would otherwise ask for that many stages)."""
+    stage, kind, micro_batch = match.group(1), match.group(2), match.group(3)
+    for label, digits in (("stage", stage), ("micro-batch", micro_batch)):
+        if len(digits) > len(str(checks.MAX_INDEX)) or int(digits) > checks.MAX_INDEX:
+            checks.fail(ScheduleError, f"{where}: {label} of {match.group(0)[:40]!r}", int(digits[:40]),
+                        f"at most {checks.MAX_INDEX:,} (sapptk.checks.MAX_INDEX)")
+    return Op(kind, int(micro_batch), int(stage))
 
 
 def _rows(text: str, source: str) -> list[list[tuple[Position, list[Op]]]]:
     """Per row, the compute cells with their (line, column)."""
     reader = csv.reader(io.StringIO(text))
     rows = []
+    total = 0
     try:
         for row in reader:
             line = reader.line_num
@@ -87,6 +100,9 @@ def _rows(text: str, source: str) -> list[list[tuple[Position, list[Op]]]]:
                 ops = _parse_action(cell, f"{source}, line {line}, column {col}")
                 if ops is not None:
                     cells.append(((line, col), ops))
+                    total += len(ops)
+                    checks.size(total, f"{source}, up to line {line}, column {col}", error=ScheduleError,
+                                limit=checks.MAX_PROGRAM_OPS, what="ops", constant="sapptk.checks.MAX_PROGRAM_OPS")
             rows.append((line, cells))
     except csv.Error as exc:
         raise ScheduleError(f"{source}, line {reader.line_num}: not valid CSV: {exc}") from None
@@ -108,6 +124,8 @@ def from_csv_text(text: str, *, source: str = "<csv>", name: str | None = None) 
     ``source`` names the text in messages; ``name`` is the program's name (default
     ``"csv:<source stem>"``).
     """
+    if not isinstance(text, str):
+        checks.fail(ScheduleError, f"{source}: the schedule CSV", text, "text")
     rows = _rows(text, source)
     p = len(rows)
     position: dict[Op, Position] = {}
@@ -198,6 +216,8 @@ def from_csv(path: str | os.PathLike[str], *, name: str | None = None) -> Progra
 
     The program's name is ``"csv:<file stem>"`` unless ``name`` is given.
     """
+    if not isinstance(path, str | os.PathLike):
+        checks.fail(ScheduleError, "schedule CSV path", path, "a file path")
     source = os.fspath(path)
     file = Path(source)
     text = read_text(source, what="schedule CSV", error=ScheduleError, max_bytes=_MAX_BYTES)  # sapptk.files guards

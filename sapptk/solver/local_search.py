@@ -359,6 +359,8 @@ class LocalSearch:
                     pick = pick.copy()
                     pick[d] = int(same[self.rng.integers(len(same))])
                     continue
+            if not len(self.moves):  # one virtual stage: no layer can move, only layouts switch
+                continue
             vec = self.layers(pick)
             a, b = self.moves[int(self.rng.integers(len(self.moves)))]
             if vec[a] > self.floor[a]:

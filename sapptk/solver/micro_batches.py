@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = ["MicroBatchResult", "improve_per_micro_batch", "weak_layout"]
 
 _BATCH = 256  # candidate moves timed per longest-path pass (bounds the batch's memory)
+_CHECK_EVERY = 1024  # candidate cells whose memory is checked between two looks at the clock
 _FIT_TOLERANCE_MB = 1e-6  # as Plan.fits
 
 
@@ -154,25 +155,26 @@ class _Model:
         self.cap = None if budget is None else (float(budget) + _FIT_TOLERANCE_MB) / MEMORY_UNIT_MB * scale
         self.device_of_cell = np.repeat(placement, m)
         self.memory: list[np.ndarray] = []  # per device: scaled memory after each event (base layout)
-        self.live: list[np.ndarray] = []  # per device: (events, cells of the device) scaled live factors
-        self.cell_index: list[dict[int, int]] = []
         for d in range(p):
             a, b = events.ptr[d], events.ptr[d + 1]
-            cells = np.unique(ev_cell[a:b])
-            self.cell_index.append({int(c): i for i, c in enumerate(cells)})
-            col = np.searchsorted(cells, ev_cell[a:b])
-            mat = np.zeros((b - a, len(cells)), dtype=np.int64)
-            mat[np.arange(b - a), col] = phi[a:b]
-            self.live.append(np.cumsum(mat, axis=0))
             self.memory.append(scale * static[d] + np.cumsum(phi[a:b] * ev_amount[a:b]))
+        # the events of each cell (all on its device), as positions within that device's events:
+        # O(events) to build, O(events of a device) per move (a dense events x cells table per
+        # device took seconds and gigabytes at 64 x 256 x 4)
+        order = np.argsort(ev_cell, kind="stable")
+        self.cell_ptr = np.searchsorted(ev_cell[order], np.arange(len(self.device_of_cell) + 1))
+        self.cell_event = order
+        self.event_local = np.arange(len(ev_cell)) - np.repeat(np.asarray(events.ptr[:-1]), np.diff(events.ptr))
+        self.event_phi = phi
 
     # -------------------------------------------------------------- memory
     def move_memory(self, cell: int) -> tuple[int, np.ndarray]:
         """(device, the extra scaled memory after each of its events) when ``cell`` moves to weak."""
         d = int(self.device_of_cell[cell])
-        i = self.cell_index[d].get(cell)
-        extra = np.zeros(len(self.memory[d]), dtype=np.int64) if i is None else self.live[d][:, i]
-        return d, extra * int(self.d_activation[cell // self.m])
+        extra = np.zeros(len(self.memory[d]), dtype=np.int64)
+        mine = self.cell_event[self.cell_ptr[cell] : self.cell_ptr[cell + 1]]
+        extra[self.event_local[mine]] = self.event_phi[mine]
+        return d, np.cumsum(extra) * int(self.d_activation[cell // self.m])
 
     def fits(self, memory: np.ndarray) -> bool:
         return self.cap is None or (memory.max(initial=0) <= self.cap)
@@ -209,6 +211,11 @@ def improve_per_micro_batch(
             continue
         tried.append((base, weak))
         now = time.monotonic()
+        if now >= deadline or (stop is not None and stop.is_set()):
+            if best is None:
+                return MicroBatchResult(counts, None, 0.0, 0.0, 0, 0, "recompute per micro-batch: not tried (no "
+                                        "time left after the per-stage search, or stopped)")
+            break
         share = now + max(0.0, deadline - now) / (len(FAMILIES) - i)
         if reference is None:
             model = _Model(profile, config, counts, weak)
@@ -256,11 +263,16 @@ def _greedy(
             break
         rounds += 1
         cand, extras = [], []
-        for cell in np.flatnonzero(useful & ~mask):
+        for n, cell in enumerate(np.flatnonzero(useful & ~mask)):
+            if n % _CHECK_EVERY == 0 and n and out_of_time():  # bounded work between two looks at the clock
+                break
             d, extra = model.move_memory(int(cell))
             if model.fits(memory[d] + extra):
                 cand.append(int(cell))
                 extras.append((d, extra))
+        if out_of_time():
+            cut = " (cut by the time limit or stop)"
+            break
         if not cand:
             break
         current = model.durations(mask)

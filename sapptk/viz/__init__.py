@@ -6,6 +6,8 @@
   (:mod:`sapptk.viz.plan_bars`).
 * :func:`step_time_by_budget`, :func:`heatmap`, :func:`pareto`, :func:`pareto_front` —
   a sweep's frame (:mod:`sapptk.viz.sweep_plots`).
+* :func:`choice_ranking`, :func:`choice_pareto` — a choice's ranking and Pareto front
+  (:mod:`sapptk.viz.choice_plots`).
 * :func:`sensitivity_plot`, :func:`critical_plot`, :func:`validation_plot` — how sure a
   plan is, where its critical path runs, and predicted against measured peaks (:mod:`sapptk.viz.robustness`).
 * :func:`save_html`, :func:`export_png`, :func:`export_svg`, :func:`export_pdf` — files (:mod:`sapptk.viz.export`).
@@ -41,6 +43,8 @@ _EXPORTS: dict[str, str] = {
     "heatmap": "sapptk.viz.sweep_plots",
     "pareto": "sapptk.viz.sweep_plots",
     "pareto_front": "sapptk.viz.sweep_plots",
+    "choice_ranking": "sapptk.viz.choice_plots",
+    "choice_pareto": "sapptk.viz.choice_plots",
     "sensitivity_plot": "sapptk.viz.robustness",
     "critical_plot": "sapptk.viz.robustness",
     "validation_plot": "sapptk.viz.robustness",
@@ -58,6 +62,8 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "CATEGORY_COLORS",
     "ExportUnavailableError",
+    "choice_pareto",
+    "choice_ranking",
     "chromium_driver",
     "close_driver",
     "compare",
@@ -83,6 +89,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from sapptk.viz.choice_plots import choice_pareto, choice_ranking
     from sapptk.viz.export import (
         ExportUnavailableError,
         chromium_driver,

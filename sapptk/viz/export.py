@@ -26,6 +26,7 @@ from bokeh.models import Plot
 from bokeh.resources import INLINE
 
 from sapptk.errors import SapptkError
+from sapptk.files import write_text
 
 if TYPE_CHECKING:
     from bokeh.models import UIElement
@@ -58,11 +59,10 @@ def _target(path: str | os.PathLike[str], where: str) -> Path:
 def save_html(fig: UIElement, path: str | os.PathLike[str], *, title: str = "sapptk") -> Path:
     """Write ``fig`` as a standalone HTML page with Bokeh's JS inline (works offline)."""
     path = _target(path, "save_html")
-    try:
-        path.write_text(file_html(fig, INLINE, title), encoding="utf-8")
-    except OSError as exc:
-        raise SapptkError(f"save_html: cannot write {str(path)!r}: {exc.strerror}") from None
-    return path
+    # atomically, through sapptk.files: a FIFO never blocks, a failed write leaves no half page
+    return write_text(path, file_html(fig, INLINE, title), what="HTML page", error=SapptkError)
+
+
 class ExportUnavailableError(RuntimeError):
     """PNG/SVG export needs Selenium and a Chromium with its driver."""
 

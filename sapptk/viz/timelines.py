@@ -342,6 +342,13 @@ def _memory_figure(
                       ("memory", "@memory_mb{0,0.0} MB")],
         )
     )
+    kv_mb = sim.memory.get("kv_mb")
+    if kv_mb is not None and float(kv_mb.to_numpy().max(initial=0.0)) > 0:  # K/V of sequence slices, dashed
+        kv = ColumnDataSource(memory_segments(sim.memory.assign(memory_mb=kv_mb), float(sim.step_time)))
+        kv_lines = fig.add_glyph(kv, Segment(**line, line_width=1.2, line_dash="dashed"), name="kv")
+        fig.add_tools(HoverTool(renderers=[kv_lines],
+                                tooltips=[("device", "@device"), ("K/V", "@memory_mb{0,0.0} MB")]))
+        fig.yaxis.axis_label = "memory in use, K/V dashed (MB)"
     top = float(sim.memory["memory_mb"].max()) if len(sim.memory) else 1.0
     if budget is not None:
         fig.add_layout(Span(location=budget, dimension="width", line_color="black", line_dash="dashed",

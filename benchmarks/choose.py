@@ -1,0 +1,151 @@
+"""``sapptk.choose`` against a brute-force sweep of the same grid, its throughput, and a model card.
+
+Run: python benchmarks/choose.py [--part winner throughput card] [--time-limit 10]
+
+* ``winner``: llama2_70b, 64 devices, global batch 512, micro-batch 1, 56000 MB, every
+  schedule whose order is fixed, chunks 1-4 (stages: every divisor of 64, dp = 64 / p).
+  ``choose`` runs, then the brute-force baseline: ``sapptk.sweep`` over every valid setup
+  of the same grid at the same time limit per setup. Prints both times, their ratio, both
+  winners and whether ``choose`` proved its winner.
+* ``throughput``: sixteen-stage setups of llama2_70b decided (balanced or pruned) per
+  minute: ``choose`` on 16 devices (dp = 1) for global batches 32-128 and budgets
+  48000-72000 MB, every fixed schedule, chunks 1-4.
+* ``card``: DeepSeek-V3 from its model card on 256 H800s (tp, ep, stages, dp, chunks,
+  schedules), then Megatron-LM's published DeepSeek-V3 layouts simulated on the bundled
+  deepseek_v3 profile against the balanced plan at the same shape and budget.
+
+Timings are wall-clock on whatever machine runs it; on the shared 2-core machines they are
+taken under load (say so where you record them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import pandas as pd
+
+import sapptk
+from sapptk.choosing.setups import enumerate_setups
+from sapptk.errors import ConfigError
+
+LAYOUTS = {"Et*3|(tt|)*29,m|L": "Megatron-LM DeepSeek-V3 layout (PP16, VPP2)",
+           "Et|(tt|)*30mL": "Megatron-LM DeepSeek-V3 layout (PP16, VPP2, MTP with the loss)"}
+
+
+def winner(time_limit: float) -> None:
+    profile = sapptk.bundled_profile("llama2_70b")
+    kw = dict(devices=64, global_batch=512, memory_budget=56000.0, max_chunks=4)
+    t0 = time.perf_counter()
+    choice = sapptk.choose(profile, time_limit=time_limit, **kw)
+    t_choose = time.perf_counter() - t0
+    print(choice.summary())
+    print(choice.top(8).to_string(index=False))
+    valid = []
+    for s in enumerate_setups(**kw):
+        try:
+            s.config.check(profile)
+        except ConfigError:
+            continue
+        valid.append(s.config)
+    t0 = time.perf_counter()
+    frame = sapptk.sweep(profile, valid, time_limit=time_limit, progress=False)
+    t_sweep = time.perf_counter() - t0
+    solved = frame[frame["status"].isin(["optimal", "feasible"])]
+    best = solved.loc[solved["step_time_ms"].idxmin()]
+    w = choice.frame.iloc[0]
+    same = (best["schedule"], best["stages"], best["chunks"]) == (w["schedule"], w["stages"], w["chunks"]) or abs(
+        best["step_time_ms"] - w["step_time_ms"]) <= 1e-9 * w["step_time_ms"]
+    print(f"\nchoose: {t_choose:.1f} s, proven {choice.proven}; sweep of the {len(valid)} valid setups: "
+          f"{t_sweep:.1f} s; ratio choose / sweep = {t_choose / t_sweep:.3f}")
+    print(f"sweep winner: {best['schedule']} p{best['stages']} v{best['chunks']} {best['step_time_ms']:,.1f} ms; "
+          f"choose winner: {w['schedule']} p{w['stages']} v{w['chunks']} {w['step_time_ms']:,.1f} ms; "
+          f"same: {same}")
+
+
+def throughput(time_limit: float, minutes: float) -> None:
+    profile = sapptk.bundled_profile("llama2_70b")
+    decided = total = 0
+    t0 = time.perf_counter()
+    for batch in (32, 48, 64, 96, 128):
+        for budget in (48000.0, 56000.0, 64000.0, 72000.0):
+            if time.perf_counter() - t0 > minutes * 60:
+                break
+            choice = sapptk.choose(profile, devices=16, global_batch=batch, memory_budget=budget, stages=[16],
+                                   time_limit=time_limit)
+            c = choice.counts
+            decided += c["balanced"] + c["pruned"] + c["infeasible"]
+            total += len(choice.frame)
+            elapsed = time.perf_counter() - t0
+            print(f"m {batch:4d} budget {budget:7.0f}: {len(choice.frame)} setups ({c}), {choice.seconds:.1f} s; "
+                  f"so far {decided} decided in {elapsed:.0f} s = {decided / elapsed * 600:.0f} per 10 min")
+    elapsed = time.perf_counter() - t0
+    print(f"\n{decided} of {total} sixteen-stage setups decided in {elapsed:.0f} s: "
+          f"{decided / elapsed * 600:.0f} per 10 minutes")
+
+
+def card(time_limit: float) -> None:
+    from sapptk.models import card as model_card
+
+    t0 = time.perf_counter()
+    choice = sapptk.choose(model_card("deepseek-v3"), hardware="h800", devices=256, global_batch=1024,
+                           memory_budget=None, tp=[1, 2], ep=[8, 32, 64], stages=[8, 16],
+                           schedules=["1f1b", "interleaved", "zb-h1", "dualpipe-v"], chunks=[1, 2],
+                           time_limit=time_limit, seq_length=4096)
+    print(f"DeepSeek-V3 card on 256 H800: {time.perf_counter() - t0:.1f} s")
+    print(choice.summary())
+    print(choice.top(8).to_string(index=False))
+    hand_vs_plan(time_limit)
+
+
+def hand_vs_plan(time_limit: float) -> pd.DataFrame:
+    """The published layouts on the bundled deepseek_v3 profile (PP16, VPP2, 32 micro-batches,
+    mode none) against sapptk's balanced plan at the same shape and no more memory, and against
+    choose's winner over schedules, chunks and stages at that budget (16 x dp devices)."""
+    profile = sapptk.bundled_profile("deepseek_v3")
+    base = sapptk.PipelineConfig(stages=16, micro_batches=32, chunks=2, schedule="interleaved")
+    rows = []
+    for layout, what in LAYOUTS.items():
+        hand = sapptk.from_megatron(profile, base, layout)
+        peak = float(hand.simulate().peak_memory.max())
+        plan = sapptk.balance(profile, base.replace(memory_budget=peak), time_limit=time_limit)
+        choice = sapptk.choose(profile, devices=16, global_batch=32, memory_budget=peak, stages=[8, 16],
+                               time_limit=time_limit)
+        best = choice.best
+        rows += [
+            {"layout": layout, "plan": what, "step_ms": hand.step_time, "peak_mb": peak},
+            {"layout": layout, "plan": "sapptk balance, same shape and budget", "step_ms": plan.step_time,
+             "peak_mb": float(plan.simulate().peak_memory.max())},
+            {"layout": layout, "plan": f"sapptk choose: {best.config.schedule} p{best.config.stages} "
+             f"v{best.config.chunks}", "step_ms": best.step_time, "peak_mb": float(best.simulate().peak_memory.max())},
+        ]
+    table = pd.DataFrame(rows)
+    hand = table.groupby("layout")["step_ms"].transform("first")
+    table["vs_hand"] = table["step_ms"] / hand
+    print(table.round({"step_ms": 1, "peak_mb": 0, "vs_hand": 4}).to_string(index=False))
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", nargs="+", default=["winner", "throughput", "card"],
+                        choices=["winner", "throughput", "card", "hand"])
+    parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--minutes", type=float, default=10.0, help="cap of the throughput part")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    for part in args.part:
+        print(f"== {part} (time limit {args.time_limit:g} s per balanced setup)")
+        if part == "winner":
+            winner(args.time_limit)
+        elif part == "throughput":
+            throughput(args.time_limit, args.minutes)
+        elif part == "card":
+            card(args.time_limit)
+        else:
+            hand_vs_plan(args.time_limit)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,442 @@
+"""A proven lower bound on the step time of a setup, before it is balanced.
+
+The bound is the value of a linear relaxation, certified by weak duality:
+
+* **Variables.** ``x[g, r, vs] ≥ 0``: how many layers of body group ``g`` in recompute mode
+  ``r`` virtual stage ``vs`` holds, fractional, with ``Σ_{r, vs} x[g, r, vs] = N_g`` (modes
+  the profile offers and the setup allows only). Every plan is such an ``x`` (integer, with
+  contiguous groups); the relaxation drops integrality and contiguity.
+* **Time.** Per virtual stage, the forward, backward and weight durations are linear in
+  ``x`` (the solver's integer costs, :func:`sapptk.costs.layer_coefficients`). Any path of
+  the program's dependency graph has a length linear in ``x``
+  (:class:`~sapptk.solver.paths.PathModel`), and the step time is at least the length of
+  every path: ``z ≥ len_P(x)``. The rows start with each device's whole op chain (its work)
+  and grow by row generation: the longest path at the relaxation's fractional durations is
+  the most violated row (it carries the schedule's warm-up and cool-down).
+* **Memory.** Every device's peak is the heaviest of its live points
+  (:func:`sapptk.solver.paths.live_rows`, the balancer's exact constraint), linear in ``x``:
+  each must stay within the budget. So the cheapest recompute that can fit is forced.
+
+GLOP solves the LP, but its answer is not trusted: with the LP's duals as multipliers
+``y ≥ 0`` (paths, normalised to sum 1) and ``μ ≥ 0`` (memory rows), every plan ``x`` that
+fits satisfies ``step ≥ Σ_P y_P len_P(x) + Σ_k μ_k (mem_k(x) − budget_k)``, and the
+minimum of the right-hand side over the product of simplices is a sum, per group, of
+``N_g`` times its smallest coefficient. That minimum is the bound (less a rounding margin
+far above float64's error). The same argument on ``min t: mem_k(x) − budget ≤ t`` proves a
+setup infeasible and says by how many MB, on which device.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.linear_solver import pywraplp
+
+from sapptk.config import PipelineConfig
+from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients, memory_units
+from sapptk.profile import Profile
+from sapptk.solver.paths import live_rows, path_model
+
+__all__ = ["SetupBound", "pipeline_bound"]
+
+_MARGIN = 1e-7
+"""Relative margin taken off a certified bound (float64 sums of at most a few thousand terms
+err by about 1e-13 relative)."""
+
+_TOLERANCE_MB = 1e-3
+"""A setup is proven infeasible only when its certified excess is above this many MB."""
+
+
+@dataclass(frozen=True)
+class SetupBound:
+    """What :func:`pipeline_bound` proved about one setup.
+
+    ``bound_ms``: a lower bound on the pipeline step time of every plan that fits (None when
+    the setup is proven infeasible). ``infeasible``: nothing fits, not even fractional
+    layers with the strongest recompute; then ``excess_mb`` (a proven lower bound on how far
+    the fullest device must exceed the budget) and ``device`` (the device whose memory
+    binds). ``rounds`` (LP or CP-SAT solves) and ``seconds``; ``paths`` the path rows found
+    (signatures as int64 bytes, crossings), which :func:`integer_bound` starts from;
+    ``integer``: the bound comes from :func:`integer_bound`.
+    """
+
+    bound_ms: float | None
+    infeasible: bool = False
+    excess_mb: float = 0.0
+    device: int | None = None
+    rounds: int = 0
+    seconds: float = 0.0
+    paths: tuple[tuple[bytes, int], ...] = ()
+    integer: bool = False
+
+    @property
+    def reason(self) -> str:
+        """Why the setup has no plan ("" when it may have one)."""
+        if not self.infeasible:
+            return ""
+        if self.device is None:
+            return ("memory: no whole-layer assignment fits the budget on every device, even with the strongest "
+                    "allowed recompute")
+        return (f"memory: device {self.device} needs at least {self.excess_mb:,.1f} MB more than the budget, "
+                "even with the strongest allowed recompute")
+
+
+class _Relaxation:
+    """The LP's data: variables, path rows and memory rows as dense arrays (ticks / 1000, MB)."""
+
+    def __init__(self, profile: Profile, config: PipelineConfig) -> None:
+        coef = layer_coefficients(profile, config)
+        program = config.program()
+        self.paths = path_model(program)
+        self.comm = int(coef.comm)
+        nvs = config.num_virtual_stages
+        G, R = coef.allowed.shape
+        # variables: (g, r, vs) for allowed (g, r)
+        self.var_group = []
+        cols_f, cols_b, cols_w, cols_a, cols_p, var_vs = [], [], [], [], [], []
+        for g in range(G):
+            for r in range(R):
+                if not coef.allowed[g, r]:
+                    continue
+                for vs in range(nvs):
+                    self.var_group.append(g)
+                    var_vs.append(vs)
+                    cols_f.append(coef.forward[g])
+                    cols_b.append(coef.backward[g, r])
+                    cols_w.append(coef.weight[g])
+                    cols_a.append(coef.activation[g, r])
+                    cols_p.append(coef.params[g])
+        self.var_group = np.asarray(self.var_group, dtype=np.int64)
+        var_vs = np.asarray(var_vs, dtype=np.int64)
+        self.n_vars = len(var_vs)
+        self.group_counts = coef.counts.astype(float)
+        # per-vs [F; BI; W] costs = cost_matrix @ x + cost_fixed (time units)
+        self.cost_matrix = np.zeros((3 * nvs, self.n_vars))
+        idx = np.arange(self.n_vars)
+        self.cost_matrix[var_vs, idx] = cols_f
+        self.cost_matrix[nvs + var_vs, idx] = cols_b
+        self.cost_matrix[2 * nvs + var_vs, idx] = cols_w
+        self.cost_fixed = np.concatenate([coef.fixed_forward, coef.fixed_backward, coef.fixed_weight]).astype(float)
+        # memory rows: one per (device, live point), in MB: row @ x + const <= budget
+        act = np.zeros((nvs, self.n_vars))
+        act[var_vs, idx] = np.asarray(cols_a, float) * MEMORY_UNIT_MB
+        par = np.zeros((nvs, self.n_vars))
+        par[var_vs, idx] = np.asarray(cols_p, float) * MEMORY_UNIT_MB
+        fixed_act = coef.fixed_activation * MEMORY_UNIT_MB
+        fixed_par = coef.fixed_params * MEMORY_UNIT_MB
+        live = live_rows(program)
+        rows, consts, owners = [], [], []
+        for d, stages in enumerate(program.device_stages):
+            stages = list(stages)
+            static = par[stages].sum(axis=0)
+            static_c = float(fixed_par[stages].sum()) + coef.constant * MEMORY_UNIT_MB
+            points = live.rows[d] / live.scale if len(live.rows[d]) else np.zeros((1, len(stages)))
+            for point in np.unique(points, axis=0):
+                rows.append(static + point @ act[stages])
+                consts.append(static_c + float(point @ fixed_act[stages]))
+                owners.append(d)
+        self.mem_rows = np.asarray(rows)
+        self.mem_const = np.asarray(consts)
+        self.mem_device = np.asarray(owners, dtype=np.int64)
+        budget = config.memory_budget
+        self.budget = None if budget is None else memory_units(budget) * MEMORY_UNIT_MB
+        self.splits = config.splits
+
+    def path_row(self, sig: np.ndarray, crossings: int) -> tuple[np.ndarray, float]:
+        """A path's length as (coefficients on x, constant), in ticks / 1000."""
+        sig = np.asarray(sig, dtype=float)
+        return sig @ self.cost_matrix / 1000.0, (sig @ self.cost_fixed + crossings * self.comm * self.splits) / 1000.0
+
+    def group_minimum(self, coefficients: np.ndarray) -> float:
+        """``min Σ c·x`` over the product of simplices ``Σ_{r,vs} x[g, r, vs] = N_g``."""
+        total = 0.0
+        for g, n in enumerate(self.group_counts):
+            if n:
+                total += n * float(coefficients[self.var_group == g].min())
+        return total
+
+
+def _new_solver() -> pywraplp.Solver:
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    if solver is None:  # pragma: no cover - GLOP ships with OR-Tools
+        raise RuntimeError("OR-Tools has no GLOP solver")
+    return solver
+
+
+def _simplex_vars(solver: pywraplp.Solver, lp: _Relaxation) -> list[pywraplp.Variable]:
+    x = [solver.NumVar(0.0, solver.infinity(), f"x{i}") for i in range(lp.n_vars)]
+    for g, n in enumerate(lp.group_counts):
+        ct = solver.Constraint(float(n), float(n))
+        for i in np.flatnonzero(lp.var_group == g):
+            ct.SetCoefficient(x[i], 1.0)
+    return x
+
+
+def _infeasibility(lp: _Relaxation) -> tuple[float, int]:
+    """A proven lower bound on the smallest possible worst memory excess (MB), and the device
+    whose rows carry it."""
+    solver = _new_solver()
+    x = _simplex_vars(solver, lp)
+    t = solver.NumVar(-solver.infinity(), solver.infinity(), "t")
+    cts = []
+    for row, const in zip(lp.mem_rows, lp.mem_const, strict=True):
+        ct = solver.Constraint(-solver.infinity(), lp.budget - const)  # row·x - t <= budget - const
+        for i in np.flatnonzero(row):
+            ct.SetCoefficient(x[i], float(row[i]))
+        ct.SetCoefficient(t, -1.0)
+        cts.append(ct)
+    solver.Minimize(t)
+    if solver.Solve() != pywraplp.Solver.OPTIMAL:
+        return 0.0, 0
+    mu = np.maximum(0.0, -np.array([ct.dual_value() for ct in cts]))
+    if mu.sum() <= 0:
+        return 0.0, 0
+    mu /= mu.sum()
+    value = float(mu @ (lp.mem_const - lp.budget)) + lp.group_minimum(mu @ lp.mem_rows)
+    value -= _MARGIN * (abs(value) + float(mu @ lp.mem_const))
+    device = int(np.bincount(lp.mem_device, weights=mu).argmax())
+    return value, device
+
+
+def pipeline_bound(profile: Profile, config: PipelineConfig, *, max_rounds: int = 40,
+                   time_limit: float = 10.0, deterministic: bool = False) -> SetupBound:
+    """A proven lower bound on the simulated step time (ms, without DP synchronisation) of every
+    plan of ``profile`` on ``config`` that fits the memory budget; or a proof that none fits.
+
+    ``config`` must be valid for ``profile`` (:meth:`PipelineConfig.check`) and name a
+    schedule whose order does not depend on costs. ``max_rounds`` and ``time_limit`` (not
+    with ``deterministic``: then the rounds alone, so the same input gives the same bound) cap the
+    row generation; stopping early only makes the bound weaker, never wrong.
+    """
+    began = time.perf_counter()
+    lp = _Relaxation(profile, config)
+    if lp.budget is not None:
+        excess, device = _infeasibility(lp)
+        if excess > _TOLERANCE_MB:
+            return SetupBound(None, infeasible=True, excess_mb=excess, device=device,
+                              seconds=time.perf_counter() - began)
+    solver = _new_solver()
+    x = _simplex_vars(solver, lp)
+    z = solver.NumVar(0.0, solver.infinity(), "z")
+    mem_cts = []
+    if lp.budget is not None:
+        for row, const in zip(lp.mem_rows, lp.mem_const, strict=True):
+            ct = solver.Constraint(-solver.infinity(), lp.budget - const)
+            for i in np.flatnonzero(row):
+                ct.SetCoefficient(x[i], float(row[i]))
+            mem_cts.append(ct)
+    path_cts: list[pywraplp.Constraint] = []
+    path_rows: list[tuple[np.ndarray, float]] = []
+    seen: set[bytes] = set()
+
+    def add(sig: np.ndarray, crossings: int) -> bool:
+        key = np.asarray(sig, dtype=np.int64).tobytes() + int(crossings).to_bytes(8, "little")
+        if key in seen:
+            return False
+        seen.add(key)
+        coeffs, const = lp.path_row(sig, crossings)
+        ct = solver.Constraint(const, solver.infinity())  # z - coeffs·x >= const
+        ct.SetCoefficient(z, 1.0)
+        for i in np.flatnonzero(coeffs):
+            ct.SetCoefficient(x[i], -float(coeffs[i]))
+        path_cts.append(ct)
+        path_rows.append((coeffs, const))
+        return True
+
+    for sig in lp.paths.device_sig:
+        add(sig, 0)
+    solver.Minimize(z)
+    best = 0.0
+    rounds = 0
+    while rounds < max_rounds:
+        rounds += 1
+        if solver.Solve() != pywraplp.Solver.OPTIMAL:
+            break
+        best = max(best, _certify(lp, path_rows, path_cts, mem_cts))
+        if rounds >= max_rounds:
+            break
+        values = np.array([v.solution_value() for v in x])
+        cost = lp.cost_matrix @ values + lp.cost_fixed
+        step, found = lp.paths.longest(cost[None, :], lp.comm)
+        if float(step[0]) / 1000.0 <= z.solution_value() * (1 + 1e-6) + 1e-6:
+            break
+        if not add(*found[0]) or (not deterministic and time.perf_counter() - began > time_limit):
+            break
+    ms = best * 1000.0 * TIME_UNIT_MS / config.splits
+    found_paths = tuple((k[:-8], int.from_bytes(k[-8:], "little")) for k in seen)
+    return SetupBound(ms, rounds=rounds, seconds=time.perf_counter() - began, paths=found_paths)
+
+
+def _certify(lp: _Relaxation, path_rows: list[tuple[np.ndarray, float]], path_cts: list[pywraplp.Constraint],
+             mem_cts: list[pywraplp.Constraint]) -> float:
+    """The weak-duality bound of the LP's current duals (ticks / 1000); see the module docstring."""
+    y = np.maximum(0.0, np.array([ct.dual_value() for ct in path_cts]))
+    if y.sum() <= 0:
+        return 0.0
+    y /= y.sum()
+    coeffs = y @ np.array([c for c, _ in path_rows])
+    value = float(y @ np.array([k for _, k in path_rows]))
+    if mem_cts:
+        mu = np.maximum(0.0, -np.array([ct.dual_value() for ct in mem_cts]))
+        coeffs = coeffs + mu @ lp.mem_rows
+        value += float(mu @ (lp.mem_const - lp.budget))
+    value += lp.group_minimum(coeffs)
+    return max(0.0, value * (1 - _MARGIN))
+
+
+
+def integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, *, time_limit: float = 2.0,
+                  max_rounds: int = 12, workers: int = 1, deterministic: bool = False) -> SetupBound:
+    """``start`` tightened by integrality (:func:`_integer_bound`): first without the memory
+    rows and every layer in its fastest allowed mode (a relaxation CP-SAT proves quickly),
+    then with them in the time left; the largest proven bound. With ``deterministic``, one
+    CP-SAT worker counts deterministic time instead of seconds (the same input gives the same
+    bound, whatever the machine's load)."""
+    if start.infeasible or start.bound_ms is None:
+        return start
+    began = time.perf_counter()
+    free = _integer_bound(profile, config, start, time_limit=time_limit / 2, max_rounds=max_rounds,
+                          workers=1 if deterministic else workers, memory=False, deterministic=deterministic)
+    left = time_limit / 2 if deterministic else time_limit - (time.perf_counter() - began)
+    if config.memory_budget is None or left <= 0.1:
+        return free
+    return _integer_bound(profile, config, free, time_limit=left, max_rounds=max_rounds,
+                          workers=1 if deterministic else workers, memory=True, deterministic=deterministic)
+
+
+def _integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, *, time_limit: float,
+                   max_rounds: int, workers: int, memory: bool, deterministic: bool = False) -> SetupBound:
+    """``start`` tightened by integrality: CP-SAT minimises the step time over integer layer
+    counts per (group, mode, virtual stage) (contiguity relaxed; every virtual stage without
+    head or tail holds a body layer, as :func:`sapptk.balance` requires) subject to the exact
+    memory rows and the path rows found so far, adding the longest path of each solution.
+
+    Its proven bound (``best_objective_bound``, exact integer arithmetic in ticks) is a lower
+    bound on every plan the balancer can return, because every such plan is a solution of
+    this model; the result is the larger of it and ``start``. Returns ``start`` unchanged
+    for an infeasible setup.
+    """
+    from ortools.sat.python import cp_model
+
+    if start.infeasible or start.bound_ms is None:
+        return start
+    began = time.perf_counter()
+    coef = layer_coefficients(profile, config)
+    program = config.program()
+    paths = path_model(program)
+    live = live_rows(program)
+    nvs = config.num_virtual_stages
+    G, R = coef.allowed.shape
+    allowed = coef.allowed.copy()
+    if not memory:  # the fastest allowed mode of each group only: no plan is faster than with it
+        fastest = np.where(allowed, coef.backward, np.iinfo(np.int64).max).argmin(axis=1)
+        allowed[:] = False
+        allowed[np.arange(G), fastest] = True
+    model = cp_model.CpModel()
+    n: dict[tuple[int, int, int], cp_model.IntVar] = {}
+    for g in range(G):
+        cells = []
+        for r in range(R):
+            if allowed[g, r]:
+                for vs in range(nvs):
+                    n[g, r, vs] = model.new_int_var(0, int(coef.counts[g]), f"n{g}_{r}_{vs}")
+                    cells.append(n[g, r, vs])
+        model.add(sum(cells) == int(coef.counts[g]))
+    for vs in range(nvs):
+        if coef.fixed_layers[vs] == 0:
+            model.add(sum(v for (g, r, s), v in n.items() if s == vs) >= 1)
+
+    def stage_terms(kind: str, vs: int) -> list[tuple[int, cp_model.IntVar]]:
+        out = []
+        for (g, r, s), v in n.items():
+            if s != vs:
+                continue
+            c = {"f": coef.forward[g], "b": coef.backward[g, r], "w": coef.weight[g], "a": coef.activation[g, r],
+                 "p": coef.params[g]}[kind]
+            if c:
+                out.append((int(c), v))
+        return out
+
+    terms = {k: [stage_terms(k, vs) for vs in range(nvs)] for k in "fbwap"}
+    fixed = {"f": coef.fixed_forward, "b": coef.fixed_backward, "w": coef.fixed_weight, "a": coef.fixed_activation,
+             "p": coef.fixed_params}
+    if memory and config.memory_budget is not None:
+        budget = math.floor(float(config.memory_budget) / MEMORY_UNIT_MB * live.scale + 1e-6)
+        for d, stages in enumerate(program.device_stages):
+            stages = list(stages)
+            static = [(live.scale * c, v) for vs in stages for c, v in terms["p"][vs]]
+            static_c = live.scale * (int(fixed["p"][stages].sum()) + int(coef.constant))
+            for point in np.unique(live.rows[d], axis=0) if len(live.rows[d]) else []:
+                expr = static + [(int(point[k]) * c, v) for k, vs in enumerate(stages) for c, v in terms["a"][vs]]
+                const = static_c + sum(int(point[k]) * int(fixed["a"][vs]) for k, vs in enumerate(stages))
+                model.add(sum(c * v for c, v in expr) + const <= budget)
+    # no path is longer than every op of every column at its most expensive, plus comm on every unit
+    total_work = sum(int(coef.counts[g]) * int(max(coef.forward[g] + coef.backward[g].max() + coef.weight[g], 0))
+                     for g in range(G))
+    horizon = (int(paths.unit_sig.sum(axis=0).max(initial=1)) * (total_work + int(coef.fixed_forward.sum())
+               + int(coef.fixed_backward.sum()) + int(coef.fixed_weight.sum()))
+               + int(program.graph.n_units) * int(coef.comm) * config.splits + 1)
+    z = model.new_int_var(0, horizon, "z")
+    seen: set[bytes] = set()
+
+    def add(sig: np.ndarray, crossings: int) -> bool:
+        sig = np.asarray(sig, dtype=np.int64)
+        key = sig.tobytes() + int(crossings).to_bytes(8, "little")
+        if key in seen:
+            return False
+        seen.add(key)
+        expr, const = [], int(crossings) * int(coef.comm) * config.splits
+        for cls, kind in enumerate("fbw"):
+            for vs in range(nvs):
+                k = int(sig[cls * nvs + vs])
+                if k:
+                    expr += [(k * c, v) for c, v in terms[kind][vs]]
+                    const += k * int(fixed[kind][vs])
+        model.add(z >= sum(c * v for c, v in expr) + const)
+        return True
+
+    for sig_bytes, crossings in start.paths:
+        add(np.frombuffer(sig_bytes, dtype=np.int64), crossings)
+    for sig in paths.device_sig:
+        add(sig, 0)
+    if memory and start.bound_ms is not None:  # the bound so far holds here too
+        model.add(z >= int(math.floor(start.bound_ms / TIME_UNIT_MS * config.splits)))
+    model.minimize(z)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = int(workers)
+    best_ticks = 0
+    rounds = 0
+    spent = 0.0  # deterministic time, when counted
+    while rounds < max_rounds:
+        left = time_limit - (spent if deterministic else time.perf_counter() - began)
+        if left <= 0.05:
+            break
+        rounds += 1
+        if deterministic:
+            solver.parameters.max_deterministic_time = left
+        else:
+            solver.parameters.max_time_in_seconds = left
+        status = solver.solve(model)
+        spent += solver.deterministic_time
+        if status == cp_model.INFEASIBLE and memory:  # nothing the balancer could return fits
+            return SetupBound(None, infeasible=True, excess_mb=0.0, device=None, rounds=start.rounds + rounds,
+                              seconds=start.seconds + time.perf_counter() - began, paths=start.paths, integer=True)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
+        best_ticks = max(best_ticks, int(math.floor(solver.best_objective_bound + 1e-9)))
+        if status != cp_model.OPTIMAL:
+            break
+        counts = np.zeros((G, R, nvs), dtype=np.int64)
+        for (g, r, vs), v in n.items():
+            counts[g, r, vs] = solver.value(v)
+        cost = np.concatenate([coef.per_stage(counts)[k] for k in ("forward", "backward", "weight")])
+        step, found = paths.longest(cost[None, :], int(coef.comm))
+        if int(step[0]) <= solver.objective_value or not add(*found[0]):
+            break
+    ms = best_ticks * TIME_UNIT_MS / config.splits
+    found = tuple((k[:-8], int.from_bytes(k[-8:], "little")) for k in seen)
+    return SetupBound(max(ms, start.bound_ms), rounds=start.rounds + rounds,
+                      seconds=start.seconds + time.perf_counter() - began, paths=found, integer=True)

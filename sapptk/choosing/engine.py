@@ -1,0 +1,475 @@
+"""``choose``: which pipeline setup to run, balanced best-bound-first and pruned by proofs.
+
+::
+
+    setups ──► bound (LP, certified) ──► heap by bound ──► tighten (integer model) ──► balance in batches
+                     │                                         │                        (sweep engine: serial,
+                     └─ infeasible (device, MB)                └─ pruned: bound ≥ best      processes, Dask; cache)
+
+1. Every setup gets a proven lower bound on its step time (:mod:`sapptk.choosing.bounds`:
+   the work with the least recompute that fits and the schedule's fill and drain, from its
+   program) plus the least DP synchronisation any of its plans has; a setup that nothing
+   fits is dropped with the device and the shortfall.
+2. The setups are taken in order of bound. A setup whose bound is at or above the best step
+   time found so far is pruned (and so is every later one). Before a setup is balanced its
+   bound is tightened by the integer model (:func:`~sapptk.choosing.bounds.integer_bound`),
+   which may prune it after all.
+3. Survivors are balanced ``batch`` at a time through the sweep engine's executors
+   (:func:`sapptk.sweeps.solving.solve_point`), each starting from the fastest plan so far of
+   the same shape (stages and chunks); a ``cache`` folder keeps every balanced row (Parquet),
+   so an interrupted choice resumes. The batches do not depend on the executor, so serial,
+   processes and Dask give the same frame (with ``deterministic=True``, the same plans).
+4. The winner is proven when every other setup's bound (the balancer's own bound included)
+   is at or above its step time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from numbers import Real
+from typing import Any
+
+import numpy as np
+
+from sapptk.choosing.bounds import SetupBound, integer_bound, pipeline_bound
+from sapptk.choosing.result import Choice, typed_choice
+from sapptk.choosing.setups import (
+    DEFAULT_GRADIENT_SHARE,
+    Candidate,
+    dp_sync_ms,
+    enumerate_setups,
+    program_digest,
+)
+from sapptk.errors import ConfigError, SapptkError
+from sapptk.profile import resolve_profile
+from sapptk.sweeps.cache import LAYOUT_COLUMN, Cache
+from sapptk.sweeps.executors import check_executor, default_workers, open_executor
+from sapptk.sweeps.frame import SOLVED, input_row
+from sapptk.sweeps.grid import CONFIG_FIELDS, point_key, profile_digest
+from sapptk.sweeps.solving import COUNTS_KEY, solve_point
+
+__all__ = ["choose", "choose_candidates"]
+
+_TIE = 1e-9  # relative: a bound within this of the best step time counts as reaching it
+
+
+def _check_float(name: str, value: Any, *, allow_none: bool = True, low: float = 0.0) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)) or value <= low:
+        tail = " or None" if allow_none else ""
+        raise ConfigError(f"{name} = {value!r}: expected a finite number > {low:g}{tail}")
+    return float(value)
+
+
+def choose(
+    source: Any,
+    *,
+    devices: int,
+    global_batch: int,
+    memory_budget: float | None,
+    micro_batch_size: int = 1,
+    hardware: Any = None,
+    schedules: Sequence[str] | None = None,
+    stages: Sequence[int] | None = None,
+    chunks: Sequence[int] | None = None,
+    max_chunks: int = 4,
+    recompute: Sequence[str] | None = None,
+    constant_memory: float = 0,
+    comm: float = 0,
+    dp_bandwidth: float | None = None,
+    gradient_share: float = DEFAULT_GRADIENT_SHARE,
+    sequence_length: int | None = None,
+    time_limit: float = 20.0,
+    bound_time: float = 1.0,
+    batch: int = 2,
+    executor: Any = "serial",
+    workers: int | None = None,
+    cache: Any = None,
+    progress: bool = False,
+    seed: int = 0,
+    deterministic: bool = False,
+    **parallel: Any,
+) -> Choice:
+    """The fastest pipeline setup for ``global_batch`` samples on ``devices`` devices.
+
+    Parameters
+    ----------
+    source: a :class:`~sapptk.profile.Profile` (or a bundled profile name or file): the
+        pipeline dimensions vary (schedule, stages p dividing ``devices``, chunks v,
+        micro-batches ``global_batch / (dp · micro_batch_size)``, dp = devices / p). A model
+        card (``sapptk.models``) with ``hardware=``: tensor, context and expert parallelism
+        and the optimizer sharding vary too (``tp=``, ``cp=``, ``ep=``, ``zero=`` restrict
+        them), each setup with its own estimated profile.
+    memory_budget: MB per device (None: unlimited).
+    schedules, stages, chunks: restrict the dimensions (None: every schedule whose order is
+        fixed, every divisor of ``devices``, every chunk count a schedule accepts up to
+        ``max_chunks``).
+    recompute, constant_memory, comm: as in :class:`~sapptk.config.PipelineConfig`.
+    dp_bandwidth: MB per ms of each device's link for the DP gradient all-reduce; None
+        leaves the synchronisation out (and the result's notes say so). ``gradient_share``:
+        gradient MB per parameter MB of a bare profile.
+    sequence_length: tokens per sample, for ``tokens_per_s_per_device``.
+    time_limit: seconds per balanced setup; ``bound_time``: seconds per integer bound.
+    batch: setups balanced per round (fixed, so every executor gives the same frame).
+    executor, workers, cache, progress, seed, deterministic: as in :func:`sapptk.sweep`.
+
+    Raises :class:`~sapptk.errors.ConfigError` for a bad argument, a device count no stage
+    count divides, a global batch no setup divides, an empty list, or when every setup is
+    infeasible (naming the nearest one, its device and the MB it lacks).
+    """
+    began = time.perf_counter()
+    bw = _check_float("dp_bandwidth", dp_bandwidth)
+    share = _check_float("gradient_share", gradient_share, allow_none=False)
+    if sequence_length is not None and (isinstance(sequence_length, bool) or not isinstance(sequence_length, int)
+                                        or sequence_length < 1):
+        raise ConfigError(f"sequence_length = {sequence_length!r}: expected an integer >= 1 or None")
+    _check_float("time_limit", time_limit, allow_none=False)
+    _check_float("bound_time", bound_time, allow_none=False)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"batch = {batch!r}: expected an integer >= 1")
+    check_executor(executor)
+    shape = {"devices": devices, "global_batch": global_batch, "micro_batch_size": micro_batch_size,
+             "schedules": schedules, "stages": stages, "chunks": chunks, "memory_budget": memory_budget,
+             "constant_memory": constant_memory, "comm": comm, "recompute": recompute, "max_chunks": max_chunks}
+    notes: list[str] = []
+    if _is_model_card(source):
+        from sapptk.choosing.cards import card_candidates
+
+        candidates, card_notes = card_candidates(source, hardware, shape, parallel)
+        notes += card_notes
+        if sequence_length is None:
+            sequence_length = int(parallel.get("seq_length", 4096))
+        if bw is None and hardware is not None:
+            bw = _hardware_bandwidth(hardware)
+    else:
+        if parallel:
+            name = next(iter(parallel))
+            raise ConfigError(f"{name} = {parallel[name]!r}: only a model card varies tp, cp, ep or zero; a profile "
+                              "fixes them (choose(card, hardware=...) to vary them)")
+        if hardware is not None:
+            raise ConfigError("hardware: only a model card takes a hardware card; a profile already holds the costs")
+        profile = resolve_profile(source)
+        candidates = [Candidate(setup=s, profile=profile, gradient_share=share)
+                      for s in enumerate_setups(**shape)]
+    if bw is None:
+        notes.append("no DP gradient synchronisation counted (give dp_bandwidth= in MB/ms to count it)")
+    return choose_candidates(candidates, global_batch=int(global_batch), devices=int(devices), dp_bandwidth=bw,
+                             sequence_length=sequence_length, time_limit=float(time_limit),
+                             bound_time=float(bound_time), batch=batch, executor=executor, workers=workers,
+                             cache=cache, progress=progress, seed=seed, deterministic=deterministic,
+                             notes=notes, began=began)
+
+
+def _is_model_card(source: Any) -> bool:
+    return type(source).__name__ == "ModelCard" and type(source).__module__.startswith("sapptk.models")
+
+
+def _hardware_bandwidth(hardware: Any) -> float | None:
+    """The inter-node link of a hardware card (or bundled name) in MB/ms (= GB/s)."""
+    if isinstance(hardware, str):
+        from sapptk.models import hardware as hardware_card
+
+        hardware = hardware_card(hardware)
+    value = getattr(hardware, "inter_node_gbps", None)
+    return float(value) if isinstance(value, Real) and value > 0 else None
+
+
+def _twin_key(c: Candidate, digest: str) -> tuple[Any, ...]:
+    cfg = c.setup.config
+    return (program_digest(cfg), digest, cfg.memory_budget, cfg.constant_memory, cfg.comm, cfg.recompute,
+            cfg.splits)
+
+
+def _sync_floor(c: Candidate, bw: float | None) -> float:
+    """The least DP synchronisation any plan of the candidate has: its fullest device holds at
+    least the average parameter MB."""
+    prof, cfg = c.profile, c.setup.config
+    total = sum(g.count * g.params for g in prof.body)
+    total += sum(g.count * g.params for g in (prof.head, prof.tail) if g is not None)
+    return dp_sync_ms(total / cfg.stages, c.setup.dp, bw, c.gradient_share)
+
+
+def choose_candidates(
+    candidates: list[Candidate],
+    *,
+    global_batch: int,
+    devices: int,
+    dp_bandwidth: float | None,
+    sequence_length: int | None,
+    time_limit: float,
+    bound_time: float,
+    batch: int,
+    executor: Any,
+    workers: int | None,
+    cache: Any,
+    progress: bool,
+    seed: int,
+    deterministic: bool,
+    notes: list[str],
+    began: float,
+    on_row: Callable[[Candidate], None] | None = None,
+) -> Choice:
+    """The engine behind :func:`choose` (see the module docstring), on prepared candidates."""
+    from tqdm.auto import tqdm
+
+    from sapptk.plan import make_plan
+
+    extra = tuple(dict.fromkeys(k for c in candidates for k in c.columns))
+    options = {"time_limit": float(time_limit), "seed": int(seed), "deterministic": bool(deterministic)}
+    heap: list[tuple[float, int]] = []
+    with ExitStack() as stack:
+        bar = stack.enter_context(tqdm(total=len(candidates), desc="choose", unit="setup", disable=not progress))
+        tally = {"balanced": 0, "pruned": 0, "infeasible": 0, "invalid": 0}
+
+        def done(c: Candidate, status: str) -> None:
+            c.row["status"] = status
+            tally[status] = tally.get(status, 0) + 1
+            bar.set_postfix(tally, refresh=False)
+            bar.update()
+            if on_row is not None:
+                on_row(c)
+
+        digests: dict[int, str] = {}
+        twins: dict[tuple[Any, ...], tuple[SetupBound, int]] = {}  # (bound, level) by program and profile
+        for i, c in enumerate(candidates):
+            cfg = c.setup.config
+            c.row = {"schedule": cfg.schedule, "stages": cfg.stages, "chunks": cfg.chunks,
+                     "micro_batches": cfg.micro_batches, "dp": c.setup.dp, **c.columns,
+                     "memory_budget_mb": math.nan if cfg.memory_budget is None else cfg.memory_budget}
+            t0 = time.perf_counter()
+            try:
+                cfg.check(c.profile)
+                c.twin = _twin_key(c, digests.setdefault(id(c.profile), profile_digest(c.profile)))
+                if c.twin not in twins:
+                    twins[c.twin] = (pipeline_bound(c.profile, cfg, max_rounds=1, deterministic=deterministic), 0)
+                c.bound, c.level = twins[c.twin]
+            except SapptkError as exc:
+                c.row["reason"] = str(exc)
+                done(c, "invalid")
+                continue
+            c.row["bound_seconds"] = time.perf_counter() - t0
+            if c.bound.infeasible:
+                c.row["reason"] = c.bound.reason
+                c.row["excess_mb"] = c.bound.excess_mb
+                done(c, "infeasible")
+                continue
+            c.sync_floor_ms = _sync_floor(c, dp_bandwidth)
+            c.lower_ms = float(c.bound.bound_ms) + c.sync_floor_ms
+            heapq.heappush(heap, (c.lower_ms, i))
+
+        if not heap:
+            _all_infeasible(candidates)
+
+        store = Cache(cache) if cache is not None else None
+        cached: dict[str, dict[str, Any]] = {}
+        if store is not None:
+            frame = store.read()
+            if len(frame):
+                for rec in frame[~frame["status"].astype(object).eq("error")].to_dict("records"):
+                    cached[rec["key"]] = rec
+            store.open()
+            stack.callback(store.close)
+        runner = None
+        twin_results: dict[tuple[Any, ...], dict[str, Any]] = {}  # balanced results by program and profile
+        best = math.inf
+        seeds: dict[tuple[int, int, int], tuple[float, list]] = {}
+        while heap:
+            chosen: list[int] = []
+            deferred: list[tuple[float, int]] = []  # twins of a setup in this batch: they take its result
+            while heap and len(chosen) < batch:
+                lower, i = heap[0]
+                if lower >= best * (1 - _TIE):
+                    break
+                heapq.heappop(heap)
+                c = candidates[i]
+                if c.level < 2 and best < math.inf and c.twin not in twin_results:
+                    c.level += 1
+                    t0 = time.perf_counter()
+                    bound, level = twins[c.twin]
+                    if level < c.level == 1:
+                        twins[c.twin] = (pipeline_bound(c.profile, c.setup.config, max_rounds=12,
+                                                        time_limit=max(1.0, bound_time),
+                                                        deterministic=deterministic), 1)
+                    elif level < c.level == 2:
+                        twins[c.twin] = (integer_bound(c.profile, c.setup.config, bound, time_limit=bound_time,
+                                                       deterministic=deterministic), 2)
+                    c.bound, level = twins[c.twin]
+                    c.level = max(c.level, level)
+                    c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
+                    if c.bound.infeasible:
+                        c.row["reason"] = c.bound.reason
+                        done(c, "infeasible")
+                        continue
+                    c.lower_ms = max(c.lower_ms, float(c.bound.bound_ms) + c.sync_floor_ms)
+                    heapq.heappush(heap, (c.lower_ms, i))
+                    continue
+                if any(candidates[j].twin == c.twin for j in chosen):
+                    deferred.append((lower, i))
+                    continue
+                chosen.append(i)
+            for item in deferred:
+                heapq.heappush(heap, item)
+            if not chosen:
+                break
+            tasks = []
+            for i in chosen:
+                c = candidates[i]
+                cfg = c.setup.config
+                digest = digests.setdefault(id(c.profile), profile_digest(c.profile))
+                fields = {f: getattr(cfg, f) for f in CONFIG_FIELDS}
+                key = point_key(c.profile.name, digest, fields, options)
+                c.row["key"] = key
+                task = {"key": key, "profile": c.profile.to_dict(), "profile_name": c.profile.name,
+                        "profile_digest": digest, "workers": 2,
+                        "config": {f: list(v) if isinstance(v, tuple) else v for f, v in fields.items()}, **options}
+                shape_key = (cfg.stages, cfg.chunks, len(c.profile.body))
+                if shape_key in seeds:
+                    task["start"] = seeds[shape_key][1]
+                tasks.append(task)
+            results: dict[str, dict[str, Any]] = {}
+            for i, t in zip(chosen, tasks, strict=True):
+                if candidates[i].twin in twin_results and t["key"] not in cached:
+                    results[t["key"]] = twin_results[candidates[i].twin]
+            todo = [t for t in tasks if t["key"] not in cached and t["key"] not in results]
+            for t in tasks:
+                if t["key"] in cached:
+                    rec = cached[t["key"]]
+                    layout = rec.get(LAYOUT_COLUMN)
+                    results[t["key"]] = {**rec, COUNTS_KEY: json.loads(layout) if isinstance(layout, str) else None}
+            if todo:
+                if runner is None:
+                    runner, slots = open_executor(executor, todo, solve_point, workers, stack)
+                    per_solve = workers or default_workers(min(slots, batch))
+                for t in todo:
+                    t["workers"] = per_solve
+                it = runner(todo, lambda r: None)
+                try:
+                    for res in it:
+                        results[res["key"]] = res
+                        if store is not None and res.get("status") != "error":
+                            layout = res.get(COUNTS_KEY)
+                            owner = _candidate_of(candidates, chosen, res["key"])
+                            row = {**input_row(owner.profile.name,
+                                               {f: getattr(owner.setup.config, f) for f in CONFIG_FIELDS},
+                                               time_limit),
+                                   **{k: v for k, v in res.items() if k != COUNTS_KEY},
+                                   LAYOUT_COLUMN: None if layout is None else json.dumps(layout)}
+                            store.append(row)
+                finally:
+                    it.close()
+            for i in chosen:  # in batch order: the same frame whatever the executor
+                c = candidates[i]
+                res = results.get(c.row["key"], {"status": "error", "error": "not run"})
+                if c.twin not in twin_results and res.get("status") != "error":
+                    twin_results[c.twin] = res
+                _record(c, res, dp_bandwidth)
+                if c.row.get("step_time_ms") is not None and math.isfinite(c.row["step_time_ms"]):
+                    cfg = c.setup.config
+                    shape_key = (cfg.stages, cfg.chunks, len(c.profile.body))
+                    if shape_key not in seeds or c.row["pipeline_ms"] < seeds[shape_key][0]:
+                        counts = res.get(COUNTS_KEY)
+                        if isinstance(counts, dict):
+                            counts = counts.get("counts")
+                        if counts is not None:
+                            seeds[shape_key] = (c.row["pipeline_ms"], counts)
+                    best = min(best, c.row["step_time_ms"])
+                done(c, c.row["status"])
+        for _lower, i in heap:
+            c = candidates[i]
+            c.row["bound_ms"] = c.lower_ms
+            c.row["reason"] = (f"pruned: proven bound {c.lower_ms:,.1f} ms >= best step time {best:,.1f} ms"
+                               if best < math.inf else "not balanced")
+            done(c, "pruned")
+        if store is not None:
+            store.compact()
+
+    for c in candidates:
+        if c.row.get("status") in ("balanced", "unsolved", "pruned"):
+            c.row.setdefault("bound_ms", c.lower_ms)
+        if c.row.get("status") == "balanced":
+            step = c.row["step_time_ms"]
+            c.row["gap"] = max(0.0, (step - c.row["bound_ms"]) / step) if step else 0.0
+            c.row["samples_per_s_per_device"] = global_batch / (step / 1000.0) / devices
+            if sequence_length is not None:
+                c.row["tokens_per_s_per_device"] = c.row["samples_per_s_per_device"] * sequence_length
+    balanced = [c for c in candidates if c.row.get("status") == "balanced"]
+    if not balanced:
+        reasons = "; ".join(sorted({str(c.row.get("reason")) for c in candidates})[:3])
+        raise ConfigError(f"choose: no setup could be balanced within time_limit = {time_limit:g} s ({reasons})")
+    winner = min(balanced, key=lambda c: (c.row["step_time_ms"], candidates.index(c)))
+    best = winner.row["step_time_ms"]
+    proven = all(c is winner or c.row.get("status") in ("infeasible", "invalid")
+                 or (c.row.get("bound_ms") is not None and c.row["bound_ms"] >= best * (1 - _TIE))
+                 for c in candidates)
+    frame = typed_choice([c.row for c in candidates], extra)
+    plans: dict[int, Any] = {}
+    by_key = {c.row.get("key"): c for c in balanced}
+    for idx, key in zip(frame.index, frame["key"], strict=True):
+        c = by_key.get(key)
+        if c is not None and frame.at[idx, "status"] == "balanced":
+            plans[int(idx)] = make_plan(
+                c.profile, c.setup.config, np.asarray(c.counts, dtype=np.int64), status=c.row["solver_status"],
+                step_time=c.row["pipeline_ms"], bound=c.row.get("solver_bound_ms"), gap=c.row.get("solver_gap"),
+                solve_seconds=c.row.get("solve_seconds") or 0.0, source=f"choose: {c.setup.label}")
+    best_plan = plans[int(frame.index[0])]
+    return Choice(frame=frame, best=best_plan, proven=proven, plans=plans,
+                  seconds=time.perf_counter() - began, notes=notes)
+
+
+def _candidate_of(candidates: list[Candidate], chosen: list[int], key: str) -> Candidate:
+    for i in chosen:
+        if candidates[i].row.get("key") == key:
+            return candidates[i]
+    raise KeyError(key)  # pragma: no cover - every result answers a task of the batch
+
+
+def _record(c: Candidate, res: dict[str, Any], bw: float | None) -> None:
+    """A balanced setup's row from its sweep result."""
+    status = str(res.get("status"))
+    c.row["solver_status"] = status if status in ("optimal", "feasible", "unknown", "infeasible") else None
+    c.row["solve_seconds"] = res.get("solve_seconds")
+    counts = res.get(COUNTS_KEY)
+    if isinstance(counts, dict):
+        counts = counts.get("counts")
+    if status not in SOLVED or counts is None:
+        c.row["reason"] = str(res.get("error") or f"solver status {status}")
+        c.row["status"] = "infeasible" if status == "infeasible" else "unsolved"
+        if status == "infeasible":
+            c.lower_ms = math.inf
+        return
+    c.counts = counts
+    from sapptk.costs import stage_costs
+
+    cfg = c.setup.config
+    sc = stage_costs(c.profile, cfg, np.asarray(counts, dtype=np.int64))
+    params = np.asarray(sc.params, dtype=float)
+    device_params = [float(params[list(st)].sum()) for st in cfg.program().device_stages]
+    sync = dp_sync_ms(max(device_params), c.setup.dp, bw, c.gradient_share)
+    pipeline = float(res["step_time_ms"])
+    c.row.update(status="balanced", pipeline_ms=pipeline, dp_sync_ms=sync, step_time_ms=pipeline + sync,
+                 peak_mb_max=res.get("peak_mb_max"), bubble_of_step=res.get("bubble_of_step"),
+                 solver_bound_ms=res.get("bound_ms"), solver_gap=res.get("gap"))
+    solver_lower = pipeline if status == "optimal" else res.get("bound_ms")
+    if solver_lower is not None and math.isfinite(float(solver_lower)):
+        c.lower_ms = max(c.lower_ms, float(solver_lower) + c.sync_floor_ms)
+    c.row["bound_ms"] = c.lower_ms
+
+
+def _all_infeasible(candidates: list[Candidate]) -> None:
+    """Raise the error for a choice where no setup can fit: the nearest one and what binds."""
+    infeasible = [c for c in candidates if c.row.get("status") == "infeasible"]
+    if not infeasible:
+        reasons = sorted({str(c.row.get("reason")) for c in candidates})
+        raise ConfigError(f"choose: no valid setup among {len(candidates)} ({'; '.join(reasons[:3])})")
+    nearest = min(infeasible, key=lambda c: c.row.get("excess_mb", math.inf))
+    budget = nearest.setup.config.memory_budget
+    raise ConfigError(
+        f"memory_budget = {budget!r}: no setup fits (all {len(candidates)} infeasible); the nearest is "
+        f"{nearest.setup.label}: {nearest.row.get('reason')}"
+    )

@@ -1,0 +1,37 @@
+"""Model cards, parallel layouts and hardware cards: what a plan starts from before any run.
+
+* :class:`ModelCard` (``ModelCard.from_hf(path_or_dict)``, ``.parameters()``, ``.groups``)
+  and the bundled cards: :func:`card`, :func:`available`;
+* :class:`Parallel` (TP, SP, CP, EP, DP, optimizer sharding, micro-batch, sequence length,
+  dtypes, Adam, flash attention) and :class:`Hardware` (:func:`hardware`);
+* :func:`estimate_profile` (re-exported as ``sapptk.estimate_profile``): a
+  :class:`~sapptk.profile.Profile` from the three (``docs/estimation.md``).
+
+Bundled cards are small JSON files in this package (Hugging Face ``config.json`` fields);
+nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from sapptk.models.bundled import available, card, hardware
+from sapptk.models.cards import MODEL_TYPES, CardGroup, Mla, ModelCard, Moe
+from sapptk.models.estimate import NOT_MODELLED, estimate_profile, layer_tensors
+from sapptk.models.layout import HARDWARE, SHARDINGS, Hardware, Parallel
+
+__all__ = [
+    "HARDWARE",
+    "MODEL_TYPES",
+    "NOT_MODELLED",
+    "SHARDINGS",
+    "CardGroup",
+    "Hardware",
+    "Mla",
+    "ModelCard",
+    "Moe",
+    "Parallel",
+    "available",
+    "card",
+    "estimate_profile",
+    "hardware",
+    "layer_tensors",
+]

@@ -1,0 +1,337 @@
+"""Slice boundaries for long context: the slice lengths that minimise a plan's step time.
+
+With causal attention the later slices of a micro-batch cost more (:mod:`sapptk.seq`), so
+equal lengths leave the pipeline waiting on the last slice. Seq1F1B (Sun et al., 2024) cuts
+the sequence by computation instead: equal cost per slice. Here both are starts, and a
+local search moves one boundary at a time (steps halving down to ``quantum`` tokens) while
+the exact step time of the plan — its costs per (virtual stage, micro-batch, slice) timed by
+the simulator's kernel — goes down and every device's simulated peak (K/V included) stays
+within the budget. No OR-Tools; every candidate is timed exactly, so the result's step time
+is the simulated one.
+
+:func:`balance_sliced` is ``balance`` on a sliced setup: the solver's layers, then these
+slice lengths (``choose_splits=True``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sapptk.costs import check_counts, layer_coefficients, slice_costs
+from sapptk.errors import ConfigError
+from sapptk.plan import make_plan
+from sapptk.seq import equal_lengths, is_sliced, kv_ratio, time_attention
+from sapptk.simulation import op_durations, unit_durations, unit_times
+
+if TYPE_CHECKING:
+    from sapptk.config import PipelineConfig
+    from sapptk.plan import Plan
+    from sapptk.profile import Profile
+
+__all__ = ["EVALUATIONS_PER_SECOND", "MOVE_SHARE", "SLICED_SOLVES", "SLICE_SHARE", "SliceChoice", "balance_sliced",
+           "choose_slices", "equal_cost_lengths", "move_layers"]
+
+
+@dataclass(frozen=True)
+class SliceChoice:
+    """The chosen slice lengths (tokens) of a plan and what they gain against equal lengths.
+
+    ``step_time`` / ``equal_step_time`` (ms) and ``idle`` / ``equal_idle`` (device-ms of
+    bubble; the busy time is the same for any lengths, since the slices of a micro-batch
+    always add up to it); ``bubble_gain`` = 1 − idle / equal_idle; ``fits`` whether the
+    chosen lengths keep every device within the budget; ``evaluations``, ``seconds``.
+    """
+
+    lengths: tuple[int, ...]
+    step_time: float
+    equal_lengths: tuple[int, ...]
+    equal_step_time: float
+    idle: float
+    equal_idle: float
+    fits: bool
+    evaluations: int
+    seconds: float
+
+    @property
+    def step_gain(self) -> float:
+        """Fraction of the equal-length step time saved."""
+        return 1.0 - self.step_time / self.equal_step_time if self.equal_step_time > 0 else 0.0
+
+    @property
+    def bubble_gain(self) -> float:
+        """Fraction of the equal-length bubble (idle device time) saved."""
+        return 1.0 - self.idle / self.equal_idle if self.equal_idle > 0 else 0.0
+
+
+def equal_cost_lengths(seq_length: int, splits: int, attention_share: float, quantum: int = 1) -> np.ndarray:
+    """Seq1F1B's cut: lengths whose slices cost the same when ``attention_share`` of the work is
+    causal attention (boundary x_j/S solves (1 − a)·x + a·x² = j/k), rounded to ``quantum`` tokens."""
+    a = float(attention_share)
+    targets = np.arange(1, splits) / splits
+    x = targets if a <= 0 else (-(1 - a) + np.sqrt((1 - a) ** 2 + 4 * a * targets)) / (2 * a)
+    return _lengths(np.rint(x * seq_length / quantum).astype(np.int64) * quantum, seq_length, quantum)
+
+
+def _lengths(bounds: np.ndarray, seq_length: int, quantum: int) -> np.ndarray:
+    """Interior boundaries → lengths, each at least ``quantum`` (boundaries pushed apart if needed)."""
+    b = np.asarray(bounds, dtype=np.int64).copy()
+    k = len(b) + 1
+    for j in range(len(b)):  # strictly increasing by at least a quantum, leaving room for the rest
+        b[j] = min(max(b[j], (b[j - 1] if j else 0) + quantum), seq_length - (k - 1 - j) * quantum)
+    return np.diff(np.r_[0, b, seq_length])
+
+
+def choose_slices(
+    profile: Profile,
+    config: PipelineConfig,
+    counts: Any,
+    *,
+    quantum: int | None = None,
+    time_limit: float = 10.0,
+    max_evaluations: int | None = None,
+) -> SliceChoice:
+    """The slice lengths minimising the step time of ``counts`` on ``config`` (a sliced setup:
+    k > 1 slices and a profile with ``seq_length``), within ``config.memory_budget``.
+
+    Boundaries are multiples of ``quantum`` tokens (default: the sequence over 64·k, at
+    least 1). Never worse than equal lengths: the search starts from the better of equal
+    lengths and Seq1F1B's equal-cost cut. It stops at ``time_limit`` seconds, or after
+    ``max_evaluations`` candidates when given (then, and not by the clock, so the result
+    does not depend on the machine's load). Raises :class:`ConfigError` for a setup that is not
+    sliced or a bad ``quantum``.
+    """
+    began = time.perf_counter()
+    if not is_sliced(profile, config):
+        raise ConfigError(f"choose_slices: splits = {config.splits} on profile {profile.name!r} (seq_length = "
+                          f"{profile.seq_length}): expected k > 1 slices and a profile with seq_length")
+    config.check(profile, allow_empty_stages=True)
+    seq, k = int(profile.seq_length), config.splits  # type: ignore[arg-type]
+    if quantum is None:
+        quantum = max(1, seq // (64 * k))
+    if isinstance(quantum, bool) or not isinstance(quantum, int) or not 1 <= quantum <= seq // k:
+        raise ConfigError(f"quantum = {quantum!r}: expected an integer number of tokens from 1 to seq_length / k "
+                          f"= {seq // k}")
+    program = config.program()
+    budget = config.memory_budget
+    evaluations = 0
+
+    def measure(lengths: np.ndarray) -> tuple[float, float, bool]:
+        nonlocal evaluations
+        evaluations += 1
+        costs = slice_costs(profile, config, counts, lengths=lengths.tolist())
+        dur = unit_durations(program, op_durations(program, costs.forward, costs.backward, costs.weight))
+        step = float(unit_times(program, dur, costs.comm)[1].max(initial=0.0))
+        idle = step * program.stages - float(dur.sum())
+        fits = True
+        if budget is not None:
+            fits = bool((costs.simulate(config).peak_memory.to_numpy() <= budget + 1e-6).all())
+        return step, idle, fits
+
+    equal = equal_lengths(seq, k)
+    eq_step, eq_idle, eq_fits = measure(equal)
+    share = _attention_share(profile, config, counts)
+    best = equal_cost_lengths(seq, k, share, quantum)
+    best_step, best_idle, best_fits = measure(best)
+    if (best_fits, -best_step) < (eq_fits, -eq_step):
+        best, best_step, best_idle, best_fits = equal.copy(), eq_step, eq_idle, eq_fits
+    deadline = began + float(time_limit) if max_evaluations is None else math.inf
+
+    def out_of_time() -> bool:
+        return time.perf_counter() > deadline or (max_evaluations is not None and evaluations >= max_evaluations)
+
+    step_size = max(quantum, (seq // (4 * k)) // quantum * quantum)
+    while step_size >= quantum and not out_of_time():
+        improved = False
+        for j in range(k - 1):
+            for sign in (1, -1):
+                bounds = np.cumsum(best)[:-1]
+                bounds[j] += sign * step_size
+                trial = np.diff(np.r_[0, bounds, seq])
+                if (trial < quantum).any() or out_of_time():
+                    continue
+                step, idle, fits = measure(trial)
+                if (fits or not best_fits) and step < best_step - 1e-9:
+                    best, best_step, best_idle, best_fits, improved = trial, step, idle, fits, True
+        if not improved:
+            step_size = step_size // 2 // quantum * quantum if step_size > quantum else 0
+    return SliceChoice(
+        lengths=tuple(int(n) for n in best), step_time=best_step, equal_lengths=tuple(int(n) for n in equal),
+        equal_step_time=eq_step, idle=best_idle, equal_idle=eq_idle, fits=best_fits, evaluations=evaluations,
+        seconds=time.perf_counter() - began,
+    )
+
+
+def _attention_share(profile: Profile, config: PipelineConfig, counts: Any) -> float:
+    """The causal-attention share of the plan's forward and backward work, all stages together."""
+    arr = check_counts(profile, config, counts)
+    coef = layer_coefficients(profile, config)
+    tot = coef.per_stage(arr)
+    att = time_attention(profile, coef, arr)
+    total = float(tot["forward"].sum() + tot["backward"].sum() + tot["weight"].sum())
+    part = float(att["forward"].sum() + att["backward"].sum() + att["weight"].sum())
+    return part / total if total > 0 and math.isfinite(part) else 0.0
+
+
+# ------------------------------------------------------------ balance on a sliced setup
+SLICE_SHARE = 0.25
+"""With ``choose_splits=True``: the share of the time limit the slice-boundary search gets."""
+
+EVALUATIONS_PER_SECOND = 50
+"""With ``deterministic=True``: candidates the slice-length and layer-move searches time per second
+of their share of the time limit (a step of p = 8, v = 2, m = 8, k = 8 is timed in a few ms)."""
+
+MOVE_SHARE = 0.2
+"""The share of the time limit for moving layers across stage boundaries at the exact sliced step time."""
+
+
+def move_layers(profile: Profile, config: PipelineConfig, counts: Any, *, deadline: float,
+                allow_empty_stages: bool = False, max_evaluations: int | None = None) -> tuple[np.ndarray, int, int]:
+    """Hill climbing on a sliced setup's exact step time: move one layer (of the group and mode at
+    the boundary) from a virtual stage to the next in model order or back, keep a move that
+    shortens the simulated step and fits the budget, until none does or ``deadline`` (a
+    ``time.perf_counter`` time; or after ``max_evaluations`` candidates, when given, instead of the
+    clock). Returns ``(counts, moves kept, candidates timed)``."""
+    if max_evaluations is not None:
+        deadline = math.inf
+    program = config.program()
+    budget = config.memory_budget
+    fixed = layer_coefficients(profile, config).fixed_layers
+
+    def step_of(c: np.ndarray) -> float:
+        costs = slice_costs(profile, config, c)
+        dur = unit_durations(program, op_durations(program, costs.forward, costs.backward, costs.weight))
+        return float(unit_times(program, dur, costs.comm)[1].max(initial=0.0))
+
+    best = np.array(check_counts(profile, config, counts), dtype=np.int64)
+    best_step = step_of(best)
+    kept = timed = 0
+    improved = True
+    while improved and time.perf_counter() < deadline and (max_evaluations is None or timed < max_evaluations):
+        improved = False
+        for vs in range(best.shape[2] - 1):
+            for source, target in ((vs, vs + 1), (vs + 1, vs)):
+                present = np.flatnonzero(best[:, :, source].sum(axis=1))
+                if not len(present):
+                    continue
+                g = int(present[-1] if target > source else present[0])  # the group at the boundary
+                for r in np.flatnonzero(best[g, :, source]):
+                    trial = best.copy()
+                    trial[g, r, source] -= 1
+                    trial[g, r, target] += 1
+                    if not allow_empty_stages and (trial.sum(axis=(0, 1)) + fixed == 0).any():
+                        continue
+                    if time.perf_counter() > deadline or (max_evaluations is not None and timed >= max_evaluations):
+                        return best, kept, timed
+                    timed += 1
+                    step = step_of(trial)
+                    if step < best_step * (1 - 1e-12) and (
+                            budget is None or (slice_costs(profile, config, trial).simulate(config).peak_memory
+                                               <= budget + 1e-6).all()):
+                        best, best_step, improved = trial, step, True
+                        kept += 1
+                        break
+    return best, kept, timed
+
+SLICED_SOLVES = 4
+"""At most this many solves of a sliced setup's layers (K/V weight 1, the safe weight, then bisection)."""
+
+
+def balance_sliced(profile: Profile, safe_config: PipelineConfig, config: PipelineConfig, safety: str | None, *,
+                    time_limit: float, choose_splits: bool, deterministic: bool = False,
+                    solve: Callable[[PipelineConfig, float, float], Plan]) -> Plan:
+    """A sliced setup (``docs/schedules.md``): the layers from the solver on its model of the setup
+    (:func:`sapptk.seq.solver_profile`: equal, linear slices; each layer's activation raised by a
+    weight × its K/V), then timed and measured by the simulator with causal slice costs and K/V.
+    Weight 1 under-counts K/V, :func:`sapptk.seq.kv_ratio` over-counts it (its plans always fit):
+    the first plan that fits by simulation wins, else bisection between them keeps the fastest
+    that fits. Layers then move across stage boundaries while the exact step time falls
+    (:func:`move_layers`). With ``choose_splits`` the slice lengths are then chosen for the plan
+    (:func:`sapptk.solver.slices.choose_slices`). The status is "feasible" with no bound (the
+    solver's bound is for its model) or "infeasible"; step time and peaks are the simulated ones.
+    With ``deterministic`` these two searches stop after :data:`EVALUATIONS_PER_SECOND` candidates
+    per second of their share of the time limit, not by the clock."""
+    began = time.monotonic()
+    budget_share = time_limit * (1 - MOVE_SHARE - (SLICE_SHARE if choose_splits else 0.0))
+    low, high = 1.0, max(1.0, kv_ratio(safe_config.program(), safe_config.slice_lengths))
+    best: Plan | None = None
+    last: Plan | None = None
+    tried = []
+    ratio = low
+    for round_ in range(SLICED_SOLVES):
+        left = budget_share - (time.monotonic() - began)
+        if round_ and left <= 0:
+            break
+        solved = solve(safe_config, ratio, max(left / (SLICED_SOLVES - round_), 0.01))
+        last = solved
+        fits = False
+        if solved.solved:
+            plan = make_plan(profile, safe_config, solved.counts, status="given")
+            fits = plan.fits
+            if fits and (best is None or plan.step_time < best.step_time):
+                best = plan
+        tried.append(f"{ratio:.3g}: {'fits' if fits else solved.status if not solved.solved else 'over budget'}")
+        if safe_config.memory_budget is None or (round_ == 0 and (fits or not solved.solved)) or high == low:
+            break  # no budget, the best plan of the optimistic model fits, or even that model has none
+        if solved.solved and not fits:
+            low = ratio  # K/V under-counted: weigh it more
+        else:
+            high = ratio  # fits (try a lighter weight for a faster plan) or the model has no plan
+        ratio = high if round_ == 0 else (low + high) / 2
+    note = ("sequence slices: layers balanced by the solver with equal, linear slice costs and K/V counted as "
+            f"activation with weights {', '.join(tried)}; step time and peaks simulated with causal slice costs "
+            f"and K/V ({profile.seq_length} tokens in {safe_config.splits} slices)")
+    if best is None:
+        assert last is not None
+        if last.solved:  # the plans found do not fit with their K/V: none is kept
+            last = dataclasses.replace(last, status="infeasible", step_time=None, bound=None, gap=None,
+                                       message="infeasible: every plan found is over the budget with its K/V")
+        out = dataclasses.replace(last, profile=profile, config=safe_config, message=f"{last.message}; {note}")
+        return out if safety is None else dataclasses.replace(out, message=f"{safety}; {out.message}")
+    plan = best
+
+    def choose(plan: Plan, seconds: float) -> tuple[Plan, str]:
+        equal = plan.config.replace(splits=plan.config.splits, slice_lengths=None)
+        cap = max(20, int(EVALUATIONS_PER_SECOND * seconds)) if deterministic else None
+        choice = choose_slices(profile, equal, plan.counts, time_limit=max(seconds, 0.01), max_evaluations=cap)
+        chosen = make_plan(profile, equal.replace(splits=list(choice.lengths)), plan.counts, status="given")
+        if not chosen.fits or chosen.step_time >= plan.step_time:
+            return plan, ""
+        return chosen, (f"slice lengths chosen {list(choice.lengths)}: step {choice.equal_step_time:.6g} -> "
+                        f"{choice.step_time:.6g} ms, {100 * choice.bubble_gain:.1f} % less bubble than equal "
+                        f"lengths {list(choice.equal_lengths)} ({choice.evaluations} candidates)")
+
+    steps = []
+    if choose_splits:  # the lengths for the solver's layers, then the layers for those lengths, then again
+        plan, said = choose(plan, time_limit * SLICE_SHARE / 2 if deterministic
+                            else (time_limit - (time.monotonic() - began)) / 2)  # what the solve left, shared
+        steps.append(said)
+    left = time_limit - (time.monotonic() - began)
+    moves_end = time.perf_counter() + max(left / 2 if choose_splits else left, 0.01)
+    moved, kept, timed = move_layers(profile, plan.config, plan.counts, deadline=moves_end,
+                                     allow_empty_stages=safe_config.num_virtual_stages > profile.num_body_layers,
+                                     max_evaluations=max(20, int(EVALUATIONS_PER_SECOND * time_limit * MOVE_SHARE))
+                                     if deterministic else None)
+    if kept:
+        better = make_plan(profile, plan.config, moved, status="given")
+        if better.fits and better.step_time < plan.step_time:
+            steps.append(f"{kept} layer moves at the exact sliced step time ({timed} candidates): "
+                         f"{plan.step_time:.6g} -> {better.step_time:.6g} ms")
+            plan = better
+            if choose_splits:
+                plan, said = choose(plan, time_limit * SLICE_SHARE / 2 if deterministic
+                                    else time_limit - (time.monotonic() - began))
+                steps.append(said)
+    note = "; ".join([note, *(s for s in steps if s)])
+    out = dataclasses.replace(plan, status="feasible", bound=None, gap=None, source="balance",
+                              solve_seconds=time.monotonic() - began, message=note)
+    if safety is None:
+        return out
+    return dataclasses.replace(out, config=dataclasses.replace(out.config, memory_budget=config.memory_budget),
+                               message=f"{safety}; {out.message}")
