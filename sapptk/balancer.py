@@ -54,6 +54,7 @@ def balance(
     oom_risk: float | None = None,
     memory_error: Any = None,
     per_micro_batch: bool = False,
+    stall_time: float | None = None,
     choose_splits: bool = False,
 ) -> Plan:
     """The plan with the shortest simulated step time that fits the memory budget.
@@ -77,6 +78,10 @@ def balance(
     stop: a :class:`threading.Event`; once set (from another thread), the search returns its
         best plan so far within about a second.
     options: the search's knobs (:class:`~sapptk.solver.settings.SearchOptions`).
+    stall_time: seconds, or None (the default): return early, status ``feasible`` unless
+        proven, once the search holds a plan that has not improved for this long
+        (``SearchOptions.stall_time``; this keyword overrides it). Wall-clock, so with
+        ``deterministic=True`` where it stops may vary. The message says when it stopped so.
     memory_margin, oom_risk, memory_error: plan for a safe budget below
         ``config.memory_budget`` (:func:`sapptk.sensitivity.robust_budget`): ``memory_margin``
         MB (>= 1) or a fraction of the budget (< 1) kept free on every device; ``oom_risk``
@@ -112,6 +117,13 @@ def balance(
     from sapptk.schedules import get
     from sapptk.solver.search import search
 
+    if stall_time is not None:
+        if not isinstance(stall_time, Real) or isinstance(stall_time, bool) or not math.isfinite(stall_time) \
+                or stall_time <= 0:
+            raise ConfigError(f"stall_time = {stall_time!r}: expected a finite number of seconds > 0 (or None)")
+        if options is not None and not isinstance(options, SearchOptions):
+            raise ConfigError(f"options = {options!r}: expected a sapptk.SearchOptions (or None)")
+        options = dataclasses.replace(options or SearchOptions(), stall_time=float(stall_time))
     safe_config, safety = safe_budget_config(config, memory_margin=memory_margin, oom_risk=oom_risk,
                                              memory_error=memory_error)
     counts = check_arguments(profile, safe_config, time_limit=time_limit, workers=workers, seed=seed,

@@ -32,6 +32,7 @@ import ipywidgets as w
 
 from sapptk.config import PipelineConfig
 from sapptk.errors import SapptkError
+from sapptk.explorer_inputs import HOOK, checked_entry
 from sapptk.profile import MODES
 from sapptk.schedules import get, names
 
@@ -91,6 +92,9 @@ class Explorer:
     Attributes (all ipywidgets): ``schedule``, ``stages``, ``micro_batches``, ``chunks``,
     ``splits``, ``budget`` (MB, 0 = no limit), ``recompute`` (``{mode: Checkbox}``),
     ``time_limit``, ``solve_button``, ``cancel_button``, ``status``, ``stale_note``,
+    ``entries`` (the box beside each control where a value can be typed: ``"stages"``,
+    ``"micro-batches"``, ``"chunks"``, ``"splits"``, ``"memory budget"``, ``"time limit"``;
+    a value out of range is corrected and ``input_note`` says how), ``recompute_note``,
     ``results`` (the Tab) and its pages ``timeline``, ``table``, ``yaml``, ``bars`` (Boxes
     holding a ``jupyter_bokeh.BokehModel`` once drawn; ``bars`` when its tab is opened),
     ``exports`` (``export_format``, a Dropdown, and ``export_text``, that format's text; filled
@@ -122,6 +126,8 @@ class Explorer:
         self._run = 0  # number of the current solve; a thread whose number is older was abandoned
         self._pending: dict[int, tuple[Plan, Plan | None]] = {}  # lazy tabs not yet filled with the plan shown
         self._lock = threading.Lock()
+        self._last_result: tuple[str, str] | None = None  # the status of the last solve (kind, text)
+        self._interrupted = False  # the running solve was stopped by Kernel -> Interrupt
         cfg = config or PipelineConfig(4, 8)
         body_modes = {m for g in profile.body for m in g.modes}
 
@@ -152,15 +158,38 @@ class Explorer:
                                       tooltip="stop the search and show the best plan found so far")
         self.status = w.HTML()
         self.stale_note = w.HTML()
+        self.input_note = w.HTML()  # what was changed in a typed value, and why
+        missing = [m for m in MODES if m not in body_modes]
+        for mode in missing:
+            self.recompute[mode].tooltip = f"the profile gives no figures for {mode!r}: it cannot be used"
+        self.recompute_note = w.HTML(
+            f"<small>greyed: {', '.join(missing)} (the profile has no figures for "
+            f"{'it' if len(missing) == 1 else 'them'})</small>" if missing else "")
         self._status_text = ""
         self._constant = float(cfg.constant_memory)
         self._comm = float(cfg.comm)
 
+        self.entries: dict[str, w.Text] = {}  # the typed-value box beside each control, by its name
+
+        def typed(control: w.ValueWidget, name: str, **kw: Any) -> w.Text:
+            self.entries[name] = checked_entry(control, name, self._report_input, **kw)
+            return self.entries[name]
+
+        for slider in (self.stages, self.micro_batches, self.chunks, self.splits, self.time_limit):
+            slider.readout = False  # the box beside it takes typed values, and says what it changed
+        budget_box = typed(self.budget, "memory budget", width="110px")
         controls = w.VBox([
-            self.schedule, self.schedule_info, self.stages, self.micro_batches, self.chunks, self.splits,
-            w.HBox([self.budget, w.Label("MB per device (0: no limit)")]),
-            w.HBox([w.Label("recompute modes", layout=w.Layout(width="134px")), *self.recompute.values()]),
-            self.time_limit, w.HBox([self.solve_button, self.cancel_button]),
+            self.schedule, self.schedule_info,
+            w.HBox([self.stages, typed(self.stages, "stages")]),
+            w.HBox([self.micro_batches, typed(self.micro_batches, "micro-batches")]),
+            w.HBox([self.chunks, typed(self.chunks, "chunks")]),
+            w.HBox([self.splits, typed(self.splits, "splits")]),
+            w.HBox([w.Label("memory budget", layout=w.Layout(width="134px")), budget_box,
+                    w.Label("MB per device (0: no limit)")]),
+            w.HBox([w.Label("recompute modes", layout=w.Layout(width="134px")), *self.recompute.values(),
+                    self.recompute_note]),
+            w.HBox([self.time_limit, typed(self.time_limit, "time limit")]),
+            w.HBox([self.solve_button, self.cancel_button]), self.input_note,
         ])
         from sapptk.choose_panel import ChoosePanel
 
@@ -195,13 +224,13 @@ class Explorer:
             if baseline is not None:
                 subjects.append(baseline)
                 labels.append(baseline.source.replace("even_split(", "even split (").replace("((", "("))
-            self.figure = viz.compare(*subjects, labels=labels, memory=True, width=940)
+            self.figure = viz.compare(*subjects, labels=labels, memory=True)  # as wide as the output
             self.timeline.children = (_bokeh(self.figure),)
 
         def show_bars(plan: Plan, _baseline: Plan | None) -> None:
             from sapptk import viz
 
-            self.bars.children = (_bokeh(viz.stage_bars(plan, width=860)),)
+            self.bars.children = (_bokeh(viz.stage_bars(plan)),)
 
         def show_yaml(plan: Plan, _baseline: Plan | None) -> None:
             try:
@@ -306,10 +335,20 @@ class Explorer:
         if self.busy:
             return  # the status line belongs to the running solve
         problem = self.check()
+        self.solve_button.disabled = problem is not None
+        self.solve_button.tooltip = f"cannot solve: {problem}" if problem else "solve this setup"
         if problem:
             self._set_status("invalid", f": {problem}")
+        elif self._last_result is not None:  # the last result stays, marked stale while it is
+            kind, text = self._last_result
+            self._set_status(kind, f"{text} [stale: for other settings; press Solve]" if self.stale else text)
         else:
             self._set_status("ready", ": press Solve")
+
+    def _report_input(self, what: str) -> None:
+        """Say what was changed in a typed value (``checked_entry``)."""
+        self.input_note.value = f'<small style="color:#b26a00">{html.escape(what)}</small>'
+
 
     @property
     def stale(self) -> bool:
@@ -369,11 +408,23 @@ class Explorer:
             self.solve_button.disabled = True
             self.cancel_button.disabled = False
             limit = float(self.time_limit.value)
-            self._set_status("solving…", f"(up to {self.time_limit.value} s)")
+            self._interrupted = False
+            self.input_note.value = ""
+            run = self._run
+            HOOK.add(id(self), lambda: self._on_interrupt(run))
+            how = "Cancel or Kernel → Interrupt stops it" if HOOK.install() else "Cancel stops it"
+            self._set_status("solving…", f"(up to {self.time_limit.value} s; {how})")
             self._worker = threading.Thread(target=self._solve, args=(self._run, config, limit, self._stop),
                                             name="sapptk-explorer-solve", daemon=True)
             self._worker.start()
             return True
+
+    def _on_interrupt(self, run: int) -> None:
+        """Kernel → Interrupt while solve ``run`` goes on in the background: as Cancel. (Runs
+        in the SIGINT handler on the main thread: takes no lock.)"""
+        if run == self._run and self.busy:
+            self._interrupted = True
+            self.cancel()
 
     def cancel(self) -> None:
         """Ask the running search to stop; its best plan so far is then shown (what Cancel does)."""
@@ -381,7 +432,8 @@ class Explorer:
         if self.busy and stop is not None and not stop.is_set():
             stop.set()
             self.cancel_button.disabled = True
-            self._set_status("cancelling…", ": stopping the search")
+            why = "Kernel → Interrupt: " if self._interrupted else ""
+            self._set_status("cancelling…", f": {why}stopping the search")
 
     def wait(self, timeout: float | None = None) -> Plan | None:
         """Block until the running solve has drawn its figures (or ``timeout`` s passed);
@@ -421,6 +473,7 @@ class Explorer:
                 self._stop.set()
             self._run += 1  # the thread's results, if any, are dropped
             self._worker = None
+            HOOK.remove(id(self))
             self.solve_button.disabled = False
             self.cancel_button.disabled = True
             note = "; the tabs still show the previous plan" if self._shown is not None else ""
@@ -449,17 +502,20 @@ class Explorer:
             plan = balance(self.profile, config, time_limit=time_limit, workers=self.workers, stop=stop)
             baseline = even_baseline(self.profile, config) if plan.solved else None
             seconds = plan.solve_seconds or (time.perf_counter() - t0)
-            self._show(run, plan, baseline, config, seconds, stopped=stop.is_set())
+            stopped = ("stopped by Kernel → Interrupt" if self._interrupted else "stopped by Cancel"
+                       ) if stop.is_set() else None
+            self._show(run, plan, baseline, config, seconds, stopped=stopped)
         except BaseException as exc:  # the status line says it; the thread never dies silently
             self._status_of(run, "error", f": {_error_text(exc)}")
         finally:
             with self._lock:
                 if self._current(run):
+                    HOOK.remove(id(self))
                     self.solve_button.disabled = False
                     self.cancel_button.disabled = True
 
     def _show(self, run: int, plan: Plan, baseline: Plan | None, config: PipelineConfig, seconds: float, *,
-              stopped: bool) -> None:
+              stopped: str | None) -> None:
         """Put a finished search's plan in the tabs (figures first), then in the status line."""
         if not plan.solved:
             with self._lock:
@@ -472,7 +528,8 @@ class Explorer:
                 self._shown = None
                 self._mark_stale()
                 why = (plan.message or "no plan").removeprefix(f"{plan.status}: ")
-                self._set_status(plan.status, f"after {seconds:.1f} s: {why}")
+                self._last_result = (plan.status, f"after {seconds:.1f} s: {why}")
+                self._set_status(*self._last_result)
             return
         if not self._status_of(run, "drawing…", f"{plan.status} in {seconds:.1f} s: drawing the figures"):
             return
@@ -494,14 +551,15 @@ class Explorer:
             self.draw_seconds = time.perf_counter() - t0
             self._shown = config
             self._mark_stale()
-            self._set_status(plan.status, _result_text(plan, baseline, seconds, stopped=stopped))
+            self._last_result = (plan.status, _result_text(plan, baseline, seconds, stopped=stopped))
+            self._set_status(*self._last_result)
 
 
-def _result_text(plan: Plan, baseline: Plan | None, seconds: float, *, stopped: bool) -> str:
+def _result_text(plan: Plan, baseline: Plan | None, seconds: float, *, stopped: str | None) -> str:
     """``"in 0.8 s: step time ..."``: the status after the word for the plan's status."""
     text = f"in {seconds:.1f} s: step time {_ms(plan.step_time)}"
     if plan.status == "feasible":
-        why = "stopped by Cancel" if stopped else "time limit reached"
+        why = stopped or "time limit reached"
         text += f", bound {_ms(plan.bound)}, gap {100 * (plan.gap or 0.0):.1f}% ({why})"
     elif plan.gap:
         text += f", gap {100 * plan.gap:.2f}%"

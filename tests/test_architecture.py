@@ -40,7 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.sweeps",),
     ("sapptk.choosing",),
     ("sapptk.viz",),
-    ("sapptk.choose_panel",),
+    ("sapptk.choose_panel", "sapptk.explorer_inputs"),  # row 13½ of docs/internals.md
     ("sapptk.widgets",),
     ("sapptk.cli",),
     ("sapptk.__main__",),

@@ -110,3 +110,49 @@ def test_a_one_second_limit_returns_a_plan_when_an_even_split_fits():
     plan = balance(prof, cfg, time_limit=1)
     assert plan.status in ("feasible", "optimal"), plan.message
     assert plan.fits
+
+
+# ------------------------------------------------------------------ stall_time
+def test_the_clock_stalls_only_after_a_plan_and_a_quiet_spell():
+    import time
+
+    from sapptk.solver.clock import Clock
+
+    clock = Clock(60.0, stall=0.05)
+    time.sleep(0.06)
+    assert not clock.stalled and not clock.expired()  # no plan yet: no stall
+    clock.progress()
+    assert not clock.stalled and clock.remaining() > 50
+    time.sleep(0.06)
+    assert clock.stalled and clock.expired() and clock.remaining() == 0.0
+    clock.progress()  # an improvement starts the count again
+    assert not clock.stalled
+    assert not Clock(60.0).stalled
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "3", True])
+def test_stall_time_refuses_what_is_not_seconds(bad):
+    from sapptk.errors import ConfigError
+    from sapptk.solver.settings import SearchOptions
+
+    prof = two_mode_profile((3, 5))
+    with pytest.raises(ConfigError, match="stall_time"):
+        balance(prof, PipelineConfig(3, 4, 1, "1f1b"), time_limit=1, stall_time=bad)
+    with pytest.raises(ConfigError, match="SearchOptions.stall_time"):
+        SearchOptions(stall_time=bad)
+
+
+@pytest.mark.slow
+def test_stall_time_ends_a_search_that_no_longer_improves(llama):
+    """The notebooks' two-chunk case: without it the search spends its whole limit on a plan
+    it found in seconds; with it the call returns the same kind of plan well before."""
+    import time
+
+    config = PipelineConfig(stages=16, micro_batches=32, chunks=2, schedule="interleaved", memory_budget=56000)
+    began = time.perf_counter()
+    plan = balance(llama, config, time_limit=60, stall_time=2)
+    seconds = time.perf_counter() - began
+    assert plan.solved and plan.fits
+    assert seconds < 40, seconds  # 6 s unloaded; far below the 60 s limit
+    if plan.status == "feasible":
+        assert "no better plan for 2 s (stall_time)" in plan.message

@@ -790,3 +790,23 @@ def test_an_unreachable_dask_scheduler_fails_at_once(tmp_path: Path) -> None:
     assert not CALLS
     with pytest.raises(ConfigError, match="HOST:PORT"):
         sweep(DEMO, SMALL, solve=fake_solve, executor="dask://nowhere", progress=False)
+
+
+def test_the_progress_bar_of_a_resumed_sweep_counts_the_cached_points(tmp_path: Path, monkeypatch) -> None:
+    import tqdm.auto
+
+    postfixes: list[dict[str, int]] = []
+
+    class Bar(tqdm.auto.tqdm):
+        def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
+            postfixes.append(dict(ordered_dict or {}))
+            return super().set_postfix(ordered_dict, refresh=refresh, **kwargs)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    cache = tmp_path / "sweep.parquet"
+    sweep(DEMO, SMALL, solve=fake_solve, cache=cache, progress=False)
+    postfixes.clear()
+    df = sweep(DEMO, {**SMALL, "micro_batches": [8, 16]}, solve=fake_solve, cache=cache, progress=False)
+    assert sum(postfixes[0].values()) == 1  # the cached point, before any new one
+    assert sum(postfixes[-1].values()) == len(df) == 2  # every point on the bar, by status
+    assert postfixes[-1] == df["status"].astype(str).value_counts().to_dict()

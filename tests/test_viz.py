@@ -16,7 +16,7 @@ from sapptk.errors import SapptkError
 from sapptk.plan import even_baseline, even_split
 from sapptk.schedules import Op, build, get, make_program, names
 from sapptk.simulation import simulate
-from sapptk.viz import style
+from sapptk.viz import look
 
 
 def _sim(name="interleaved", p=4, m=8, v=2, k=1, **kw):
@@ -305,7 +305,7 @@ def test_colour_by_kind_and_shade_by_chunk():
     by = frame.drop_duplicates(["category", "chunk"]).set_index(["category", "chunk"])["color"]
     assert by[("forward", 0)] == viz.CATEGORY_COLORS["forward"]
     assert by[("backward", 0)] == viz.CATEGORY_COLORS["backward"]
-    assert by[("forward", 1)] == style.shades(viz.CATEGORY_COLORS["forward"], 2)[1] != by[("forward", 0)]
+    assert by[("forward", 1)] == look.shades(viz.CATEGORY_COLORS["forward"], 2)[1] != by[("forward", 0)]
     # micro-batch numbers in a colour that reads on the box
     labels = _renderer(viz.timeline(sim), "labels")
     texts = np.asarray(labels.glyph.text_color["transform"].palette)[np.asarray(data["style"])]
@@ -356,6 +356,23 @@ def test_micro_batch_written_on_wide_boxes_only():
     # a zoom callback recomputes them
     x_range = _figures(fig)[0].x_range
     assert x_range.js_property_callbacks.get("change:start")
+
+
+def test_micro_batch_labels_are_all_or_none():
+    """Every full-height box is labelled when each can hold the widest number, else none: a
+    box that fits "7" but not "12" means no label anywhere (the hover names every op)."""
+    from sapptk.viz.timelines import _label_indices
+
+    data = {"micro_batch": np.array([0, 7, 12]), "duration_ms": np.array([10.0, 10.0, 10.0]),
+            "lower": np.zeros(3), "upper": np.full(3, 0.8)}
+    one_digit, two_digits = 1 * look.LABEL_PX_PER_CHAR + 4, 2 * look.LABEL_PX_PER_CHAR + 4
+    assert list(_label_indices(data, two_digits / 10)) == [0, 1, 2]
+    assert list(_label_indices(data, (one_digit + two_digits) / 20)) == []  # "7" fits, "12" does not
+    strips = {**data, "upper": np.array([0.8, 0.3, 0.8])}  # an overlapped strip is never labelled
+    assert list(_label_indices(strips, two_digits / 10)) == [0, 2]
+    from sapptk.viz.timelines import _LABELS_JS
+
+    assert "labels.indices = room ? keep : []" in _LABELS_JS  # the browser applies the same rule
 
 
 @pytest.mark.slow

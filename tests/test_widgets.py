@@ -302,3 +302,150 @@ def test_even_baseline_picks_the_weakest_mode_that_fits(llama):
     tight = even_baseline(llama, PipelineConfig(4, 8, memory_budget=56000.0))
     assert tight.fits or tight.source == "even_split(full)"
     assert tight.source != "even_split(none)"
+
+
+# ------------------------------------------------- interrupt, stale result, typed values
+class FakeKernel:
+    """What the hook uses of an ipykernel: the SIGINT handler it restores after a message."""
+
+    def __init__(self) -> None:
+        import signal
+
+        self.saved_sigint_handler = signal.SIG_IGN  # an idle kernel ignores SIGINT
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    import sapptk.explorer_inputs as inputs
+
+    fake_kernel = FakeKernel()
+    monkeypatch.setattr(inputs, "_kernel", lambda: fake_kernel)
+    yield fake_kernel
+    inputs.HOOK.uninstall()
+
+
+def test_kernel_interrupt_stops_a_solve_started_with_the_button(explorer, held, kernel):
+    import signal
+
+    explorer.solve_button.click()
+    assert held.started.wait(10)
+    assert "Kernel → Interrupt stops it" in _status(explorer)
+    handler = kernel.saved_sigint_handler  # what the kernel installs once the click's message is handled
+    assert callable(handler)
+    handler(signal.SIGINT, None)  # Kernel -> Interrupt while the kernel is idle
+    assert "Kernel → Interrupt" in _status(explorer) and held.calls[0]["stop"].is_set()
+    plan = explorer.wait(timeout=30)
+    assert plan is not None and plan.status == "feasible"
+    assert "stopped by Kernel → Interrupt" in _status(explorer) and not explorer.solve_button.disabled
+    handler(signal.SIGINT, None)  # no solve running: ignored, as the kernel would
+    assert "stopped by Kernel → Interrupt" in _status(explorer)
+
+
+def test_without_a_kernel_the_status_says_cancel_is_the_way(explorer, held):
+    explorer.solve_button.click()
+    assert held.started.wait(10)
+    assert "Cancel stops it" in _status(explorer) and "Interrupt" not in _status(explorer)
+    explorer.cancel()
+    assert explorer.wait(timeout=30) is not None
+
+
+def test_solve_is_disabled_while_the_setup_is_invalid(explorer):
+    for box in explorer.recompute.values():
+        box.value = False
+    assert explorer.solve_button.disabled and "recompute" in explorer.solve_button.tooltip
+    explorer.recompute["full"].value = True
+    assert not explorer.solve_button.disabled
+
+
+def test_greyed_modes_say_why(explorer):
+    assert explorer.recompute["comm"].disabled
+    assert "comm" in explorer.recompute["comm"].tooltip and "comm" in explorer.recompute_note.value
+
+
+def test_a_change_keeps_the_last_result_marked_stale(explorer, fake):
+    explorer.solve()
+    result = _status(explorer)
+    assert result.startswith("optimal")
+    explorer.micro_batches.value = 16
+    assert _status(explorer).startswith(result) and "[stale" in _status(explorer)
+    explorer.micro_batches.value = 8  # back to the plan's settings: fresh again
+    assert _status(explorer) == result
+
+
+@pytest.mark.parametrize(("name", "typed", "value", "said"), [
+    ("stages", "0", 1, "0 is below 1: set to 1"),
+    ("stages", "-3", 1, "-3 is below 1: set to 1"),
+    ("stages", "abc", 4, "'abc' is not a number: kept 4"),
+    ("stages", "1000", 64, "1,000 is above 64: set to 64"),
+    ("stages", "2.5", 2, "2.5 is not a whole number: set to 2"),
+    ("memory budget", "-500", 0.0, "-500 is below 0: set to 0"),
+    ("memory budget", "48,000", 48000.0, None),
+])
+def test_typed_values_are_corrected_and_said(explorer, name, typed, value, said):
+    control = {"stages": explorer.stages, "memory budget": explorer.budget}[name]
+    explorer.entries[name].value = typed
+    assert control.value == value
+    assert explorer.entries[name].value == str(value if name == "stages" else f"{value:g}")
+    if said is None:
+        assert explorer.input_note.value == ""
+    else:
+        import html
+
+        assert f"{name}: {said}" in html.unescape(explorer.input_note.value)
+
+
+def test_the_boxes_follow_the_sliders(explorer):
+    explorer.stages.value = 8
+    assert explorer.entries["stages"].value == "8"
+    explorer.budget.value = 40000.0
+    assert explorer.entries["memory budget"].value == "40000"
+
+
+@pytest.mark.slow
+def test_kernel_interrupt_in_a_real_kernel():
+    """In a real ipykernel, idle after the click: Kernel -> Interrupt (SIGINT) stops the solve."""
+    import time
+
+    manager_mod = pytest.importorskip("jupyter_client.manager")
+    km, kc = manager_mod.start_new_kernel(kernel_name="python3", startup_timeout=120)
+    try:
+        def run(code):
+            out = []
+            reply = kc.execute_interactive(code, timeout=60, output_hook=lambda m: out.append(
+                m["content"].get("text", "") if m["msg_type"] == "stream" else ""))
+            assert reply["content"]["status"] == "ok", reply["content"]
+            return "".join(out)
+
+        run("""
+import threading
+import sapptk.balancer as balancer
+from sapptk.config import PipelineConfig
+from sapptk.plan import even_split, make_plan
+from sapptk.profile import bundled_profile
+from sapptk.widgets import Explorer
+
+def held(profile, config, *, time_limit, workers, stop=None):  # a search that runs until stopped
+    stop.wait(60)
+    plan = even_split(profile, config, "full")
+    return make_plan(profile, config, plan.counts, status="feasible", step_time=plan.step_time,
+                     bound=0.9 * plan.step_time, gap=0.1, message="stopped")
+
+balancer.balance = held
+explorer = Explorer(bundled_profile("llama2_70b"), PipelineConfig(4, 8, memory_budget=56000.0))
+explorer.solve_button.click()
+print(explorer.status_text)
+""")
+        time.sleep(1.0)  # the kernel is idle now, the solve runs on its thread
+        km.interrupt_kernel()
+        status = ""
+        for _ in range(100):
+            status = run("print(explorer.status_text)")
+            if not status.startswith(("solving", "cancelling", "drawing")):
+                break
+            time.sleep(0.2)
+        assert "stopped by Kernel → Interrupt" in status, status
+        # the kernel is fine afterwards, and a cell still gets its KeyboardInterrupt
+        assert run("print(1 + 1)").strip() == "2"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

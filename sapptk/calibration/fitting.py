@@ -300,7 +300,7 @@ class Calibration:
         lines.append("residual per observation (observed - predicted):")
         lines.append(f"  {'run':>6} {'device':>6} {'observed_mb':>12} {'predicted_mb':>13} {'residual_mb':>12}")
         for row in self.residuals.itertuples(index=False):
-            lines.append(f"  {row.run!s:>6} {row.device:>6} {row.observed_mb:12.2f} {row.predicted_mb:13.2f} "
+            lines.append(f"  {row.run!s:>6} {row.device:>6} {row.observed_mb:12,.2f} {row.predicted_mb:13,.2f} "
                          f"{row.residual_mb:12.4g}")
         lines.append(f"sum of squares {self.sum_of_squares:.6g} MB^2, rms {self.rms_mb:.4g} MB")
         lines += [f"note: {n}" for n in self.notes]

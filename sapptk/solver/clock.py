@@ -20,11 +20,26 @@ class Clock:
 
     ``deterministic`` searches count their work instead of reading this clock where they
     can; the deadline still holds for them (it is a promise to the caller).
+
+    ``stall`` (seconds or None): once a plan is in hand, the search also ends when neither the
+    plan nor the bound has improved for this long (:meth:`progress` marks an improvement).
     """
 
     limit: float
     stop: threading.Event | None = None
     start: float = field(default_factory=time.perf_counter)
+    stall: float | None = None
+    last_progress: float | None = None
+
+    def progress(self) -> None:
+        """The plan or the bound improved: the stall time counts from now."""
+        self.last_progress = time.perf_counter()
+
+    @property
+    def stalled(self) -> bool:
+        """Whether ``stall`` seconds passed since the last improvement (never before the first)."""
+        return (self.stall is not None and self.last_progress is not None
+                and time.perf_counter() - self.last_progress >= self.stall)
 
     @property
     def deadline(self) -> float:
@@ -38,8 +53,8 @@ class Clock:
         return time.perf_counter() - self.start
 
     def remaining(self) -> float:
-        """Seconds left (0 once stopped or past the deadline)."""
-        if self.stopped:
+        """Seconds left (0 once stopped, stalled or past the deadline)."""
+        if self.stopped or self.stalled:
             return 0.0
         return max(0.0, self.deadline - time.perf_counter())
 
@@ -49,8 +64,8 @@ class Clock:
         return self.stop is not None and self.stop.is_set()
 
     def expired(self) -> bool:
-        """Past the deadline, or stopped."""
-        return self.stopped or time.perf_counter() >= self.deadline
+        """Past the deadline, stopped, or stalled."""
+        return self.stopped or self.stalled or time.perf_counter() >= self.deadline
 
     def until(self, share: float) -> float:
         """The ``perf_counter`` time at which ``share`` of the time left now is used up."""

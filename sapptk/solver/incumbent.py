@@ -51,6 +51,7 @@ class Incumbent:
         if self.ticks is None or ticks < self.ticks:
             self.counts, self.ticks = counts, int(ticks)
             self.trace.append((self.clock.elapsed(), self.ticks))
+            self.clock.progress()
             return True
         return False
 

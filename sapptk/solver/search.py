@@ -134,9 +134,10 @@ def search(
     profile and program, or None. Validates ``config`` against ``profile`` first
     (:class:`~sapptk.errors.ConfigError`).
     """
-    clock = Clock(float(time_limit), stop)
+    options = options or SearchOptions()
+    clock = Clock(float(time_limit), stop, stall=options.stall_time)
     config.check(profile, allow_empty_stages=allow_empty_stages)
-    problem = make_problem(profile, config, allow_empty=allow_empty_stages, options=options or SearchOptions())
+    problem = make_problem(profile, config, allow_empty=allow_empty_stages, options=options)
     phases = _Phases(problem, clock, workers=workers, seed=seed, deterministic=deterministic)
     res = phases.run(start)
     if res.status == "infeasible":
@@ -145,7 +146,8 @@ def search(
         res.message = ("stopped before any plan was found" if res.stopped
                        else f"no plan found within the time limit of {time_limit:g} s")
     elif res.status == "feasible":
-        why = "stopped" if res.stopped else f"time limit of {time_limit:g} s reached"
+        why = ("stopped" if res.stopped else f"no better plan for {options.stall_time:g} s (stall_time)"
+               if clock.stalled else f"time limit of {time_limit:g} s reached")
         res.message = (
             f"{why}: step time {res.step_time:.6g} ms, best bound {res.bound:.6g} ms, "
             f"gap {100 * (res.gap or 0.0):.3g} %; not proven optimal"

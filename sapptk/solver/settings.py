@@ -41,6 +41,10 @@ class SearchOptions:
         split).
     diagnosis_seconds: 10.0 — most seconds spent explaining why nothing fits; never more
         than what the time limit leaves.
+    stall_time: None — seconds; when set, the search ends early (status ``feasible`` unless
+        already proven) once it holds a plan and that plan has not improved for this long.
+        The time limit still holds. Short limits for demos and notebooks; the proof of
+        optimality needs the whole limit.
 
     Local search
     ------------
@@ -84,6 +88,7 @@ class SearchOptions:
     master_cap_share: float = 0.05
     tie_break_share: float = 0.5
     diagnosis_seconds: float = 10.0
+    stall_time: float | None = None
     kick_moves: tuple[int, int] = (2, 4)
     sample_per_stage: int = 4
     idle_kicks_per_stage: float = 0.5
@@ -111,6 +116,9 @@ class SearchOptions:
             elif f.name in ("diagnosis_seconds", "relaxation_first_seconds"):
                 if not _real(value) or value < 0:
                     raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected seconds >= 0")
+            elif f.name == "stall_time":
+                if value is not None and (not _real(value) or value <= 0):
+                    raise ConfigError(f"SearchOptions.stall_time = {value!r}: expected seconds > 0 or None")
             elif f.name == "idle_kicks_per_stage":
                 if not _real(value) or value < 0:
                     raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected a number >= 0")

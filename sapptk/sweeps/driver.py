@@ -140,7 +140,13 @@ def sweep(
                 store.append({**inputs[result["key"]], **result,
                               LAYOUT_COLUMN: None if layout is None else json.dumps(layout)})
 
-        counts: dict[str, int] = {}
+        counts: dict[str, int] = {}  # statuses of every point on the bar, those read from the cache too
+        for key in tasks:
+            if key in results:
+                status = str(results[key].get("status"))
+                counts[status] = counts.get(status, 0) + 1
+        if counts:
+            bar.set_postfix(counts, refresh=False)
         for wave in waves(todo):  # each point after those of its family with smaller budgets
             for task in wave:
                 seeds.seed(task)

@@ -8,10 +8,16 @@
   a sweep's frame (:mod:`sapptk.viz.sweep_plots`).
 * :func:`choice_ranking`, :func:`choice_pareto` — a choice's ranking and Pareto front
   (:mod:`sapptk.viz.choice_plots`).
-* :func:`sensitivity_plot`, :func:`critical_plot` — how sure a plan is, and where its
-  critical path runs (:mod:`sapptk.viz.robustness`).
-* :func:`save_html`, :func:`export_png`, :func:`export_svg` — files (:mod:`sapptk.viz.export`).
-* Colours and sizes: :mod:`sapptk.viz.style`; what a figure accepts: :mod:`sapptk.viz.subjects`.
+* :func:`sensitivity_plot`, :func:`critical_plot`, :func:`validation_plot` — how sure a
+  plan is, where its critical path runs, and predicted against measured peaks (:mod:`sapptk.viz.robustness`).
+* :func:`save_html`, :func:`export_png`, :func:`export_svg`, :func:`export_pdf` — files (:mod:`sapptk.viz.export`).
+* :func:`output_notebook` — BokehJS in a notebook, inline but not saved in the file
+  (:mod:`sapptk.viz.jupyter`).
+* :func:`style` — ``"notebook"`` (default) or ``"paper"`` (one or two columns) for every
+  figure drawn after it.
+* :func:`finish` — the style in force applied to a Bokeh layout of your own (the figure
+  functions end with it).
+* Colours and sizes: :mod:`sapptk.viz.look`; what a figure accepts: :mod:`sapptk.viz.subjects`.
 
 Figures take a :class:`~sapptk.plan.Plan` or a :class:`~sapptk.simulation.Simulation`
 alike, and draw the memory budget the subject carries unless told otherwise
@@ -25,7 +31,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
-    "CATEGORY_COLORS": "sapptk.viz.style",
+    "CATEGORY_COLORS": "sapptk.viz.look",
+    "style": "sapptk.viz.look",
+    "finish": "sapptk.viz.look",
     "timeline": "sapptk.viz.timelines",
     "compare": "sapptk.viz.timelines",
     "op_source": "sapptk.viz.timelines",
@@ -39,13 +47,16 @@ _EXPORTS: dict[str, str] = {
     "choice_pareto": "sapptk.viz.choice_plots",
     "sensitivity_plot": "sapptk.viz.robustness",
     "critical_plot": "sapptk.viz.robustness",
+    "validation_plot": "sapptk.viz.robustness",
     "save_html": "sapptk.viz.export",
     "export_png": "sapptk.viz.export",
+    "export_pdf": "sapptk.viz.export",
     "export_svg": "sapptk.viz.export",
     "ExportUnavailableError": "sapptk.viz.export",
     "find_chromium": "sapptk.viz.export",
     "chromium_driver": "sapptk.viz.export",
     "close_driver": "sapptk.viz.export",
+    "output_notebook": "sapptk.viz.jupyter",
 }
 
 __all__ = [
@@ -58,18 +69,23 @@ __all__ = [
     "compare",
     "critical_plot",
     "device_frame",
+    "export_pdf",
     "export_png",
     "export_svg",
     "find_chromium",
+    "finish",
     "heatmap",
     "op_source",
+    "output_notebook",
     "pareto",
     "pareto_front",
     "save_html",
     "sensitivity_plot",
     "stage_bars",
     "step_time_by_budget",
+    "style",
     "timeline",
+    "validation_plot",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
@@ -78,14 +94,16 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         ExportUnavailableError,
         chromium_driver,
         close_driver,
+        export_pdf,
         export_png,
         export_svg,
         find_chromium,
         save_html,
     )
+    from sapptk.viz.jupyter import output_notebook
+    from sapptk.viz.look import CATEGORY_COLORS, finish, style
     from sapptk.viz.plan_bars import device_frame, stage_bars
-    from sapptk.viz.robustness import critical_plot, sensitivity_plot
-    from sapptk.viz.style import CATEGORY_COLORS
+    from sapptk.viz.robustness import critical_plot, sensitivity_plot, validation_plot
     from sapptk.viz.sweep_plots import heatmap, pareto, pareto_front, step_time_by_budget
     from sapptk.viz.timelines import compare, op_source, timeline
 

@@ -18,7 +18,8 @@ from bokeh.models import ColumnDataSource, HoverTool, Span
 from bokeh.plotting import figure
 
 from sapptk.errors import SapptkError
-from sapptk.viz.style import number_axes, thousands
+from sapptk.viz import look
+from sapptk.viz.look import number_axes, thousands
 
 __all__ = ["choice_pareto", "choice_ranking"]
 
@@ -45,7 +46,7 @@ def _labels(frame: pd.DataFrame) -> list[str]:
     return out
 
 
-def choice_ranking(choice: Any, *, top: int = 30, width: int = 800) -> figure:
+def choice_ranking(choice: Any, *, top: int = 30, width: int | None = None) -> figure:
     """The first ``top`` setups of the ranking that have a time (balanced: step time; pruned:
     bound), best at the top."""
     frame = _frame(choice)
@@ -58,7 +59,8 @@ def choice_ranking(choice: Any, *, top: int = 30, width: int = 800) -> figure:
     rows["hatch"] = ["/" if s == "pruned" else " " for s in rows["status"]]
     labels = list(rows["label"])[::-1]
     n_pruned = int((frame["status"] == "pruned").sum())
-    fig = figure(y_range=labels, width=width, height=max(200, 22 * len(labels) + 80), tools=_TOOLS,
+    fig = figure(y_range=labels, width=width or look.current().width, height=max(200, 22 * len(labels) + 80),
+                 tools=_TOOLS,
                  title=f"setups ranked: step time (balanced) or proven bound (pruned, hatched; {n_pruned} pruned)",
                  x_axis_label="ms per step")
     source = ColumnDataSource(rows.drop(columns=[c for c in ("key", "reason") if c in rows]).reset_index(drop=True))
@@ -70,10 +72,10 @@ def choice_ranking(choice: Any, *, top: int = 30, width: int = 800) -> figure:
     fig.add_tools(HoverTool(tooltips=_TIPS))
     fig.legend.location = "bottom_right"
     fig.xaxis.formatter = thousands()
-    return fig
+    return look.finish(fig, width=width)
 
 
-def choice_pareto(choice: Any, *, width: int = 700, height: int = 420) -> figure:
+def choice_pareto(choice: Any, *, width: int | None = None, height: int = 420) -> figure:
     """Every balanced setup by peak memory (x) and step time (y); the Pareto front in black."""
     frame = _frame(choice)
     done = frame[(frame["status"] == "balanced") & frame["peak_mb_max"].notna()].copy()
@@ -82,7 +84,8 @@ def choice_pareto(choice: Any, *, width: int = 700, height: int = 420) -> figure
     done["label"] = _labels(done)
     done["status"] = done["status"].astype(str)
     front = choice.pareto if hasattr(choice, "pareto") else None
-    fig = figure(width=width, height=height, tools=_TOOLS, title="balanced setups: step time against peak memory",
+    fig = figure(width=width or look.current().width, height=height, tools=_TOOLS,
+                 title="balanced setups: step time against peak memory",
                  x_axis_label="peak memory of the fullest device (MB)", y_axis_label="ms per step")
     src = ColumnDataSource(done.drop(columns=[c for c in ("key", "reason") if c in done]).reset_index(drop=True))
     fig.scatter("peak_mb_max", "step_time_ms", size=9, alpha=0.7, source=src, legend_label="balanced setup")
@@ -92,4 +95,4 @@ def choice_pareto(choice: Any, *, width: int = 700, height: int = 420) -> figure
                  legend_label="Pareto front")
     fig.add_tools(HoverTool(tooltips=_TIPS))
     number_axes(fig)
-    return fig
+    return look.finish(fig, width=width)

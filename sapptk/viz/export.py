@@ -1,10 +1,14 @@
-"""Figures written to files: a standalone HTML page (no network needed), or a PNG or SVG
-image through headless Chromium (the ``export`` extra: Selenium, plus a Chromium and its
+"""Figures written to files: a standalone HTML page (no network needed), or a PNG, SVG or
+PDF through headless Chromium (the ``export`` extra: Selenium, plus a Chromium and its
 chromedriver).
 
-:func:`save_html`, :func:`export_png` and :func:`export_svg` take any figure or layout of
-:mod:`sapptk.viz` and a path, and return the :class:`~pathlib.Path` of the one file they
-wrote (an SVG holds the whole layout, as the PNG does).
+:func:`save_html`, :func:`export_png`, :func:`export_svg` and :func:`export_pdf` take any
+figure or layout of :mod:`sapptk.viz` and a path, and return the :class:`~pathlib.Path` of
+the one file they wrote (an SVG holds the whole layout, as the PNG does). The SVG and the
+PDF are vector graphics (the PDF is the SVG printed by Chromium, one page of the figure's
+size); the PNG is drawn at ``dpi`` (96 px per inch is the figure's own size) and records it.
+For a paper, draw the figures in ``viz.style("paper")`` first. Several exports can share
+one browser (``driver=``, from :func:`chromium_driver`; the caller closes it).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ __all__ = [
     "ExportUnavailableError",
     "chromium_driver",
     "close_driver",
+    "export_pdf",
     "export_png",
     "export_svg",
     "find_chromium",
@@ -96,8 +101,10 @@ CHROMIUM_FLAGS = (
 )
 
 
-def chromium_driver(*, console_log: bool = False, window: tuple[int, int] = (1400, 1000)) -> Any:
-    """A headless Chromium Selenium driver with a fresh profile (caller quits it).
+def chromium_driver(*, console_log: bool = False, window: tuple[int, int] = (1400, 1000),
+                    device_scale: float = 1.0) -> Any:
+    """A headless Chromium Selenium driver with a fresh profile (caller quits it);
+    ``device_scale``: device pixels per CSS pixel (a PNG above 96 dpi needs dpi / 96).
 
     Raises :class:`ExportUnavailableError` with the install hint when Selenium or
     Chromium/chromedriver is missing.
@@ -116,6 +123,8 @@ def chromium_driver(*, console_log: bool = False, window: tuple[int, int] = (140
     for flag in CHROMIUM_FLAGS:
         opts.add_argument(flag)
     opts.add_argument(f"--window-size={window[0]},{window[1]}")
+    if device_scale != 1.0:
+        opts.add_argument(f"--force-device-scale-factor={device_scale:g}")
     profile = tempfile.mkdtemp(prefix="sapptk-chromium-")
     opts.add_argument(f"--user-data-dir={profile}")
     if console_log:
@@ -141,47 +150,113 @@ def close_driver(drv: Any) -> None:
 
 @contextmanager
 def _canvas_backend(fig: UIElement) -> Iterator[None]:
-    """Render plots on the 2D canvas while exporting, then put their backends back.
+    """Ready ``fig`` for a file, then put it back as it was: plots drawn on the 2D canvas, and
+    a layout that stretches to its output (the notebook style) fixed at the width it was
+    built for (a file has no output to stretch to).
 
     A static image gains nothing from WebGL, and headless Chromium has no GPU: its
     software WebGL is several times slower than the canvas on large timelines.
     """
+    from bokeh.models import LayoutDOM
+
     plots = [p for p in fig.select({"type": Plot}) if p.output_backend == "webgl"]
+    stretched = [(m, m.sizing_mode) for m in [fig, *fig.select({"type": LayoutDOM})]
+                 if getattr(m, "sizing_mode", None) == "stretch_width"]
     for p in plots:
         p.output_backend = "canvas"
+    for m, _ in stretched:
+        m.sizing_mode = None  # Bokeh's default: the width it was built for
     try:
         yield
     finally:
         for p in plots:
             p.output_backend = "webgl"
+        for m, mode in stretched:
+            m.sizing_mode = mode
 
 
-def export_png(fig: UIElement, path: str | os.PathLike[str], *, timeout: int = 60) -> Path:
-    """Write ``fig`` as one PNG through headless Chromium (needs the ``export`` extra)."""
-    from bokeh.io import export_png as _bokeh_export_png
-
-    path = _target(path, "export_png")
-    drv = chromium_driver()
+@contextmanager
+def _browser(driver: Any, device_scale: float = 1.0) -> Iterator[Any]:
+    """``driver``, or a fresh one closed at the end."""
+    if driver is not None:
+        yield driver
+        return
+    drv = chromium_driver(device_scale=device_scale)
     try:
-        with _canvas_backend(fig):
-            _bokeh_export_png(fig, filename=str(path), webdriver=drv, timeout=timeout)
+        yield drv
     finally:
         close_driver(drv)
+
+
+def export_png(fig: UIElement, path: str | os.PathLike[str], *, dpi: float = 96, timeout: int = 60,
+               driver: Any = None) -> Path:
+    """Write ``fig`` as one PNG through headless Chromium (needs the ``export`` extra), drawn
+    at ``dpi`` pixels per inch of the figure's size (96: one pixel per CSS pixel; 300 for
+    print) and recorded in the file."""
+    from bokeh.io import export_png as _bokeh_export_png
+
+    if isinstance(dpi, bool) or not isinstance(dpi, (int, float)) or not 24 <= dpi <= 1200:
+        raise SapptkError(f"export_png: dpi = {dpi!r}: expected a number from 24 to 1200")
+    path = _target(path, "export_png")
+    scale = dpi / 96
+    if driver is not None and driver.execute_script("return window.devicePixelRatio") < scale:
+        driver = None  # Chromium draws this many device pixels per CSS pixel only when started so
+    with _browser(driver, device_scale=max(scale, 1.0)) as drv, _canvas_backend(fig):
+        _bokeh_export_png(fig, filename=str(path), webdriver=drv, timeout=timeout, scale_factor=scale)
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise ExportUnavailableError(f"{_EXPORT_HINT} (pillow is not installed)") from exc
+    with Image.open(path) as img:
+        img.load()
+        img.save(path, dpi=(dpi, dpi))
     return path
 
 
-def export_svg(fig: UIElement, path: str | os.PathLike[str], *, timeout: int = 60) -> Path:
+def export_svg(fig: UIElement, path: str | os.PathLike[str], *, timeout: int = 60, driver: Any = None) -> Path:
     """Write ``fig`` as one SVG through headless Chromium (needs the ``export`` extra);
     a layout of several plots is one SVG, as in the PNG."""
     from bokeh.io import export_svg as _bokeh_export_svg
 
     path = _target(path, "export_svg")
-    drv = chromium_driver()
-    try:
-        with _canvas_backend(fig):
-            names = _bokeh_export_svg(fig, filename=str(path), webdriver=drv, timeout=timeout)
-    finally:
-        close_driver(drv)
+    with _browser(driver) as drv, _canvas_backend(fig):
+        names = _bokeh_export_svg(fig, filename=str(path), webdriver=drv, timeout=timeout)
     if [Path(n) for n in names] != [path]:
         raise RuntimeError(f"export_svg: expected Bokeh to write one SVG, {str(path)!r}; it wrote {names}")
+    return path
+
+
+def export_pdf(fig: UIElement, path: str | os.PathLike[str], *, timeout: int = 60, driver: Any = None) -> Path:
+    """Write ``fig`` as a one-page vector PDF of its own size: its SVG (:func:`export_svg`)
+    printed by headless Chromium (needs the ``export`` extra)."""
+    import base64
+    import re
+
+    from selenium.webdriver.common.print_page_options import PrintOptions
+
+    path = _target(path, "export_pdf")
+    with _browser(driver) as drv, tempfile.TemporaryDirectory(prefix="sapptk-pdf-") as tmp:
+        svg = export_svg(fig, Path(tmp) / "figure.svg", timeout=timeout, driver=drv)
+        head = svg.read_text(encoding="utf-8")[:2000]
+        size = [re.search(rf'\b{k}="([0-9.]+)', head) for k in ("width", "height")]
+        if not all(size):
+            raise RuntimeError(f"export_pdf: the SVG Bokeh wrote has no width and height: {head[:200]!r}")
+        width_px, height_px = (float(m.group(1)) for m in size)  # type: ignore[union-attr]
+        page = Path(tmp) / "figure.html"
+        page.write_text('<!DOCTYPE html><html><head><style>@page { margin: 0 } html, body { margin: 0; padding: 0 }'
+                        'img { display: block }</style></head><body>'
+                        f'<img src="figure.svg" width="{width_px:g}" height="{height_px:g}"></body></html>',
+                        encoding="utf-8")
+        drv.get(page.as_uri())
+        options = PrintOptions()
+        options.page_width = width_px * 2.54 / 96  # cm
+        options.page_height = height_px * 2.54 / 96
+        options.margin_top = options.margin_bottom = options.margin_left = options.margin_right = 0
+        options.background = True
+        options.shrink_to_fit = False
+        data = base64.b64decode(drv.print_page(options))
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise SapptkError(f"export_pdf: cannot write {str(path)!r}: {exc.strerror}") from None
     return path

@@ -18,7 +18,7 @@ from bokeh.plotting import figure
 from sapptk.errors import SapptkError
 from sapptk.plan import Plan
 from sapptk.simulation import Simulation
-from sapptk.viz import style
+from sapptk.viz import look
 from sapptk.viz.subjects import AUTO, Budget, check_budget, own_budget
 
 if TYPE_CHECKING:
@@ -27,9 +27,15 @@ if TYPE_CHECKING:
 __all__ = ["device_frame", "stage_bars"]
 
 _NEEDED = ("device", "params_mb", "peak_mb", "forward_ms", "backward_ms")
-_MEMORY_PARTS = (("parameters", "#5b6c8f"), ("constant", "#a0a7b4"), ("activations", "#9db4d9"))
-_TIME_PARTS = (("forward", style.CATEGORY_COLORS["forward"]), ("backward", style.CATEGORY_COLORS["backward"]),
-               ("recompute", style.RECOMPUTE_COLOR))
+def _memory_parts() -> tuple[tuple[str, str], ...]:
+    if look.current().paper:
+        return ("parameters", look.OKABE_ITO[0]), ("constant", "#999999"), ("activations", look.OKABE_ITO[5])
+    return ("parameters", "#5b6c8f"), ("constant", "#a0a7b4"), ("activations", "#9db4d9")
+
+
+def _time_parts() -> tuple[tuple[str, str], ...]:
+    colors = look.category_colors()
+    return ("forward", colors["forward"]), ("backward", colors["backward"]), ("recompute", look.recompute_color())
 
 
 def device_frame(subject: Any, constant_mb: float | None = None) -> tuple[pd.DataFrame, float]:
@@ -105,7 +111,7 @@ def _bars(title: str, factors: list[str], width: int, unit: str, data: dict[str,
     bars = fig.vbar(x="device", bottom="bottom", top="top", width=0.8, source=src, fill_color="color",
                     line_color="color", name=name)
     fig.xgrid.grid_line_color = None
-    fig.yaxis.formatter = style.thousands()
+    fig.yaxis.formatter = look.thousands()
     fig.toolbar.logo = None
     return fig, bars, src
 
@@ -119,7 +125,7 @@ def stage_bars(
     subject: Any,
     *,
     budget: Budget = AUTO,
-    width: int = style.WIDTH,
+    width: int | None = None,
     constant_mb: float | None = None,
 ) -> UIElement:
     """Per device: peak memory (parameters, constant, activations) stacked against the
@@ -130,7 +136,8 @@ def stage_bars(
     ``peak_mb``, ``forward_ms``, ``backward_ms`` with recompute included; optional
     ``recompute_ms`` and ``budget_mb``); see :func:`device_frame`. Activation memory is
     ``peak_mb - params_mb - constant``. ``budget`` as in :func:`sapptk.viz.timeline`
-    ("auto": the plan's, the simulation's or the frame's ``budget_mb``).
+    ("auto": the plan's, the simulation's or the frame's ``budget_mb``). ``width``: None
+    (default) stretches to the output width (paper style: the column width), or px.
     """
     frame, constant = device_frame(subject, constant_mb)
     n = len(frame)
@@ -142,12 +149,13 @@ def stage_bars(
     recompute = frame["recompute_ms"].to_numpy(dtype=float) if "recompute_ms" in frame else np.zeros(n)
     budgets = _budgets(subject, frame, budget)
     factors = [str(d) for d in dev]
-    half = max(width // 2, 300)
+    half = max((width or look.current().width) // 2, 150)
 
     mem_parts = [params, np.full(n, constant), np.maximum(peak - params - constant, 0.0)]
     keep = [0, 1, 2] if constant > 0 else [0, 2]
-    mem_data = _stacked(dev, [mem_parts[i] for i in keep], [_MEMORY_PARTS[i][0] for i in keep],
-                        [_MEMORY_PARTS[i][1] for i in keep])
+    memory_parts, time_parts = _memory_parts(), _time_parts()
+    mem_data = _stacked(dev, [mem_parts[i] for i in keep], [memory_parts[i][0] for i in keep],
+                        [memory_parts[i][1] for i in keep])
     k = len(keep)
     mem_data.update(params_mb=np.tile(params, k), constant_mb=np.full(n * k, constant),
                     activation_mb=np.tile(mem_parts[2], k), peak_mb=np.tile(peak, k), budget_mb=np.tile(budgets, k))
@@ -158,20 +166,20 @@ def stage_bars(
          ("peak", "@peak_mb{0,0} MB"), ("budget", "@budget_mb{0,0} MB")],
         "memory",
     )
-    mem_items = [LegendItem(label=_MEMORY_PARTS[i][0], renderers=[mem_bars], index=j * n)
+    mem_items = [LegendItem(label=memory_parts[i][0], renderers=[mem_bars], index=j * n)
                  for j, i in enumerate(keep) if n]
     finite = budgets[np.isfinite(budgets)]
     top = float(peak.max(initial=0.0))
     if len(finite):
         if len(finite) == n and np.allclose(finite, finite[0]):
-            mem.add_layout(Span(location=float(finite[0]), dimension="width", line_color=style.BUDGET_COLOR,
+            mem.add_layout(Span(location=float(finite[0]), dimension="width", line_color=look.budget_color(),
                                 line_dash="dashed", line_width=2, name="budget"))
             mem.add_layout(Label(x=0, y=float(finite[0]), x_units="screen", text=f" budget {finite[0]:,.0f} MB",
-                                 text_font_size="8pt", text_color=style.BUDGET_COLOR, y_offset=2,
+                                 text_font_size="8pt", text_color=look.budget_color(), y_offset=2,
                                  name="budget-label"))
         else:  # budgets that differ by device: a mark on each bar (the first row of each device)
             marks = mem.scatter(x="device", y="budget_mb", source=mem_src, view=CDSView(filter=IndexFilter(
-                list(range(n)))), marker="dash", size=30, color=style.BUDGET_COLOR, line_width=2,
+                list(range(n)))), marker="dash", size=30, color=look.budget_color(), line_width=2,
                 name="budget-marks")
             mem_items.append(LegendItem(label="budget", renderers=[marks]))
         top = max(top, float(finite.max()))
@@ -179,7 +187,7 @@ def stage_bars(
     _legend(mem, mem_items)
 
     plain = np.maximum(backward - recompute, 0.0)
-    time_data = _stacked(dev, [forward, plain, recompute], [p for p, _ in _TIME_PARTS], [c for _, c in _TIME_PARTS])
+    time_data = _stacked(dev, [forward, plain, recompute], [p for p, _ in time_parts], [c for _, c in time_parts])
     time_data.update(forward_ms=np.tile(forward, 3), backward_ms=np.tile(backward, 3),
                      recompute_ms=np.tile(recompute, 3))
     time, time_bars, _ = _bars(
@@ -190,5 +198,5 @@ def stage_bars(
     )
     time.y_range = Range1d(0, float((forward + plain + recompute).max(initial=0.0)) * 1.08 + 1e-9)
     _legend(time, [LegendItem(label=name, renderers=[time_bars], index=j * n)
-                   for j, (name, _) in enumerate(_TIME_PARTS) if n])
-    return row(mem, time, name="stage_bars")
+                   for j, (name, _) in enumerate(time_parts) if n])
+    return look.finish(row(mem, time, name="stage_bars"), width=width)

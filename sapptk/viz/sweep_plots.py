@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from bokeh.models import ColorBar, ColumnDataSource, HoverTool, LinearColorMapper
-from bokeh.palettes import Category10_10, Viridis256
 from bokeh.plotting import figure
 
 from sapptk.errors import SapptkError
 from sapptk.pareto import pareto_front as _front_indices
 from sapptk.sweeps import SOLVED
-from sapptk.viz.style import number_axes, thousands
+from sapptk.viz import look
+from sapptk.viz.look import number_axes, thousands
 
 __all__ = ["heatmap", "pareto", "pareto_front", "step_time_by_budget"]
 
@@ -75,7 +75,28 @@ def _title(what: str, frame: pd.DataFrame) -> str:
 
 
 def _colors(labels: Sequence[Any]) -> dict[Any, str]:
-    return {label: Category10_10[i % len(Category10_10)] for i, label in enumerate(labels)}
+    return dict(zip(labels, look.series_colors(len(labels)), strict=True))
+
+
+_AXIS_LABELS = {
+    "memory_budget_mb": "memory budget per device (MB)",
+    "step_time_ms": "step time (ms)",
+    "peak_mb_max": "peak memory, fullest device (MB)",
+    "chunks": "chunks per device (v)",
+    "stages": "stages (p)",
+    "micro_batches": "micro-batches (m)",
+    "bubble_of_compute": "bubble (of compute)",
+}
+
+
+def _axis_label(column: str) -> str:
+    """A column name as an axis label: words, and the unit in parentheses."""
+    if column in _AXIS_LABELS:
+        return _AXIS_LABELS[column]
+    for suffix, unit in (("_ms", " (ms)"), ("_mb", " (MB)")):
+        if column.endswith(suffix):
+            return column[: -len(suffix)].replace("_", " ") + unit
+    return column.replace("_", " ")
 
 
 _MARKERS = ("circle", "square", "triangle", "diamond", "inverted_triangle", "hex", "star", "plus")
@@ -99,7 +120,7 @@ def step_time_by_budget(
     *,
     color: str = "schedule",
     y: str = "step_time_ms",
-    width: int = 800,
+    width: int | None = None,
     height: int = 400,
 ) -> figure:
     """The best (least) ``y`` at each memory budget, one line per value of ``color``.
@@ -111,8 +132,9 @@ def step_time_by_budget(
     rows = _solved(frame)
     rows = rows[rows["memory_budget_mb"].notna()]
     fig = figure(
-        width=width, height=height, tools=_TOOLS, title=_title(f"best {y} by memory budget", frame),
-        x_axis_label="memory budget per device (MB)", y_axis_label=y.replace("_ms", " (ms)"),
+        width=width or look.current().width, height=height, tools=_TOOLS,
+        title=_title(f"best {_axis_label(y)} by memory budget", frame),
+        x_axis_label=_axis_label("memory_budget_mb"), y_axis_label=_axis_label(y),
     )
     circles = []
     for i, (label, col) in enumerate(_colors(_levels(frame[color])).items()):
@@ -132,16 +154,20 @@ def step_time_by_budget(
         fig.legend.location = "top_right"
         fig.legend.click_policy = "hide"
         fig.legend.title = color
-    return fig
+    return look.finish(fig, width=width)
 
 
 def _factor(value: Any) -> str:
-    """An axis label: whole floats without ``.0``, NaN (an unlimited budget) as ``none``."""
-    if isinstance(value, float):
+    """An axis label: numbers with thousands separators (whole floats without ``.0``), NaN
+    (an unlimited budget) as ``none``."""
+    if isinstance(value, (float, np.floating)):
         if np.isnan(value):
             return "none"
-        if value.is_integer():
-            return str(int(value))
+        if float(value).is_integer():
+            return f"{int(value):,}"
+        return f"{value:,g}"
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return f"{int(value):,}"
     return str(value)
 
 
@@ -151,7 +177,7 @@ def heatmap(
     y: str = "schedule",
     *,
     value: str = "step_time_ms",
-    width: int = 700,
+    width: int | None = None,
     height: int = 400,
 ) -> figure:
     """One cell per (``x``, ``y``) pair: the best (least) ``value`` over every other axis.
@@ -170,20 +196,26 @@ def heatmap(
     rest = keyed[[(a, b) not in solved_pairs for a, b in zip(keyed["_x"], keyed["_y"], strict=True)]]
     rest = rest.sort_values("status").drop_duplicates(["_x", "_y"])
     fig = figure(
-        x_range=xs, y_range=list(reversed(ys)), width=width, height=height, tools="hover,save,reset",
-        title=_title(f"best {value} by {x} and {y}", frame), x_axis_label=x, y_axis_label=y,
+        x_range=xs, y_range=list(reversed(ys)), width=width or look.current().width, height=height,
+        tools="hover,save,reset",
+        title=_title(f"best {_axis_label(value)} by {_axis_label(x)} and {_axis_label(y)}", frame),
+        x_axis_label=_axis_label(x), y_axis_label=_axis_label(y),
         toolbar_location="right",
     )
     fig.grid.grid_line_color = None
     vals = best[value].to_numpy(dtype=float)
     low, high = (float(np.nanmin(vals)), float(np.nanmax(vals))) if len(vals) else (0.0, 1.0)
-    mapper = LinearColorMapper(palette=Viridis256, low=low, high=high if high > low else low + 1)
-    src = _source(best, cell_text=[f"{v:,.0f}" for v in vals])
+    palette = look.sequential_palette()
+    mapper = LinearColorMapper(palette=palette, low=low, high=high if high > low else low + 1)
+    # the number on a cell in black on light colours, white on dark ones
+    shade = np.clip(((vals - low) / max(high - low, 1e-12) * 255).astype(int), 0, 255) if len(vals) else []
+    src = _source(best, cell_text=[f"{v:,.0f}" for v in vals],
+                  cell_text_color=[look.text_color(palette[i]) for i in shade])
     src.data["_x"], src.data["_y"] = best["_x"].tolist(), best["_y"].tolist()
     cells = fig.rect("_x", "_y", 1, 1, source=src, fill_color={"field": value, "transform": mapper},
                      line_color="white")
     fig.text("_x", "_y", text="cell_text", source=src, text_align="center", text_baseline="middle",
-             text_color="white", text_font_size="11px")
+             text_color="cell_text_color", text_font_size="11px")
     if not rest.empty:
         gsrc = _source(rest, cell_text=rest["status"].astype(str).tolist())
         gsrc.data["_x"], gsrc.data["_y"] = rest["_x"].tolist(), rest["_y"].tolist()
@@ -194,8 +226,8 @@ def heatmap(
     else:
         fig.select_one(HoverTool).renderers = [cells]
     fig.select_one(HoverTool).tooltips = _SETUP
-    fig.add_layout(ColorBar(color_mapper=mapper, title=value, width=10, formatter=thousands()), "right")
-    return fig
+    fig.add_layout(ColorBar(color_mapper=mapper, title=_axis_label(value), width=10, formatter=thousands()), "right")
+    return look.finish(fig, width=width)
 
 
 def pareto_front(frame: pd.DataFrame, x: str = "peak_mb_max", y: str = "step_time_ms") -> pd.DataFrame:
@@ -212,7 +244,7 @@ def pareto(
     x: str = "peak_mb_max",
     y: str = "step_time_ms",
     color: str = "schedule",
-    width: int = 800,
+    width: int | None = None,
     height: int = 450,
 ) -> figure:
     """Every solved point by ``x`` (peak memory) and ``y`` (step time), coloured by ``color``,
@@ -220,9 +252,8 @@ def pareto(
     _check(frame, [x, y, color, "status"])
     rows = _solved(frame).dropna(subset=[x, y])
     fig = figure(
-        width=width, height=height, tools=_TOOLS, title=_title(f"{y} against {x}", frame),
-        x_axis_label=x.replace("_mb_max", " (MB, fullest device)").replace("_mb", " (MB)"),
-        y_axis_label=y.replace("_ms", " (ms)"),
+        width=width or look.current().width, height=height, tools=_TOOLS, title=_title(f"{y} against {x}", frame),
+        x_axis_label=_axis_label(x), y_axis_label=_axis_label(y),
     )
     dots = []
     for i, (label, col) in enumerate(_colors(_levels(frame[color])).items()):
@@ -241,4 +272,4 @@ def pareto(
     if dots:
         fig.legend.location = "top_right"
         fig.legend.click_policy = "hide"
-    return fig
+    return look.finish(fig, width=width)

@@ -46,7 +46,7 @@ from bokeh.models import (
 from bokeh.plotting import figure
 
 from sapptk.errors import SapptkError
-from sapptk.viz import style
+from sapptk.viz import look
 from sapptk.viz.subjects import AUTO, Budget, budget_of, simulation_of
 
 if TYPE_CHECKING:
@@ -56,18 +56,18 @@ __all__ = ["compare", "memory_segments", "op_columns", "op_source", "timeline"]
 
 
 # ------------------------------------------------------------------ sources
-def _title(sim: Simulation, label: str | None = None) -> str:
+def _title(sim: Simulation, label: str | None = None, ratio: str = "") -> str:
+    """The setup, step time and bubble; with a ``label`` (compare's headers) the label, the
+    step time and ``ratio`` come first, so a narrow figure cuts off the least telling part."""
     pr = sim.program
     parts = [pr.name, f"p={pr.stages}", f"v={pr.chunks}", f"m={pr.micro_batches}"]
     if pr.splits > 1:
         parts.append(f"k={pr.splits}")
-    head = " ".join(parts)
-    if label and label != pr.name:
-        head = f"{label}: {head}"
-    return (
-        f"{head} | step time {style.fmt_ms(sim.step_time)} | "
-        f"bubble {sim.bubble.of_compute:.1%} of compute ({sim.bubble.of_step:.1%} of step)"
-    )
+    setup = " ".join(parts)
+    bubble = f"bubble {sim.bubble.of_compute:.1%} of compute ({sim.bubble.of_step:.1%} of step)"
+    if label is None:
+        return f"{setup} | step time {look.fmt_ms(sim.step_time)} | {bubble}"
+    return f"{label}: step time {look.fmt_ms(sim.step_time)}{ratio} | {bubble} | {setup}"
 
 
 def _rank_in_unit(unit: np.ndarray) -> np.ndarray:
@@ -89,14 +89,14 @@ def op_columns(events: pd.DataFrame, chunks: int | None = None, row_offset: int 
         kind = kind.astype("category")
     codes = kind.cat.codes.to_numpy()
     try:
-        table = np.array([style.KIND_CATEGORY[str(c)] for c in kind.cat.categories], dtype=np.int64)
+        table = np.array([look.KIND_CATEGORY[str(c)] for c in kind.cat.categories], dtype=np.int64)
     except KeyError as exc:
         raise SapptkError(f"op_source: events: kind {exc.args[0]!r}: expected one of F, B, I, W") from None
     kind_codes = table[codes] if n else np.zeros(0, np.int64)
     unit = events["unit"].to_numpy(dtype=np.int64)
     size = np.bincount(unit)[unit] if n else np.zeros(0, np.int64)
     rank = _rank_in_unit(unit)
-    category = np.where(size > 1, style.OVERLAPPED, kind_codes)
+    category = np.where(size > 1, look.OVERLAPPED, kind_codes)
     chunk = events["chunk"].to_numpy(dtype=np.int64)
     v = max(int(chunks if chunks is not None else (chunk.max() + 1 if n else 1)), 1)
     device = events["device"].to_numpy(dtype=np.int64)
@@ -108,7 +108,7 @@ def op_columns(events: pd.DataFrame, chunks: int | None = None, row_offset: int 
     return {
         "device": device,
         "kind": letters[kind_codes],
-        "category": np.asarray(style.CATEGORIES, dtype=object)[category],
+        "category": np.asarray(look.CATEGORIES, dtype=object)[category],
         "micro_batch": events["micro_batch"].to_numpy(dtype=np.int64),
         "virtual_stage": events["virtual_stage"].to_numpy(dtype=np.int64),
         "chunk": chunk,
@@ -131,14 +131,15 @@ def op_source(events: pd.DataFrame, chunks: int | None = None) -> ColumnDataSour
     Columns: the event columns (``kind`` as its letter), ``category`` (forward, backward,
     input-gradient, weight-gradient, or overlapped for the ops of a unit of two or more),
     ``style`` (``category_index · chunks + chunk``: the index into the fill and text
-    palettes of :func:`sapptk.viz.style.op_palettes`), ``duration_ms``, ``lower`` and
+    palettes of :func:`sapptk.viz.look.op_palettes`), ``duration_ms``, ``lower`` and
     ``upper`` (the row extent: device ± 0.4, split into strips for overlapped ops) and
     ``label_x``, ``label_y`` (the box centre, where the micro-batch is written).
     """
     return ColumnDataSource(op_columns(events, chunks))
 
 
-# the micro-batch labels shown: boxes whose centre is in view and wide enough for the text
+# the micro-batch labels shown, consistently: every full-height box in view when each of them
+# can hold the widest number in view, else none (the hover still names every op)
 _LABELS_JS = """
 const d = ops.data
 const xs = x_range.start, xe = x_range.end
@@ -146,27 +147,29 @@ const width = fig.inner_width > 0 ? fig.inner_width : fallback_width
 const ppm = width / Math.max(xe - xs, 1e-12)
 const x = d.label_x, dur = d.duration_ms, lo = d.lower, up = d.upper, mb = d.micro_batch
 const keep = []
+let narrowest = Infinity, widest = 0
 for (let i = 0; i < x.length; i++) {
   if (x[i] < xs || x[i] > xe || up[i] - lo[i] < 0.39) continue
-  if (dur[i] * ppm < String(mb[i]).length * char_px + 4) continue
   keep.push(i)
-  if (keep.length > max_labels) { keep.length = 0; break }
+  narrowest = Math.min(narrowest, dur[i] * ppm)
+  widest = Math.max(widest, String(mb[i]).length)
+  if (keep.length > max_labels) break
 }
-labels.indices = keep
+const room = keep.length <= max_labels && narrowest >= widest * char_px + 4
+labels.indices = room ? keep : []
 """
 
 
 def _label_indices(data: dict[str, np.ndarray], px_per_ms: float) -> np.ndarray:
-    """The ops whose box is wide enough at the initial zoom to hold its micro-batch."""
+    """The ops labelled at the initial zoom: every full-height box when each can hold the
+    widest micro-batch number, else none (the browser's rule, :data:`_LABELS_JS`)."""
     mb = data["micro_batch"]
-    if len(mb) == 0:
+    full = np.flatnonzero(data["upper"] - data["lower"] >= 0.39)
+    if len(full) == 0 or len(full) > look.MAX_LABELS:
         return np.zeros(0, dtype=np.int64)
-    digits = np.floor(np.log10(np.maximum(mb, 1))).astype(int) + 1
-    ok = (data["duration_ms"] * px_per_ms >= digits * style.LABEL_PX_PER_CHAR + 4) & (
-        data["upper"] - data["lower"] >= 0.39
-    )
-    idx = np.flatnonzero(ok)
-    return idx if len(idx) <= style.MAX_LABELS else np.zeros(0, dtype=np.int64)
+    digits = int(np.floor(np.log10(max(int(mb[full].max()), 1)))) + 1
+    room = float(data["duration_ms"][full].min()) * px_per_ms >= digits * look.LABEL_PX_PER_CHAR + 4
+    return full if room else np.zeros(0, dtype=np.int64)
 
 
 # ------------------------------------------------------------------ figures
@@ -188,11 +191,11 @@ def _gantt(
     parts = [op_columns(s.events, chunks, o) for s, o in zip(sims, offsets, strict=True)]
     data = {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
     src = ColumnDataSource(data)
-    fills, texts = style.op_palettes(chunks)
+    fills, texts = look.op_palettes(chunks)
     fig = figure(
         title=title,
         width=width,
-        frame_height=style.ROW_PX * max(rows, 3),
+        frame_height=look.ROW_PX * max(rows, 3),
         x_range=x_range,
         y_range=Range1d(rows - 0.5, -0.5, bounds="auto"),
         tools="",
@@ -204,9 +207,9 @@ def _gantt(
     span = float(x_range.end - x_range.start) or 1.0
     widths = data["duration_ms"] * usable_px / span
     outline = bool(len(widths)) and float(np.median(widths)) >= 4.0  # thin boxes: no border to wash them out
-    style.time_tools(fig)
+    look.time_tools(fig)
     box = {"left": "start_ms", "right": "end_ms", "top": "lower", "bottom": "upper", "line_width": 0.5,
-           "fill_color": {"field": "style", "transform": style.indexed(fills)}}
+           "fill_color": {"field": "style", "transform": look.indexed(fills)}}
     boxes = fig.add_glyph(src, Quad(**box, line_color="white" if outline else None),
                           hover_glyph=Quad(**box, line_color="black"), name="ops")
     boxes.hover_glyph.line_width = 1.5
@@ -229,16 +232,17 @@ def _gantt(
     fig.add_glyph(
         src,
         Text(x="label_x", y="label_y", text="micro_batch", text_align="center", text_baseline="middle",
-             text_font_size="8pt", text_color={"field": "style", "transform": style.indexed(texts)}),
+             text_font_size="8pt", text_color={"field": "style", "transform": look.indexed(texts)}),
         view=CDSView(filter=shown), name="labels",
     )
     update = CustomJS(
         args={"ops": src, "labels": shown, "x_range": x_range, "fig": fig, "fallback_width": usable_px,
-              "char_px": style.LABEL_PX_PER_CHAR, "max_labels": style.MAX_LABELS},
+              "char_px": look.LABEL_PX_PER_CHAR, "max_labels": look.MAX_LABELS},
         code=_LABELS_JS,
     )
     x_range.js_on_change("start", update)
     x_range.js_on_change("end", update)
+    fig.js_on_change("inner_width", update)  # a stretching figure learns its width in the browser
     for sim, header, o in zip(sims, headers, offsets, strict=True):
         if header is not None:
             fig.add_layout(Label(x=0, y=o - 1, x_units="screen", text=header, text_font_size="10pt",
@@ -256,7 +260,7 @@ def _gantt(
     if fig.title is not None:
         fig.title.text_font_size = "11pt"
     fig.toolbar.logo = None
-    style.time_axis(fig)
+    look.time_axis(fig)
     return fig
 
 
@@ -264,7 +268,7 @@ def _kind_legend(boxes: Any, data: dict[str, np.ndarray], chunks: int) -> Legend
     """One swatch per op category present (its chunk-0 colour), plus one for later chunks."""
     code = data["style"]
     items = []
-    for c, name in enumerate(style.CATEGORIES):
+    for c, name in enumerate(look.CATEGORIES):
         rows = np.flatnonzero((code >= c * chunks) & (code < (c + 1) * chunks))
         if len(rows):
             zero = rows[code[rows] == c * chunks]
@@ -326,7 +330,7 @@ def _memory_figure(
         output_backend=backend, x_axis_label="time (ms)", y_axis_label="memory in use (MB)",
     )
     src = ColumnDataSource(memory_segments(sim.memory, float(sim.step_time)))
-    style.time_tools(fig)
+    look.time_tools(fig)
     line = {"x0": "start_ms", "x1": "end_ms", "y0": "from_mb", "y1": "memory_mb", "line_alpha": "alpha",
             "line_color": {"field": "device", "transform": colors}}
     lines = fig.add_glyph(src, Segment(**line, line_width=1.6), hover_glyph=Segment(**line, line_width=3),
@@ -353,9 +357,9 @@ def _memory_figure(
                              text_font_size="8pt", y_offset=2, name="budget-label"))
         top = max(top, budget)
     fig.y_range = Range1d(0, y_end if y_end is not None else top * 1.08 + 1e-9, bounds="auto")
-    fig.yaxis.formatter = style.thousands()
+    fig.yaxis.formatter = look.thousands()
     fig.toolbar.logo = None
-    style.time_axis(fig)
+    look.time_axis(fig)
     return fig, lines
 
 
@@ -366,7 +370,7 @@ def _memory_panes(
     """One memory pane per simulation, one device colour each, and a device legend on the
     first pane whose clicks dim that device in every pane."""
     p = max(int(s.program.stages) for s in sims)
-    colors = style.indexed(style.device_colors(max(p, 1)))
+    colors = look.indexed(look.device_colors(max(p, 1)))
     panes = [_memory_figure(s, x_range, width, b, y_end, backend, colors, t)
              for s, t, b in zip(sims, titles, lines, strict=True)]
     fig, renderer = panes[0]
@@ -407,12 +411,21 @@ def _stack(figs: list[figure], name: str) -> GridPlot:
                     name=name)
 
 
+def _width(width: Any, where: str) -> int:
+    """The px a figure is built for: ``width``, or the style's (checked)."""
+    if width is None:
+        return look.current().width
+    if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 200:
+        raise SapptkError(f"{where}: width = {width!r}: expected None (stretch) or a number of px >= 200")
+    return int(width)
+
+
 def timeline(
     subject: Any,
     *,
     budget: Budget = AUTO,
     title: str | None = None,
-    width: int = style.WIDTH,
+    width: int | None = None,
     memory: bool = True,
     backend: str = "webgl",
 ) -> GridPlot:
@@ -426,17 +439,19 @@ def timeline(
     memory in use per device as steps and the memory budget as a dashed line:
     ``budget="auto"`` takes the plan's or the simulation's own budget, a number (MB)
     draws that one, None none. ``backend``: Bokeh's output backend, "webgl" (default),
-    "canvas" or "svg". Returns a Bokeh grid layout.
+    "canvas" or "svg". ``width``: None (default) stretches to the output width (the paper
+    style: its column width); a number of px fixes it. Returns a Bokeh grid layout.
     """
-    style.check_backend(backend)
+    look.check_backend(backend)
+    px = _width(width, "timeline")
     sim = simulation_of(subject, "timeline")
     line = budget_of(subject, budget, "timeline")
     end = max(float(sim.step_time), 1e-9)
     x_range = Range1d(0, end * 1.01, bounds=(0, end * 1.01), name="time_range")
-    figs = [_gantt([sim], [None], x_range, title or _title(sim), width, x_axis=not memory, backend=backend)]
+    figs = [_gantt([sim], [None], x_range, title or _title(sim), px, x_axis=not memory, backend=backend)]
     if memory:
-        figs += _memory_panes([sim], [None], [line], x_range, width, None, backend)
-    return _stack(figs, "timeline")
+        figs += _memory_panes([sim], [None], [line], x_range, px, None, backend)
+    return look.finish(_stack(figs, "timeline"), width=width)
 
 
 def compare(
@@ -444,7 +459,7 @@ def compare(
     labels: Sequence[str] | None = None,
     budget: Budget = AUTO,
     memory: bool = False,
-    width: int = style.WIDTH,
+    width: int | None = None,
     backend: str = "webgl",
 ) -> GridPlot:
     """Several plans or simulations stacked on one shared time axis.
@@ -452,9 +467,10 @@ def compare(
     ``labels`` name them (default "1", "2", ...). With ``memory=True`` each timeline has
     its memory pane, all on one memory scale, each with its budget line (``budget`` as in
     :func:`timeline`: "auto" gives each subject its own). A dotted line marks the end of
-    each step. ``backend`` as in :func:`timeline`.
+    each step. ``backend`` and ``width`` as in :func:`timeline`.
     """
-    style.check_backend(backend)
+    look.check_backend(backend)
+    px = _width(width, "compare")
     if not subjects:
         raise SapptkError("compare: give at least one plan or simulation")
     sims = [simulation_of(s, f"compare: subjects[{i}]") for i, s in enumerate(subjects)]
@@ -470,9 +486,9 @@ def compare(
     headers = []
     for sim, label in zip(sims, labels, strict=True):
         ratio = f" ({float(sim.step_time) / best:.2f}x the fastest)" if len(sims) > 1 and best > 0 else ""
-        headers.append(_title(sim, label) + ratio)
-    children = [_gantt(sims, headers, x_range, None, width, x_axis=True, backend=backend)]
+        headers.append(_title(sim, label, ratio))
+    children = [_gantt(sims, headers, x_range, None, px, x_axis=True, backend=backend)]
     if memory:
-        children += _memory_panes(sims, [f"{label}: memory in use" for label in labels], lines, x_range, width,
+        children += _memory_panes(sims, [f"{label}: memory in use" for label in labels], lines, x_range, px,
                                   y_end, backend)
-    return _stack(children, "compare")
+    return look.finish(_stack(children, "compare"), width=width)

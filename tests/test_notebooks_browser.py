@@ -1,0 +1,227 @@
+"""Every notebook in ``notebooks/``, run as a person runs it: JupyterLab in headless Chromium,
+Run → Run All Cells, then File → Save. Then, at 1366×768 (a laptop, file browser open) and
+1920×1080:
+
+* no figure reaches past its output area, and no output holding a figure or a widget scrolls
+  sideways (a wide table may: that is how JupyterLab shows one);
+* no legend overlaps its plot's frame (where the glyphs are drawn): bounding boxes from the
+  BokehJS views;
+* the saved notebook holds no error output and weighs less than 1 MB.
+
+JupyterLab runs once for the module (a fresh copy of the notebooks, the data linked); each
+notebook gets a fresh kernel. Needs JupyterLab (the ``notebook`` extra), Selenium and
+Debian's ``chromium`` + ``chromium-driver``; skips with the reason where they are missing
+(CI installs them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sapptk import viz
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+SIZES = ((1366, 768), (1920, 1080))
+MAX_SAVED_BYTES = 1_000_000
+RUN_SECONDS = 900  # per notebook, under load
+
+pytest.importorskip("selenium", reason="needs selenium: pip install 'sapptk[export]'")
+pytest.importorskip("jupyterlab", reason="needs JupyterLab: pip install 'sapptk[notebook]'")
+if viz.find_chromium() is None:
+    pytest.skip("needs Chromium: apt-get install chromium chromium-driver", allow_module_level=True)
+
+pytestmark = pytest.mark.slow  # JupyterLab, a kernel per notebook and a browser: minutes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Lab:
+    """A JupyterLab server on a copy of the notebooks, and its REST API."""
+
+    def __init__(self, where: Path) -> None:
+        self.root = where / "root"
+        (self.root / "tests").mkdir(parents=True)
+        shutil.copytree(ROOT / "notebooks", self.root / "notebooks")
+        (self.root / "data").symlink_to(ROOT / "data")
+        (self.root / "tests" / "data").symlink_to(ROOT / "tests" / "data")
+        settings = where / "settings" / "@jupyterlab" / "apputils-extension"
+        settings.mkdir(parents=True)
+        (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+        self.port, self.token = _free_port(), "sapptk-browser-test"
+        env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(where / "settings"),
+               "JUPYTERLAB_WORKSPACES_DIR": str(where / "workspaces"), "JUPYTER_RUNTIME_DIR": str(where / "runtime")}
+        self.log = (where / "lab.log").open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={self.port}", "--ip=127.0.0.1",
+             f"--ServerApp.token={self.token}", f"--ServerApp.root_dir={self.root}", "--allow-root",
+             "--LabApp.news_url=", "--ServerApp.open_browser=False"],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=self.root,
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                self.api("status")
+                break
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"JupyterLab did not start: see {where / 'lab.log'}") from None
+                time.sleep(0.5)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{path}?token={self.token}"
+
+    def api(self, path: str, method: str = "GET") -> object:
+        request = urllib.request.Request(self.url(f"api/{path}"), method=method)
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return json.loads(reply.read() or b"null")
+
+    def close_sessions(self) -> None:
+        for session in self.api("sessions"):
+            self.api(f"sessions/{session['id']}", "DELETE")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    server = Lab(tmp_path_factory.mktemp("lab"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def driver():
+    drv = viz.chromium_driver(console_log=True, window=SIZES[0])
+    yield drv
+    viz.close_driver(drv)
+
+
+def _menu(driver, menu: str, command: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    label = next(e for e in driver.find_elements(By.CSS_SELECTOR, ".lm-MenuBar-itemLabel") if e.text == menu)
+    label.click()
+    item = f'li.lm-Menu-item[data-command="{command}"]'
+    deadline = time.monotonic() + 10
+    while not driver.find_elements(By.CSS_SELECTOR, item):
+        assert time.monotonic() < deadline, f"no menu item {command}"
+        time.sleep(0.1)
+    driver.find_element(By.CSS_SELECTOR, item).click()
+
+
+def _wait(condition, seconds: float, what: str, poll: float = 1.0):
+    deadline = time.monotonic() + seconds
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out: {what}"
+        time.sleep(poll)
+
+
+_PROMPTS = "return Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')).map(e => e.textContent)"
+
+# every Bokeh view on the page: roots wider than their output area, legends over their frame
+_LAYOUT = """
+const views = []
+const walk = v => { views.push(v); let kids = []; try { kids = Array.from(v.children()) } catch (e) {}
+                    for (const k of kids) walk(k) }
+if (typeof Bokeh !== "undefined") for (const r of Bokeh.index.roots) walk(r)
+const wide = []
+for (const r of (typeof Bokeh !== "undefined" ? Bokeh.index.roots : [])) {
+  const box = r.el.getBoundingClientRect()
+  const out = r.el.closest('.jp-OutputArea-output')
+  if (box.width === 0 || out === null) continue  // in a hidden tab
+  const area = out.getBoundingClientRect()
+  if (box.right > area.right + 1) wide.push([r.model.type, Math.round(box.width), Math.round(area.width)])
+}
+const scrolling = Array.from(document.querySelectorAll('.jp-OutputArea-output'))
+  .filter(o => o.clientWidth > 0 && o.scrollWidth > o.clientWidth + 1)
+  .filter(o => o.querySelector('[class^="bk-"], [class*=" bk-"]') !== null
+               || o.getAttribute('data-mime-type') === 'application/vnd.jupyter.widget-view+json')
+  .map(o => [o.getAttribute('data-mime-type'), (o.firstElementChild || o).className, o.scrollWidth, o.clientWidth])
+const over = []
+let legends = 0
+for (const v of views) {
+  if (v.model.type !== 'Legend' || !v.model.visible || v.el === undefined && v.bbox === undefined) continue
+  const frame = v.parent && v.parent.frame ? v.parent.frame.bbox : null
+  if (frame === null || v.bbox.width === 0) continue
+  legends += 1
+  const b = v.bbox
+  const dx = Math.min(b.x1, frame.x1) - Math.max(b.x0, frame.x0)
+  const dy = Math.min(b.y1, frame.y1) - Math.max(b.y0, frame.y0)
+  if (dx > 1 && dy > 1) over.push([v.parent.model.title ? v.parent.model.title.text : '', b.x0, b.y0, b.x1, b.y1])
+}
+const sidebar = document.querySelector('.jp-FileBrowser')
+const outputs = Array.from(document.querySelectorAll('.jp-OutputArea-output'))
+return {roots: Bokeh ? Bokeh.index.roots.length : 0, wide, scrolling, over, legends,
+        output_px: Math.max(0, ...outputs.map(o => o.clientWidth)),
+        file_browser_px: sidebar ? sidebar.offsetWidth : 0}
+"""
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs_fits_and_stays_lean_in_jupyterlab(lab, driver, path):
+    lab.close_sessions()  # a fresh kernel for every notebook
+    name = path.name
+    saved = lab.root / "notebooks" / name
+    before = saved.stat().st_mtime_ns
+    driver.set_window_size(*SIZES[0])
+    driver.get(lab.url(f"lab/tree/notebooks/{name}") + "&reset")  # a fresh workspace: nothing else reopens
+    _wait(lambda: driver.execute_script(_PROMPTS), 120, "the notebook to open", poll=0.5)
+    _wait(lambda: any(s["kernel"]["execution_state"] == "idle" for s in lab.api("sessions")), 120, "the kernel")
+    began = time.monotonic()
+    _menu(driver, "Run", "runmenu:run-all")
+    _wait(lambda: all(p.strip() not in ("[*]:", "[ ]:", "") for p in driver.execute_script(_PROMPTS)),
+          RUN_SECONDS, f"{name} to run")
+    _wait(lambda: all(s["kernel"]["execution_state"] == "idle" for s in lab.api("sessions")), 60, "idle")
+    seconds = time.monotonic() - began
+    time.sleep(2)  # the last figures lay out
+
+    layouts = {}
+    for size in SIZES:
+        driver.set_window_size(*size)
+        time.sleep(2)
+        layouts[size] = driver.execute_script(_LAYOUT)
+    _menu(driver, "File", "docmanager:save")
+    _wait(lambda: saved.stat().st_mtime_ns != before, 60, "the save", poll=0.5)
+    time.sleep(1)
+    book = json.loads(saved.read_text(encoding="utf-8"))
+    size_bytes = saved.stat().st_size
+    print(f"{name}: ran in {seconds:.0f} s, saved {size_bytes:,} bytes, "
+          + ", ".join(f"{w}x{h}: {lay['roots']} figures, output {lay['output_px']} px" for (w, h), lay in
+                      layouts.items()))
+
+    errors = [(i, o.get("ename"), o.get("evalue")) for i, c in enumerate(book["cells"]) if c["cell_type"] == "code"
+              for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, errors
+    assert all(c.get("execution_count") for c in book["cells"] if c["cell_type"] == "code"), "a cell did not run"
+    assert size_bytes < MAX_SAVED_BYTES, f"{name}: {size_bytes:,} bytes saved after Run All"
+    assert layouts[SIZES[0]]["file_browser_px"] > 100, "the file browser should be open, as a person has it"
+    for size, lay in layouts.items():
+        assert not lay["wide"], f"{name} at {size}: figures wider than their output area: {lay['wide']}"
+        assert not lay["scrolling"], f"{name} at {size}: outputs that scroll sideways: {lay['scrolling']}"
+        assert not lay["over"], f"{name} at {size}: legends over the plot: {lay['over']}"
+    severe = [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    assert not severe, severe
