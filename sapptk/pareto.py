@@ -75,24 +75,34 @@ def pareto_front(values: np.ndarray, *, groups: np.ndarray | None = None) -> np.
 def _general(rows: np.ndarray, gid: np.ndarray) -> np.ndarray:
     """Keep-mask of lexicographically sorted rows: a row goes if an earlier row of its group is <= it everywhere.
 
-    Comparing with the front kept so far suffices: whatever dominates a dropped row also
-    reaches every row that row reaches.
+    The rows of a group are contiguous (sorted by group first), so each group is filtered on
+    its own: no row is ever compared with another group's front (with many small groups that
+    comparison was almost all of the work).
+    """
+    keep = np.zeros(len(rows), dtype=bool)
+    bounds = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1], True])
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        keep[a:b] = _one_group(rows[a:b])
+    return keep
+
+
+def _one_group(rows: np.ndarray) -> np.ndarray:
+    """Keep-mask of one group's sorted rows, in blocks compared with the front kept so far.
+
+    Comparing with the front suffices: whatever dominates a dropped row also reaches every
+    row that row reaches.
     """
     n = len(rows)
     keep = np.zeros(n, dtype=bool)
     front = np.zeros((0, rows.shape[1]), dtype=rows.dtype)
-    front_gid = np.zeros(0, dtype=gid.dtype)
     for a in range(0, n, _BLOCK):
-        blk, bg = rows[a : a + _BLOCK], gid[a : a + _BLOCK]
+        blk = rows[a : a + _BLOCK]
         beaten = np.zeros(len(blk), dtype=bool)
         if len(front):
-            le = np.all(front[None, :, :] <= blk[:, None, :], axis=2) & (front_gid[None, :] == bg[:, None])
-            beaten = le.any(axis=1)
-        # within the block: earlier rows (lower triangle) of the same group
-        le = np.all(blk[None, :, :] <= blk[:, None, :], axis=2) & (bg[None, :] == bg[:, None])
-        le &= np.tri(len(blk), k=-1, dtype=bool)
+            beaten = np.all(front[None, :, :] <= blk[:, None, :], axis=2).any(axis=1)
+        # within the block: earlier rows (lower triangle)
+        le = np.all(blk[None, :, :] <= blk[:, None, :], axis=2) & np.tri(len(blk), k=-1, dtype=bool)
         beaten |= le.any(axis=1)
         keep[a : a + len(blk)] = ~beaten
         front = np.concatenate([front, blk[~beaten]])
-        front_gid = np.concatenate([front_gid, bg[~beaten]])
     return keep
