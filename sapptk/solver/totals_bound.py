@@ -147,7 +147,7 @@ class TotalsBound:
         best[(slice(None),) + (0,) * len(self.shape)] = 0.0
         for d in range(len(self.layouts)):
             nxt = np.full_like(best, np.inf)
-            ok = (self.key_total[d] >= lo[d]) & (self.key_total[d] <= hi[d])
+            ok = (self.key_total[d] >= lo[d]) & (self.key_total[d] <= hi[d]) & (self.keys[d] <= self.counts).all(axis=1)
             for i in np.flatnonzero(ok):
                 key = self.keys[d][i]
                 src = (slice(None),) + tuple(slice(0, n - int(c)) for n, c in zip(self.shape, key, strict=True))
