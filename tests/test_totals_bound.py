@@ -11,6 +11,7 @@ from support import all_assignments, fast_step, peaks_mb, seed_of
 
 from sapptk.config import PipelineConfig
 from sapptk.costs import TIME_UNIT_MS
+from sapptk.errors import ConfigError
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
 from sapptk.solver.layouts import device_layouts, path_lengths, stage_options
 from sapptk.solver.problem import make_problem
@@ -28,9 +29,9 @@ def random_profile(rng: np.random.Generator) -> Profile:
     for g in range(int(rng.integers(1, 3))):
         fwd = float(rng.uniform(0.5, 3.0))
         act = float(rng.uniform(3, 9))
-        body.append(LayerGroup(f"g{g}", "body", int(rng.integers(2, 5)), fwd, float(rng.uniform(0.5, 4)),
-                               {"none": ModeCost(float(rng.uniform(1.5, 2.5)) * fwd, act),
-                                "full": ModeCost(float(rng.uniform(2.6, 3.5)) * fwd, float(rng.uniform(0.05, 0.5)) * act)}))
+        modes = {"none": ModeCost(float(rng.uniform(1.5, 2.5)) * fwd, act),
+                 "full": ModeCost(float(rng.uniform(2.6, 3.5)) * fwd, float(rng.uniform(0.05, 0.5)) * act)}
+        body.append(LayerGroup(f"g{g}", "body", int(rng.integers(2, 5)), fwd, float(rng.uniform(0.5, 4)), modes))
     head = LayerGroup("head", "head", 1, float(rng.uniform(0.1, 1)), float(rng.uniform(0.5, 3)))
     tail = LayerGroup("tail", "tail", 1, float(rng.uniform(0.1, 2)), float(rng.uniform(0.5, 3)))
     return Profile("random-two-mode", (head, *body, tail))
@@ -139,3 +140,32 @@ def test_the_tree_moves_the_bound_past_the_relaxation_on_a_case_it_averages():
         if relaxed.converged and found.bound > relaxed.bound:
             return
     pytest.fail("no random case where the tree beats the relaxation")
+
+
+def test_search_phase_raises_a_valid_bound():
+    """Phase 6's bound work (``_Phases.raise_bound``) on small two-chunk cases: the tree runs,
+    and the bound it records stays at or under the exhaustive optimum."""
+    from sapptk.solver.clock import Clock
+    from sapptk.solver.search import _Phases
+
+    rng = np.random.default_rng(seed_of("totals-phase"))
+    for _ in range(4):
+        problem, _, _, best, _ = random_case(rng)
+        phases = _Phases(problem, Clock(30.0), workers=1, seed=0, deterministic=False)
+        phases.seed_incumbents(None)
+        if phases.incumbent.counts is None:
+            phases.first_plan()
+        phases.build_master()
+        phases.relax(phases.master, 1.0)
+        lower = phases.raise_bound(0.5)
+        assert phases.totals is not None
+        assert phases.totals_bound <= best and lower <= best
+
+
+def test_options_of_the_tree_are_checked():
+    assert SearchOptions(totals_share=0).totals_share == 0
+    for bad in (0.95, -0.1, float("nan"), True):
+        with pytest.raises(ConfigError, match="totals_share"):
+            SearchOptions(totals_share=bad)
+    with pytest.raises(ConfigError, match="totals_lp_iterations"):
+        SearchOptions(totals_lp_iterations=0)
