@@ -140,9 +140,20 @@ class TotalsBound:
     def box_bounds(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """For every weight vector, ``min f_w(n)`` over totals in [lo, hi] with the groups
         adding up (``inf`` when no such totals exist among the layouts)."""
-        k = len(self.consts)
-        if k == 0:
+        if len(self.consts) == 0:
             return np.zeros(0)
+        return self._box_minimum(lo, hi, self.key_costs, self.consts)
+
+    def box_feasible(self, lo: np.ndarray, hi: np.ndarray) -> bool:
+        """Whether some choice of one layout per device has its totals in [lo, hi] and the
+        groups adding up (exact, in integers: the same program with every cost zero)."""
+        zeros = [np.zeros((1, len(k))) for k in self.keys]
+        return bool(np.isfinite(self._box_minimum(lo, hi, zeros, np.zeros(1))[0]))
+
+    def _box_minimum(
+        self, lo: np.ndarray, hi: np.ndarray, key_costs: list[np.ndarray], consts: np.ndarray
+    ) -> np.ndarray:
+        k = len(consts)
         best = np.full((k, *self.shape), np.inf)
         best[(slice(None),) + (0,) * len(self.shape)] = 0.0
         for d in range(len(self.layouts)):
@@ -152,10 +163,10 @@ class TotalsBound:
                 key = self.keys[d][i]
                 src = (slice(None),) + tuple(slice(0, n - int(c)) for n, c in zip(self.shape, key, strict=True))
                 dst = (slice(None),) + tuple(slice(int(c), n) for n, c in zip(self.shape, key, strict=True))
-                cost = self.key_costs[d][:, i].reshape((k,) + (1,) * len(self.shape))
+                cost = key_costs[d][:, i].reshape((k,) + (1,) * len(self.shape))
                 np.minimum(nxt[dst], best[src] + cost, out=nxt[dst])
             best = nxt
-        return best[(slice(None),) + tuple(int(c) for c in self.counts)] + self.consts
+        return best[(slice(None),) + tuple(int(c) for c in self.counts)] + consts
 
     def _bound_of(self, lo: np.ndarray, hi: np.ndarray) -> float:
         values = self.box_bounds(lo, hi)
@@ -184,8 +195,11 @@ class TotalsBound:
                 break
             heapq.heappop(self.heap)
             y_totals = self._solve_box(node.lo, node.hi, until, stopped)
-            if y_totals == "infeasible":  # no plan has totals in this box
-                self._record()
+            if y_totals == "infeasible":
+                if not self.box_feasible(node.lo, node.hi):  # proven in integers: no plan has totals in this box
+                    self._record()
+                    continue
+                self._push(node.lo, node.hi, node.bound, final=True)  # the LP solver's word alone: kept, not split
                 continue
             if y_totals == "stopped":  # cut short: the node goes back as it was
                 heapq.heappush(self.heap, node)
