@@ -65,6 +65,10 @@ if TYPE_CHECKING:
 
 __all__ = ["SearchResult", "search"]
 
+STALL_FRACTION = 0.001
+"""Phase 6 gives the branch and bound on device totals time only after a master solve that
+brought no better plan and raised the bound by less than this fraction of the step."""
+
 
 @dataclass
 class SearchResult:
@@ -439,11 +443,9 @@ class _Phases:
             if inc.ticks is not None:
                 m.set_domain(m.z, lower, inc.ticks - 1)
             m.hint(inc.counts)
-            cuts_before, ticks_before, started = len(m.cuts), inc.ticks, self.clock.now()
+            cuts_before, ticks_before, lower_before, started = len(m.cuts), inc.ticks, lower, self.clock.now()
             solved = self.solve_master(cap)
             self.offer_all(solved.solutions)
-            if inc.ticks == ticks_before:  # the plan stopped improving: bound work may have time
-                lower = max(lower, self.raise_bound(self.clock.now() - started))
             if solved.status == "infeasible":
                 # nothing beats the incumbent (or, without one, nothing fits)
                 if inc.ticks is None:
@@ -456,15 +458,21 @@ class _Phases:
             self.proven(lower)
             if inc.ticks is not None and inc.ticks <= lower:
                 return "optimal", inc.ticks
+            stalled = inc.ticks is not None and inc.ticks == ticks_before
+            if stalled and lower - lower_before < STALL_FRACTION * inc.ticks:
+                # neither the plan nor the master's bound moved: the bound work may have time
+                lower = max(lower, self.raise_bound(self.clock.now() - started))
+                if inc.ticks <= lower:
+                    return "optimal", inc.ticks
             if solved.status in ("feasible", "unknown") and len(m.cuts) == cuts_before:
                 cap *= 2  # the cap cut the solve short and taught nothing new: give it longer
 
     def raise_bound(self, solve_seconds: float) -> int:
-        """Phase 6, between master solves that brought no better plan: the branch and bound on
-        device totals (:mod:`sapptk.solver.totals_bound`) for ``totals_share / (1 − totals_share)``
-        times ``solve_seconds``, on schedules with two or more chunks per device (one-chunk
-        masters close on their own), when the relaxation's LP is there. Returns the best
-        proven bound (ticks)."""
+        """Phase 6, between master solves that moved neither the plan nor (by ``STALL_FRACTION``)
+        the bound: the branch and bound on device totals (:mod:`sapptk.solver.totals_bound`)
+        for ``totals_share / (1 − totals_share)`` times ``solve_seconds``, on schedules with two
+        or more chunks per device (one-chunk masters close on their own), when the
+        relaxation's LP is there. Returns the best proven bound (ticks)."""
         share, inc = self.options.totals_share, self.incumbent
         if (share <= 0 or self.deterministic or self.lp is None or inc.ticks is None
                 or self.problem.config.chunks < 2 or self.clock.expired()):
