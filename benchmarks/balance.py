@@ -4,6 +4,7 @@ Run:
   ``.venv/bin/python benchmarks/balance.py [--time-limit S] [--workers N]``  (plain mode)
   ``.venv/bin/python benchmarks/balance.py --scale``                        (the scale table)
   ``.venv/bin/python benchmarks/balance.py --curve [--time-limit 60]``      (gap against time)
+  ``.venv/bin/python benchmarks/balance.py --certify [--only N]``           (two-chunk gaps, before/after)
 
 Plain mode: for each setup below, the status, wall seconds, gap, the predicted and the
 simulated step time (they must agree), and the ratio of the step time to the best even
@@ -17,6 +18,12 @@ resident memory. Every case runs in a fresh subprocess (so its ``ru_maxrss`` is 
 Timings on a loaded machine are noisy; the plans' step times are not.
 
 ``--curve`` prints the gap against time of one llama2_70b interleaved solve.
+
+``--certify`` prints, for each two-chunk case of ``CERTIFY`` (interleaved, interleaved-lm,
+dualpipe-v, zb-v at 8 and 16 stages, tight and loose budgets, llama2_70b and deepseek_v3),
+the step time and gap at 10 s and 60 s *before* (``SearchOptions(totals_share=0)``: no
+branch and bound on device totals) and *after* (the defaults), run one after the other in
+the same process; then, for the first case, when the gap first reached 5, 3 and 1 %.
 
 Profiles: the bundled ``llama2_70b`` (96 decoder layers in one group), and the same with
 128 and 256 decoder layers (llama2_70b's per-layer figures, the body count scaled:
@@ -241,6 +248,62 @@ def plain(time_limit: float, workers: int) -> None:
             print(f"{'':<12} note: {'; '.join(res.notes)}")
 
 
+# two-chunk cases of --certify: (profile, (p, m, v, schedule, budget MB)); tight budgets sit a
+# little above the even split with full recompute
+CERTIFY = [
+    ("llama2_70b", (16, 32, 2, "interleaved", 56000)),
+    ("llama2_70b", (16, 32, 2, "interleaved", 30000)),
+    ("llama2_70b", (8, 32, 2, "interleaved", 56000)),
+    ("llama2_70b", (16, 32, 2, "interleaved-lm", 56000)),
+    ("llama2_70b", (8, 32, 2, "interleaved-lm", 40000)),
+    ("llama2_70b", (16, 32, 2, "dualpipe-v", 56000)),
+    ("llama2_70b", (8, 32, 2, "zb-v", 56000)),
+    ("deepseek_v3", (16, 32, 2, "interleaved", 64000)),
+    ("deepseek_v3", (8, 32, 2, "interleaved", 48000)),
+    ("deepseek_v3", (16, 32, 2, "dualpipe-v", 64000)),
+    ("deepseek_v3", (8, 32, 2, "dualpipe-v", 56000)),
+    ("deepseek_v3", (16, 32, 2, "zb-v", 40000)),
+]
+
+
+def first_time_within(history: list, ticks_ms: float, gap: float) -> float | None:
+    """Seconds at which the history's gap first reached ``gap`` (None: never)."""
+    for t, step, bound in history:
+        if step is not None and bound is not None and (step - bound) <= gap * step:
+            return t
+    return None
+
+
+def certify(workers: int, only: int | None) -> None:
+    from sapptk.solver.settings import SearchOptions
+
+    header = (f"{'profile':<12} {'schedule':<15} {'p':>2} {'budget':>6} {'limit':>5} | {'before ms':>9} {'gap %':>6} | "
+              f"{'after ms':>9} {'gap %':>6} | after/before step")
+    print(header)
+    print("-" * len(header))
+    cases = CERTIFY if only is None else CERTIFY[:only]
+    first = None
+    for name, (p, m, v, schedule, budget) in cases:
+        profile = bundled_profile(name)
+        config = PipelineConfig(p, m, v, schedule, memory_budget=budget)
+        for limit in (10.0, 60.0):
+            runs = [search(profile, config, time_limit=limit, workers=workers,
+                           options=SearchOptions(totals_share=share)) for share in (0.0, SearchOptions().totals_share)]
+            if first is None and limit == 60.0:
+                first = runs
+            (b, a) = runs
+            ratio = a.step_time / b.step_time if a.step_time and b.step_time else None
+            print(f"{name:<12} {schedule:<15} {p:>2} {budget:>6} {limit:>5g} | {fmt(b.step_time):>9} "
+                  f"{fmt(100 * b.gap if b.gap is not None else None, '.2f'):>6} | {fmt(a.step_time):>9} "
+                  f"{fmt(100 * a.gap if a.gap is not None else None, '.2f'):>6} | {fmt(ratio, '.4f')}  "
+                  f"({b.status}, {a.status})", flush=True)
+    if first is not None:
+        for label, res in zip(("before", "after"), first, strict=True):
+            times = [first_time_within(res.history, res.ticks_ms, g) for g in (0.05, 0.03, 0.01)]
+            print(f"{cases[0][0]} {cases[0][1]}, limit 60 s, {label}: gap 5 % at {fmt(times[0], '.1f')} s, "
+                  f"3 % at {fmt(times[1], '.1f')} s, 1 % at {fmt(times[2], '.1f')} s (-: not within 60 s)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=None, help="plain mode: 60 s; --curve: 60 s")
@@ -248,11 +311,15 @@ def main() -> None:
     parser.add_argument("--deterministic", action="store_true", help="--scale: deterministic solves")
     parser.add_argument("--scale", action="store_true", help="the scale table (one subprocess per case)")
     parser.add_argument("--curve", action="store_true", help="gap against time, llama2_70b interleaved")
+    parser.add_argument("--certify", action="store_true", help="two-chunk gaps at 10 s and 60 s, before and after")
+    parser.add_argument("--only", type=int, default=None, help="--certify: the first N cases only")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one scale case, JSON, run by --scale
     args = parser.parse_args()
     if args.case:
         profile_name, setup, limit, workers, deterministic, stop_after = json.loads(args.case)
         print(json.dumps(run_case(profile_name, tuple(setup), limit, workers, deterministic, stop_after)))
+    elif args.certify:
+        certify(args.workers, args.only)
     elif args.scale:
         scale(args.workers, args.deterministic)
     elif args.curve:

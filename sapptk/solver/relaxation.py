@@ -140,6 +140,10 @@ class LinearRelaxation:
         self.rows: list[pywraplp.Constraint] = []
         self.seen: set[bytes] = set()
         self.generated: set[bytes] = set()
+        # the last LP solve of :meth:`run`: optimal, proven infeasible, and its row duals
+        self.last_optimal = False
+        self.last_infeasible = False
+        self.last_duals = np.zeros(0)
         self.solver = pywraplp.Solver.CreateSolver("GLOP")
         if self.solver is None:  # GLOP ships with OR-Tools; guard anyway
             return
@@ -204,8 +208,11 @@ class LinearRelaxation:
             solver.SetTimeLimit(max(100, int(1000 * (until - time.perf_counter()))))
             status = _solve(solver, stopped)
             out.iterations += 1
+            self.last_optimal = status == pywraplp.Solver.OPTIMAL
+            self.last_infeasible = status == pywraplp.Solver.INFEASIBLE
             if status != pywraplp.Solver.OPTIMAL:
                 break
+            self.last_duals = np.array([row.dual_value() for row in self.rows])
             out.lp = self.z.solution_value() * self.norm
             cost = np.zeros(3 * nvs)
             for d, lay in enumerate(self.layouts):

@@ -57,12 +57,17 @@ from sapptk.solver.paths import MemoryModel, OutOfTime
 from sapptk.solver.problem import Problem, make_problem
 from sapptk.solver.relaxation import LinearRelaxation, Relaxation
 from sapptk.solver.settings import SearchOptions
+from sapptk.solver.totals_bound import TotalsBound
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
     from sapptk.profile import Profile
 
 __all__ = ["SearchResult", "search"]
+
+STALL_FRACTION = 0.001
+"""Phase 6 gives the branch and bound on device totals time only after a master solve that
+brought no better plan and raised the bound by less than this fraction of the step."""
 
 
 @dataclass
@@ -178,6 +183,8 @@ class _Phases:
         self.relaxation = Relaxation()
         self.lp: LinearRelaxation | None = None
         self.coarse_bound = 0  # ticks: the bound of the coarsened relaxation, when there is one
+        self.totals: TotalsBound | None = None  # the branch and bound on device totals (two-chunk schedules)
+        self.totals_bound = 0  # ticks: its bound, for plans no slower than the incumbent it was given
         self.iterations = 0
         self.first_plan_at: float | None = None
         self.notes: list[str] = []
@@ -218,7 +225,7 @@ class _Phases:
     def lower_bound(self) -> int:
         """The best proven bound without a master: the relaxation's (of this problem or of its
         coarsened relaxation), or the average device's work."""
-        return max(self.relaxation.bound, self.coarse_bound, _work_bound(self.problem))
+        return max(self.relaxation.bound, self.coarse_bound, self.totals_bound, _work_bound(self.problem))
 
     def proven(self, lower: int) -> int:
         """Record a proven lower bound (ticks) when it improves; returns it."""
@@ -436,7 +443,7 @@ class _Phases:
             if inc.ticks is not None:
                 m.set_domain(m.z, lower, inc.ticks - 1)
             m.hint(inc.counts)
-            cuts_before = len(m.cuts)
+            cuts_before, ticks_before, lower_before, started = len(m.cuts), inc.ticks, lower, self.clock.now()
             solved = self.solve_master(cap)
             self.offer_all(solved.solutions)
             if solved.status == "infeasible":
@@ -451,8 +458,37 @@ class _Phases:
             self.proven(lower)
             if inc.ticks is not None and inc.ticks <= lower:
                 return "optimal", inc.ticks
+            stalled = inc.ticks is not None and inc.ticks == ticks_before
+            if stalled and lower - lower_before < STALL_FRACTION * inc.ticks:
+                # neither the plan nor the master's bound moved: the bound work may have time
+                lower = max(lower, self.raise_bound(self.clock.now() - started))
+                if inc.ticks <= lower:
+                    return "optimal", inc.ticks
             if solved.status in ("feasible", "unknown") and len(m.cuts) == cuts_before:
                 cap *= 2  # the cap cut the solve short and taught nothing new: give it longer
+
+    def raise_bound(self, solve_seconds: float) -> int:
+        """Phase 6, between master solves that moved neither the plan nor (by ``STALL_FRACTION``)
+        the bound: the branch and bound on device totals (:mod:`sapptk.solver.totals_bound`)
+        for ``totals_share / (1 − totals_share)`` times ``solve_seconds``, on schedules with two
+        or more chunks per device (one-chunk masters close on their own), when the
+        relaxation's LP is there. Returns the best proven bound (ticks)."""
+        share, inc = self.options.totals_share, self.incumbent
+        if (share <= 0 or self.deterministic or self.lp is None or inc.ticks is None
+                or self.problem.config.chunks < 2 or self.clock.expired()):
+            return self.lower_bound()
+        if self.totals is None:
+            self.totals = TotalsBound(self.lp, lp_iterations=self.options.totals_lp_iterations)
+            self.totals.add_weights(self.lp.last_duals)
+        until = min(self.clock.deadline, self.clock.now() + solve_seconds * share / (1 - share))
+        known = len(self.lp.out.cuts)
+        found = self.totals.run(cutoff=inc.ticks, until=until, stopped=lambda: self.clock.stopped)
+        self.totals_bound = max(self.totals_bound, min(found.bound, inc.ticks))
+        assert self.master is not None
+        for sig, crossings in self.lp.out.cuts[known:]:  # the paths its LPs added join the master
+            self.incumbent.paths.setdefault(_key(sig, crossings), (sig, crossings))
+            self.master.add_cut(sig, crossings)
+        return self.proven(self.lower_bound())
 
     def tie_breaks(self) -> None:
         """Phase 7: least recompute overhead, then smallest deviation from the even split, at the optimum."""

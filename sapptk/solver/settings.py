@@ -39,6 +39,12 @@ class SearchOptions:
     tie_break_share: 0.5 — the least-recompute tie-break may use this much of what is left
         once the step time is proven (the rest goes to the smallest deviation from the even
         split).
+    totals_share: 0.8 — on schedules with two or more chunks per device, the share of the
+        master phase's time (phase 6) given to the branch and bound on device layer totals
+        (:mod:`sapptk.solver.totals_bound`), which raises the proven bound: after each capped
+        master solve that brought no better plan, it runs for ``share / (1 − share)`` times
+        that solve's seconds. It takes time only where the plan stopped improving. 0: never;
+        at most 0.9. Not used with ``deterministic=True`` (it is timed, not counted).
     diagnosis_seconds: 10.0 — most seconds spent explaining why nothing fits; never more
         than what the time limit leaves.
     stall_time: None — seconds; when set, the search ends early (status ``feasible`` unless
@@ -78,6 +84,8 @@ class SearchOptions:
         layer counts; above it only the total layer count is tracked (still a bound).
     evaluation_bytes: 64 MB — working memory of one batch of exact step-time evaluations.
     max_relaxation_iterations: 1000 — LP solves of the relaxation's row generation.
+    totals_lp_iterations: 3 — LP solves (row generation) for each node of the totals branch
+        and bound; few and cheap measured better than converging each node.
     """
 
     relaxation_share: float = 0.1
@@ -87,6 +95,7 @@ class SearchOptions:
     first_plan_share: float = 0.25
     master_cap_share: float = 0.05
     tie_break_share: float = 0.5
+    totals_share: float = 0.8
     diagnosis_seconds: float = 10.0
     stall_time: float | None = None
     kick_moves: tuple[int, int] = (2, 4)
@@ -103,11 +112,15 @@ class SearchOptions:
     max_dp_states: int = 2_000_000
     evaluation_bytes: int = 64 * 2**20
     max_relaxation_iterations: int = 1000
+    totals_lp_iterations: int = 3
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name.endswith("_share"):
+            if f.name == "totals_share":
+                if not _real(value) or not 0 <= value <= 0.9:
+                    raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected a fraction in [0, 0.9]")
+            elif f.name.endswith("_share"):
                 if not _real(value) or not 0 < value <= 1:
                     raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected a fraction in (0, 1]")
             elif f.name == "coarsen_tolerance":

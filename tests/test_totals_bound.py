@@ -1,0 +1,187 @@
+"""The branch and bound on device totals: its node bounds equal brute force, and its bound
+never exceeds the exhaustive optimum on hundreds of random small two-chunk cases."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from support import all_assignments, fast_step, seed_of
+
+from sapptk.config import PipelineConfig
+from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS
+from sapptk.errors import ConfigError
+from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
+from sapptk.solver.layouts import device_layouts, path_lengths, stage_options
+from sapptk.solver.problem import make_problem
+from sapptk.solver.relaxation import LinearRelaxation
+from sapptk.solver.settings import SearchOptions
+from sapptk.solver.totals_bound import TotalsBound
+
+TWO_CHUNK = [("interleaved", 2, 3), ("interleaved", 2, 4), ("interleaved-lm", 2, 4), ("zb-v", 2, 3),
+             ("dualpipe-v", 2, 4)]
+
+
+def random_profile(rng: np.random.Generator) -> Profile:
+    """Head, one or two body groups of 2-4 layers with two modes (none, full), tail; random figures."""
+    body = []
+    for g in range(int(rng.integers(1, 3))):
+        fwd = float(rng.uniform(0.5, 3.0))
+        act = float(rng.uniform(3, 9))
+        modes = {"none": ModeCost(float(rng.uniform(1.5, 2.5)) * fwd, act),
+                 "full": ModeCost(float(rng.uniform(2.6, 3.5)) * fwd, float(rng.uniform(0.05, 0.5)) * act)}
+        body.append(LayerGroup(f"g{g}", "body", int(rng.integers(2, 5)), fwd, float(rng.uniform(0.5, 4)), modes))
+    head = LayerGroup("head", "head", 1, float(rng.uniform(0.1, 1)), float(rng.uniform(0.5, 3)))
+    tail = LayerGroup("tail", "tail", 1, float(rng.uniform(0.1, 2)), float(rng.uniform(0.5, 3)))
+    return Profile("random-two-mode", (head, *body, tail))
+
+
+def random_case(rng: np.random.Generator):
+    """A random two-chunk case with a binding budget: its problem, layouts, the LP over them,
+    the exhaustive optimum (ticks), every fitting plan's step (ticks) and the fastest plan.
+
+    Every assignment is enumerated; peaks and steps are computed in batches by the solver's
+    exact yardsticks (the simulator's equality with them is tested elsewhere, and the fast
+    cases check it again on the fastest plan)."""
+    schedule, p, m = TWO_CHUNK[int(rng.integers(len(TWO_CHUNK)))]
+    prof = random_profile(rng)
+    base = PipelineConfig(p, m, 2, schedule, comm=float(rng.choice([0.0, 0.01, 0.2])))
+    unlimited = make_problem(prof, base, allow_empty=False, options=SearchOptions())
+    candidates = [unlimited.groups.merge(c)
+                  for c in all_assignments(prof, base, (MODES.index("none"), MODES.index("full")))]
+    peaks = np.array([unlimited.peaks(c).max() for c in candidates]) / unlimited.memory.scale * MEMORY_UNIT_MB
+    budget = float(np.quantile(peaks, float(rng.uniform(0.05, 1.0))))
+    cfg = base.replace(memory_budget=budget)
+    problem = make_problem(prof, cfg, allow_empty=False, options=SearchOptions())
+    fitting = [c for c in candidates if problem.fits(c)]
+    steps = problem.step_ticks(problem.cost_vectors(fitting))
+    best = int(steps.min())
+    coef = problem.coef
+    layouts = device_layouts(coef, problem.program, stage_options(coef, coef.counts), ub=None,
+                             budget=problem.budget, allow_empty=False)
+    lp = LinearRelaxation(coef, problem.paths, layouts, problem.comm_ticks)
+    for d in range(problem.program.stages):
+        lp.add(problem.paths.device_sig[d], 0)
+    return problem, layouts, lp, best, steps, fitting[int(steps.argmin())]
+
+
+def check_never_above_the_optimum(seed: int) -> tuple[int, int]:
+    rng = np.random.default_rng(seed)
+    problem, _, lp, best, steps, _ = random_case(rng)
+    lp.run(until=time.perf_counter() + 10, max_iterations=int(rng.integers(1, 6)))  # often not converged
+    tree = TotalsBound(lp, lp_iterations=int(rng.integers(1, 4)))
+    tree.add_weights(lp.last_duals)
+    # no cutoff worth the name: the tree must stay under the optimum on its own
+    far = 2**60
+    found = tree.run(cutoff=far, until=time.perf_counter() + 10)
+    assert found.bound <= best, (seed, found.bound, best)
+    # with a cutoff at some plan's step (never below the optimum) the bound is capped there
+    cutoff = int(rng.choice(steps))
+    again = TotalsBound(lp, lp_iterations=2)
+    again.add_weights(lp.last_duals)
+    capped = again.run(cutoff=cutoff, until=time.perf_counter() + 10)
+    assert capped.bound <= min(best, cutoff) or capped.bound <= best
+    return found.bound, best
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_bound_never_exceeds_the_exhaustive_optimum(case):
+    check_never_above_the_optimum(seed_of("totals-bound", case))
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_the_oracle_is_the_simulator(case):
+    """The exhaustive optimum of the random cases is the simulator's step time of the fastest plan."""
+    problem, _, _, best, _, fastest = random_case(np.random.default_rng(seed_of("totals-bound", case)))
+    simulated = fast_step(problem.config, problem.profile, problem.groups.spread(fastest))
+    assert best == round(simulated / TIME_UNIT_MS * problem.program.splits)
+
+
+@pytest.mark.slow
+def test_bound_never_exceeds_the_exhaustive_optimum_on_hundreds_of_cases():
+    tight = 0
+    for case in range(200):
+        bound, best = check_never_above_the_optimum(seed_of("totals-bound-many", case))
+        tight += bound == best
+    assert tight > 0  # the tree closes some cases exactly: the test can tell a weak bound from none
+
+
+@pytest.mark.slow
+def test_box_bounds_equal_brute_force():
+    """For every weight vector in the bundle and every box, the dynamic program is the minimum over
+    every choice of one layout per device with totals in the box and the groups adding up
+    (brute force over every pair of layouts)."""
+    rng = np.random.default_rng(seed_of("totals-box"))
+    checked = 0
+    for _ in range(6):
+        _, layouts, lp, _, _, _ = random_case(rng)
+        lp.run(until=time.perf_counter() + 10, max_iterations=3)
+        tree = TotalsBound(lp)
+        for _ in range(3):
+            tree.add_weights(rng.uniform(0, 1, size=len(lp.rows)))
+        sigs = np.stack(lp.sigs)
+        lengths = path_lengths(layouts, sigs)
+        totals = [lay.comp.sum(axis=1) for lay in layouts]  # (k, G)
+        counts = tree.counts
+        for _ in range(4):
+            lo = np.array([int(rng.integers(t.sum(axis=1).min(), t.sum(axis=1).max() + 1)) for t in totals])
+            hi = np.array([int(rng.integers(lo[d], totals[d].sum(axis=1).max() + 1)) for d in range(len(lo))])
+            got = tree.box_bounds(lo, hi)
+            assert len(layouts) == 2  # every case has two devices: all pairs at once
+            t0, t1 = totals[0], totals[1]
+            ok = ((t0.sum(axis=1)[:, None] >= lo[0]) & (t0.sum(axis=1)[:, None] <= hi[0])
+                  & (t1.sum(axis=1)[None, :] >= lo[1]) & (t1.sum(axis=1)[None, :] <= hi[1])
+                  & np.all(t0[:, None, :] + t1[None, :, :] == counts, axis=2))
+            values = (np.einsum("wp,pa->wa", tree.weights, lengths[0])[:, :, None]
+                      + np.einsum("wp,pb->wb", tree.weights, lengths[1])[:, None, :] + tree.consts[:, None, None])
+            want = np.where(ok[None], values, np.inf).min(axis=(1, 2))
+            np.testing.assert_allclose(got, want, rtol=1e-9)
+            checked += 1
+    assert checked
+
+
+@pytest.mark.slow
+def test_the_tree_moves_the_bound_past_the_relaxation_on_a_case_it_averages():
+    """On a case where the relaxation averages device totals, the tree ends strictly higher
+    than the converged LP's bound and no higher than the exhaustive optimum."""
+    rng = np.random.default_rng(seed_of("totals-above-lp"))
+    for _ in range(40):
+        problem, _, lp, best, _, _ = random_case(rng)
+        relaxed = lp.run(until=time.perf_counter() + 10)
+        tree = TotalsBound(lp, lp_iterations=20)
+        tree.add_weights(lp.last_duals)
+        found = tree.run(cutoff=best, until=time.perf_counter() + 10)
+        assert found.bound <= best
+        if relaxed.converged and found.bound > relaxed.bound:
+            return
+    pytest.fail("no random case where the tree beats the relaxation")
+
+
+def test_search_phase_raises_a_valid_bound():
+    """Phase 6's bound work (``_Phases.raise_bound``) on small two-chunk cases: the tree runs,
+    and the bound it records stays at or under the exhaustive optimum."""
+    from sapptk.solver.clock import Clock
+    from sapptk.solver.search import _Phases
+
+    rng = np.random.default_rng(seed_of("totals-phase"))
+    for _ in range(4):
+        problem, _, _, best, _, _ = random_case(rng)
+        phases = _Phases(problem, Clock(30.0), workers=1, seed=0, deterministic=False)
+        phases.seed_incumbents(None)
+        if phases.incumbent.counts is None:
+            phases.first_plan()
+        phases.build_master()
+        phases.relax(phases.master, 1.0)
+        lower = phases.raise_bound(0.5)
+        assert phases.totals is not None
+        assert phases.totals_bound <= best and lower <= best
+
+
+def test_options_of_the_tree_are_checked():
+    assert SearchOptions(totals_share=0).totals_share == 0
+    for bad in (0.95, -0.1, float("nan"), True):
+        with pytest.raises(ConfigError, match="totals_share"):
+            SearchOptions(totals_share=bad)
+    with pytest.raises(ConfigError, match="totals_lp_iterations"):
+        SearchOptions(totals_lp_iterations=0)
