@@ -160,19 +160,21 @@ def _canvas_backend(fig: UIElement) -> Iterator[None]:
     from bokeh.models import LayoutDOM
 
     plots = [p for p in fig.select({"type": Plot}) if p.output_backend == "webgl"]
-    stretched = [(m, m.sizing_mode) for m in [fig, *fig.select({"type": LayoutDOM})]
+    stretched = [(m, m.sizing_mode, m.width_policy) for m in [fig, *fig.select({"type": LayoutDOM})]
                  if getattr(m, "sizing_mode", None) == "stretch_width"]
     for p in plots:
         p.output_backend = "canvas"
-    for m, _ in stretched:
+    for m, _, _ in stretched:
         m.sizing_mode = None  # Bokeh's default: the width it was built for
+        m.width_policy = "auto"  # not "max", which a page without an output area shrinks to the minimum
     try:
         yield
     finally:
         for p in plots:
             p.output_backend = "webgl"
-        for m, mode in stretched:
+        for m, mode, policy in stretched:
             m.sizing_mode = mode
+            m.width_policy = policy
 
 
 @contextmanager
