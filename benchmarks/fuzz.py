@@ -198,18 +198,9 @@ def simulate_args(r: random.Random) -> dict[str, Any]:
 
 def mutate_tree(r: random.Random, data: Any) -> Any:
     """Nested data with one leaf (or branch) replaced by a weird value, or removed."""
-    data = copy.deepcopy(data)
-    node, parent, key = data, None, None
-    while isinstance(node, dict | list) and node and r.random() < 0.8:
-        parent, key = node, r.choice(list(node) if isinstance(node, dict) else range(len(node)))
-        node = node[key]
-    if parent is None:
-        return weird(r)
-    if isinstance(parent, dict) and r.random() < 0.2:
-        del parent[key]
-    else:
-        parent[key] = weird(r)
-    return data
+    import fuzz_surfaces
+
+    return fuzz_surfaces.mutate_tree(r, data, odd=weird, delete=0.2)
 
 
 def calibration_case(r: random.Random) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import gzip
 import json
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,19 +72,21 @@ def _unjson(value: Any) -> Any:
     return value
 
 
-def mutate_tree(r: random.Random, data: Any) -> Any:
-    """Nested data with one leaf or branch replaced by a weird value (or removed)."""
+def mutate_tree(r: random.Random, data: Any, *, odd: Callable[[random.Random], Any] = weird,
+                delete: float = 0.15) -> Any:
+    """Nested data with one leaf or branch replaced by a value of ``odd`` (or, with
+    probability ``delete`` when it sits in a mapping, removed)."""
     data = copy.deepcopy(data)
     node, parent, key = data, None, None
     while isinstance(node, dict | list) and node and r.random() < 0.8:
         parent, key = node, r.choice(list(node) if isinstance(node, dict) else range(len(node)))
         node = node[key]
     if parent is None:
-        return weird(r)
-    if isinstance(parent, dict) and r.random() < 0.15:
+        return odd(r)
+    if isinstance(parent, dict) and r.random() < delete:
         del parent[key]
     else:
-        parent[key] = weird(r)
+        parent[key] = odd(r)
     return data
 
 
