@@ -43,7 +43,7 @@ class Export(ExpressedCost):
     texts: every file of the export by its role, read-only: ``"yaml"`` (sapptk, MindFormers),
         ``"text"`` (Megatron-LM), ``"toml"``, ``"python"`` and, when the schedule needs one,
         ``"csv"`` (torchtitan), ``"csv"`` (PyTorch's schedule CSV).
-    written: the files written, by the same roles; empty without a ``path``.
+    written: the files written (absolute paths), by the same roles; empty without a ``path``.
     notes: what the runtime cannot express (empty: it runs the plan as made).
     step_time_ms: the plan's simulated step time; ``expressed_step_time_ms`` the step time of
         what the runtime runs instead (equal when nothing is lost); :attr:`cost_ms` the
@@ -80,8 +80,10 @@ def make_export(fmt: str, text: str, texts: Mapping[str, str], written: Mapping[
 
 def write_files(fmt: str, files: Mapping[str, tuple[str | os.PathLike[str], str]]) -> dict[str, Path]:
     """Write ``{role: (path, text)}`` atomically (:func:`sapptk.files.write_text`: a
-    :class:`~sapptk.errors.FileError` names a missing folder, a directory, a full disk); the paths written."""
-    return {role: write_text(path, text, what=f"{fmt} export") for role, (path, text) in files.items()}
+    :class:`~sapptk.errors.FileError` names a missing folder, a directory, a full disk); the paths
+    written, made absolute (they stay valid when the working directory changes)."""
+    return {role: Path(os.path.abspath(write_text(path, text, what=f"{fmt} export")))
+            for role, (path, text) in files.items()}
 
 
 def check_path(path: Any, what: str) -> Path | None:

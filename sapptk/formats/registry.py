@@ -88,8 +88,8 @@ def infer_format(source: Any) -> str:
     """The format of a file (by its name, then its content) or of parsed data.
 
     ``.toml``: torchtitan; ``.csv``: PyTorch's schedule CSV; otherwise the text: a command line
-    (``--...`` after any ``#`` comments) is Megatron-LM's, a YAML/JSON mapping with
-    ``format: sapptk-plan/1`` a plan file, any other mapping MindFormers. Parsed data: a
+    (``--...`` after any ``#`` comments) is Megatron-LM's, a YAML/JSON mapping with a
+    ``format`` key (or ``setup`` and ``layout``) a plan file, any other mapping MindFormers. Parsed data: a
     mapping with that ``format`` key is a plan file; anything else needs ``format=``.
     """
     if isinstance(source, Mapping):
@@ -111,8 +111,8 @@ def infer_format(source: Any) -> str:
     if lines and lines[0].startswith("--"):
         return "megatron"
     data = mindformers.load(where)
-    if isinstance(data, Mapping) and data.get("format") == plan_file.FORMAT:
-        return "sapptk"
+    if isinstance(data, Mapping) and ("format" in data or {"setup", "layout"} <= set(data)):
+        return "sapptk"  # a plan file, maybe a broken one: its reader names the bad field
     if isinstance(data, Mapping):
         return "mindformers"
     raise ConfigError(f"{where}: cannot tell its format (not a sapptk plan file, a MindFormers config, a Megatron-LM "
