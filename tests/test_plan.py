@@ -253,7 +253,8 @@ def test_layout_on_a_v_placement():
 def test_export_into_a_missing_folder_is_a_clear_error(tmp_path, mixed):
     from sapptk.errors import FileError
 
-    with pytest.raises(FileError, match=r"plan.yaml: cannot write the mindformers export: the folder .*nope' does not exist"):
+    with pytest.raises(FileError, match=r"plan.yaml: cannot write the mindformers export: the folder .*nope' does not "
+                                        "exist"):
         mixed.export("mindformers", tmp_path / "nope" / "plan.yaml")
     with pytest.raises(FileError, match="cannot write the mindformers export: it is a directory"):
         mixed.export("mindformers", tmp_path)
