@@ -35,6 +35,7 @@ from sapptk.costs import (
 )
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.formats import mindformers, plan_file, registry
+from sapptk.formats.base import refuse_offload, refuse_per_micro_batch
 from sapptk.offload import check_offload, simulate_plan_offload
 from sapptk.profile import MODES
 from sapptk.sensitivity import Sensitivity, critical_path, sensitivity
@@ -116,15 +117,7 @@ class Plan:
 
     def _per_stage_only(self, what: str, runtimes: str = "") -> None:
         """Refuse ``what`` for a plan that recomputes per micro-batch (it would silently drop the choice)."""
-        if self.alternative is None:
-            return
-        cells = int(self.alternative.mask.sum())
-        raise ConfigError(
-            f"{what}: this plan recomputes per micro-batch ({cells} (virtual stage, micro-batch) cells run its "
-            f"alternative layout), which {what} cannot express{runtimes}. Export the per-stage part with "
-            "plan.per_stage_plan() (it is slower or needs more memory: simulate it), or write the "
-            "per-micro-batch choice from plan.micro_batch_layout"
-        )
+        refuse_per_micro_batch(self, what, runtimes)
 
     def _not_sliced(self, what: str) -> None:
         """Refuse an analysis that re-times per-stage costs for a plan with causal slice costs and K/V."""
@@ -161,12 +154,7 @@ class Plan:
         return simulate_counts(self.profile, self.config, self.counts, self.alternative, **kw)
 
     def _no_offload(self, what: str) -> None:
-        if self.offload is not None:
-            raise ConfigError(
-                f"{what} cannot express activation offload: this plan offloads {int(self.offload.sum())} layers' "
-                "activations to host memory; simulate or save it with sapptk (plan.simulate(), plan.save()), or "
-                "balance without 'offload' in recompute for a plan this target can run"
-            )
+        refuse_offload(self, what)
 
     @cached_property
     def simulation(self) -> Simulation:

@@ -1,4 +1,4 @@
-"""sapptk's own plan file (Plan.save / load_plan): round trips lose nothing, for every
+"""sapptk's own plan file (plan.export("sapptk") / load_plan): round trips lose nothing, for every
 schedule, for random plans, for plans carrying their own program; bad files fail clearly."""
 
 from __future__ import annotations

@@ -369,7 +369,7 @@ def assignments(draw):
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(assignments())
-def test_round_trip_plan_to_mindformers_and_yaml(case):
+def test_round_trip_plan_export_to_mindformers(case):
     prof, cfg, counts = case
     plan = make_plan(prof, cfg, counts, status="feasible", step_time=1.0)
     data = plan.export("mindformers").data
