@@ -64,6 +64,7 @@ def test_export_to_files_writes_the_schedule_csv_next_to_the_toml(capsys, tmp_pa
                          "--out", str(tmp_path / "job.toml"))
     assert code == 0, err
     assert (tmp_path / "job_schedule.csv").exists() and "job_schedule.csv" in out
+    assert (tmp_path / "job.py").exists() and "job.py" in out  # the torchtitan >= 0.3 config, side by side
     back = load_plan(tmp_path / "job.toml", "torchtitan", profile=demo, config=cfg)
     np.testing.assert_array_equal(back.counts, plan.counts)
     assert back.config.program().units == cfg.program().units

@@ -199,3 +199,17 @@ def test_load_plans_reads_every_named_config(tmp_path):
     assert load_plan(path, profile=plan.profile, config=plan.config, name="all_full").source == "mindformers:all_full"
     single = load_plans(plan.export("sapptk", tmp_path / "p.yaml").written["yaml"])
     assert list(single) == ["hand"]
+
+
+def test_every_reader_takes_source_profile_config_in_that_order():
+    import inspect
+
+    from sapptk.formats import megatron, mindformers, plan_file, torch_csv, torchtitan
+    from sapptk.formats.registry import _EXPORTERS, _READERS
+
+    assert set(_READERS) == set(_EXPORTERS) == set(FORMATS)
+    for module in (plan_file, mindformers, megatron, torchtitan, torch_csv):
+        assert list(inspect.signature(module.read_plan).parameters)[:3] == ["source", "profile", "config"], module
+        assert list(inspect.signature(module.plan_export).parameters)[:2] == ["plan", "path"], module
+    for codec in (megatron.decode, torchtitan.decode):
+        assert list(inspect.signature(codec).parameters)[:3] == ["source", "profile", "config"], codec

@@ -81,9 +81,8 @@ def make_export(fmt: str, text: str, texts: Mapping[str, str], written: Mapping[
 def write_files(fmt: str, files: Mapping[str, tuple[str | os.PathLike[str], str]]) -> dict[str, Path]:
     """Write ``{role: (path, text)}`` atomically (:func:`sapptk.files.write_text`: a
     :class:`~sapptk.errors.FileError` names a missing folder, a directory, a full disk); the paths
-    written, made absolute (they stay valid when the working directory changes)."""
-    return {role: Path(os.path.abspath(write_text(path, text, what=f"{fmt} export")))
-            for role, (path, text) in files.items()}
+    written, resolved (absolute: they stay valid when the working directory changes)."""
+    return {role: write_text(path, text, what=f"{fmt} export").resolve() for role, (path, text) in files.items()}
 
 
 def check_path(path: Any, what: str) -> Path | None:
