@@ -1,0 +1,98 @@
+"""Every Python block of README.md and docs/*.md runs (docs/conventions.md, "Code in the docs").
+
+One test per ```python block, named ``file:line``; the blocks of one file run in order in one
+namespace, in a fresh folder where ``data/`` and ``tests/data/`` are the repository's. A
+failure names the file, the block's line and the error; its traceback points at the Markdown
+lines. Running one block runs the blocks of its file before it first. How blocks are marked
+(and the replace directive for shorter time limits) is checked here too: tests/docs_blocks.py.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from docs_blocks import ROOT, Block, Document, doc_files, parse, relative
+
+SLOW = {"README.md", "docs/choose.md", "docs/estimation.md", "docs/offload.md", "docs/micro_batch_recompute.md"}
+"""Files whose blocks together take more than a few seconds (balances, a sweep, a choice)."""
+
+DOCS: list[Document] = [parse(path) for path in doc_files()]
+
+
+@dataclass
+class _Run:
+    """The state of one file's blocks: its namespace, its folder, how far it got."""
+
+    folder: Path
+    namespace: dict[str, Any] = field(default_factory=lambda: {"__name__": "__doc__"})
+    done: int = 0
+    failed: str | None = None
+
+
+_RUNS: dict[Path, _Run] = {}
+
+
+def _folder(tmp_path_factory: pytest.TempPathFactory, doc: Document) -> Path:
+    folder = tmp_path_factory.mktemp(relative(doc.path).replace("/", "_").removesuffix(".md"))
+    (folder / "data").symlink_to(ROOT / "data", target_is_directory=True)
+    (folder / "tests").mkdir()
+    (folder / "tests" / "data").symlink_to(ROOT / "tests" / "data", target_is_directory=True)
+    return folder
+
+
+def _run_block(run: _Run, block: Block) -> str | None:
+    """Run one block in its file's namespace and folder; what went wrong, or None."""
+    code = compile(block.source(), str(block.path), "exec")
+    before = Path.cwd()
+    os.chdir(run.folder)
+    try:
+        exec(code, run.namespace)
+    except Exception as exc:
+        tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # from the block's own frame on
+        frames = [f for f in traceback.extract_tb(tb) if f.filename == str(block.path)]
+        line = frames[-1].lineno if frames else block.line
+        shown = "".join(traceback.format_exception(type(exc), exc, tb)[-12:])
+        return (f"{relative(block.path)}:{line} (the ```python block at line {block.line}) "
+                f"raised {type(exc).__name__}: {exc}\n\n{shown}")
+    finally:
+        os.chdir(before)
+    return None
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for doc in DOCS:
+        marks = [pytest.mark.slow] if relative(doc.path) in SLOW else []
+        for index, block in enumerate(doc.runnable):
+            cases.append(pytest.param(doc, index, id=block.where, marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize("doc", [pytest.param(d, id=relative(d.path)) for d in DOCS])
+def test_blocks_are_marked(doc: Document) -> None:
+    """Every block says whether it runs; directives sit right above a Python block and apply."""
+    if doc.problems:
+        pytest.fail("\n".join(doc.problems), pytrace=False)
+
+
+@pytest.mark.parametrize(("doc", "index"), _cases())
+def test_python_block_runs(doc: Document, index: int, tmp_path_factory: pytest.TempPathFactory) -> None:
+    run = _RUNS.get(doc.path)
+    if run is None:
+        run = _RUNS[doc.path] = _Run(_folder(tmp_path_factory, doc))
+    blocks = doc.runnable
+    while run.done <= index:
+        if run.failed is not None:
+            pytest.fail(f"{blocks[index].where}: not run, an earlier block of its file failed: {run.failed}",
+                        pytrace=False)
+        block = blocks[run.done]
+        run.done += 1
+        error = _run_block(run, block)
+        if error is not None:
+            run.failed = block.where
+            pytest.fail(error, pytrace=False)
