@@ -320,6 +320,15 @@ def test_registry_lists_core_schedules():
         assert name in names()
 
 
+def test_registering_a_taken_name_is_a_schedule_error():
+    from sapptk.schedules.registry import get, register
+
+    before = get("1f1b")
+    with pytest.raises(ScheduleError, match="register: schedule '1f1b' is already registered: expected a new name"):
+        register(before)
+    assert get("1f1b") is before  # the registry is unchanged
+
+
 # ------------------------------------------------------------------ arrays and Op lists
 VECTORISED = ("gpipe", "1f1b", "seq1f1b", "interleaved", "interleaved-lm")
 
