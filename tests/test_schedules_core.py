@@ -329,6 +329,11 @@ def test_registering_a_taken_name_is_a_schedule_error():
     assert get("1f1b") is before  # the registry is unchanged
 
 
+def test_an_unknown_grouping_rule_is_a_schedule_error():
+    with pytest.raises(ScheduleError, match="grouping rule 'odd': expected one of"):
+        micro_batch_groups(4, 8, "odd")
+
+
 # ------------------------------------------------------------------ arrays and Op lists
 VECTORISED = ("gpipe", "1f1b", "seq1f1b", "interleaved", "interleaved-lm")
 
