@@ -9,6 +9,8 @@ lines. Running one block runs the blocks of its file before it first. How blocks
 
 from __future__ import annotations
 
+import ast
+import inspect
 import os
 import traceback
 from dataclasses import dataclass, field
@@ -17,6 +19,8 @@ from typing import Any
 
 import pytest
 from docs_blocks import ROOT, Block, Document, doc_files, parse, relative
+
+import sapptk
 
 SLOW = {"README.md", "docs/choose.md", "docs/estimation.md", "docs/offload.md", "docs/micro_batch_recompute.md"}
 """Files whose blocks together take more than a few seconds (balances, a sweep, a choice)."""
@@ -96,3 +100,31 @@ def test_python_block_runs(doc: Document, index: int, tmp_path_factory: pytest.T
         if error is not None:
             run.failed = block.where
             pytest.fail(error, pytrace=False)
+
+
+def _documented_signatures() -> list[Any]:
+    """```text blocks that spell a public function's signature: ``name(arguments)``."""
+    cases = []
+    for doc in DOCS:
+        for block in doc.blocks:
+            head = block.code.lstrip()
+            name = head.split("(", 1)[0]
+            if block.lang == "text" and name.isidentifier() and name in sapptk.__all__ and head.rstrip().endswith(")"):
+                cases.append(pytest.param(block, name, id=f"{block.where}:{name}"))
+    return cases
+
+
+@pytest.mark.parametrize(("block", "name"), _documented_signatures())
+def test_documented_signature_is_the_code(block: Block, name: str) -> None:
+    """A signature written out in the docs has the function's arguments, kinds, order and defaults."""
+    documented = ast.parse(f"def {block.code.strip()}: pass").body[0].args
+    real = inspect.signature(getattr(sapptk, name))
+    positional = documented.posonlyargs + documented.args
+    required = "(required)"
+    shown = [(a.arg, "positional", d) for a, d in
+             zip(positional, [None] * (len(positional) - len(documented.defaults)) + documented.defaults, strict=True)]
+    shown += [(a.arg, "keyword", d) for a, d in zip(documented.kwonlyargs, documented.kw_defaults, strict=True)]
+    want = [(p.name, "keyword" if p.kind is p.KEYWORD_ONLY else "positional",
+             required if p.default is p.empty else p.default) for p in real.parameters.values()]
+    got = [(n, kind, required if d is None else ast.literal_eval(d)) for n, kind, d in shown]
+    assert got == want, f"{block.where}: the documented signature of {name} differs from the code's {real}"
