@@ -22,8 +22,9 @@ from docs_blocks import ROOT, Block, Document, doc_files, parse, relative
 
 import sapptk
 
-SLOW = {"README.md", "docs/choose.md", "docs/estimation.md", "docs/offload.md", "docs/micro_batch_recompute.md"}
-"""Files whose blocks together take more than a few seconds (balances, a sweep, a choice)."""
+SLOW = {"README.md", "docs/choose.md", "docs/estimation.md", "docs/figures.md", "docs/offload.md",
+        "docs/micro_batch_recompute.md"}
+"""Files whose blocks together take seconds (balances, a sweep, a choice, the Explorer, Chromium exports)."""
 
 DOCS: list[Document] = [parse(path) for path in doc_files()]
 
