@@ -129,3 +129,44 @@ def test_documented_signature_is_the_code(block: Block, name: str) -> None:
              required if p.default is p.empty else p.default) for p in real.parameters.values()]
     got = [(n, kind, required if d is None else ast.literal_eval(d)) for n, kind, d in shown]
     assert got == want, f"{block.where}: the documented signature of {name} differs from the code's {real}"
+
+
+# ------------------------------------------------------------------ the reader itself, on hand-written Markdown
+def _parse(text: str) -> Document:
+    return parse(ROOT / "docs" / "example.md", text)
+
+
+def test_reader_finds_blocks_labels_lines_and_directives():
+    doc = _parse("# t\n\n<!-- doc-test: replace `30` with `1` -->\n```python\nx = 30\n```\n\n- item\n\n  ```text\n"
+                 "  shown\n  ```\n")
+    assert not doc.problems
+    run, shown = doc.blocks
+    assert (run.lang, run.line, run.replacements, shown.lang, shown.line) == ("python", 4, (("30", "1"),), "text", 10)
+    assert run.source() == "\n" * 4 + "x = 1\n"  # padded: line 5 of the file is line 5 of the code
+    assert shown.code == "shown\n"  # a fence in a list item loses its indent
+    assert [b.line for b in doc.runnable] == [4]
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("```\nx\n```\n", "example.md:1: a code block without a label"),
+    ("```pyhton\nx\n```\n", "example.md:1: code block label 'pyhton'"),
+    ("Text.\n\n    x = 1\n", "example.md:3: an indented code block"),
+    ("<!-- doc-test: replace `a` with `b` -->\n\n```python\nx\n```\n", "example.md:1: a doc-test directive must be"),
+    ("<!-- doc-test: replace `a` with `b` -->\n```python\nx\n```\n", "example.md:2: doc-test replace `a`: not in"),
+    ("<!-- doc-test: skip -->\n```python\nx\n```\n", "example.md:1: unknown doc-test directive 'skip'"),
+    ("<!-- doc-test: replace `x` with `y` -->\n```text\nx\n```\n", "directives on a block that is not run"),
+    ("```python\nx\n", "example.md:1: the fence opened here is never closed"),
+])
+def test_reader_names_every_badly_marked_block(text: str, problem: str):
+    assert any(p.startswith(problem) or problem in p for p in _parse(text).problems), _parse(text).problems
+
+
+def test_list_continuations_are_not_code_blocks():
+    assert not _parse("* item\n\n    more of the item\n\n1. one\n   two\n\n       deeper\n").problems
+
+
+def test_a_failing_block_names_its_file_and_markdown_line(tmp_path):
+    doc = _parse("# t\n\n```python\nx = 1\ny = x / 0\n```\n")
+    error = _run_block(_Run(tmp_path), doc.runnable[0])
+    assert error is not None and error.startswith("docs/example.md:5 (the ```python block at line 3) raised "
+                                                  "ZeroDivisionError: division by zero")
