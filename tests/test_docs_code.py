@@ -184,3 +184,53 @@ def test_the_readme_best_known_plan_is_the_one_benchmarks_record():
     rows = re.findall(row, bench, flags=re.MULTILINE)
     recorded = {int(n.replace(",", "")) for row in rows for n in row}
     assert rows and min(recorded) == min(claimed), (claimed, sorted(recorded))
+
+
+def _top_level_keywords(args: str) -> list[str]:
+    try:
+        call = ast.parse(f"f({args})", mode="eval").body
+    except SyntaxError:  # `build(name, stages=, chunks=)`: keywords named, values left out
+        while re.search(r"\([^()]*\)", args):
+            args = re.sub(r"\([^()]*\)", "", args)
+        return re.findall(r"(?<![\w.])([A-Za-z_]\w*)\s*=(?!=)", args)
+    assert isinstance(call, ast.Call)
+    return [k.arg for k in call.keywords if k.arg is not None]
+
+
+def _callable(name: str) -> Any:
+    """The sapptk function or method a name in the prose means (``plan.x`` is ``Plan.x``), or None."""
+    from sapptk import viz
+    from sapptk.calibration.fitting import Calibration
+    from sapptk.choosing.result import Choice
+    from sapptk.plan import Plan
+    from sapptk.simulation import Simulation
+
+    roots = {"sapptk": sapptk, "viz": viz, "plan": Plan, "sim": Simulation, "cal": Calibration, "choice": Choice}
+    head, *rest = name.split(".")
+    obj = roots.get(head, getattr(sapptk, head) if head in sapptk.__all__ else None)
+    for part in rest:
+        obj = getattr(obj, part, None)
+    return obj if callable(obj) else None
+
+
+def _inline_calls() -> list[Any]:
+    """Calls to sapptk written inline in the docs' prose with keywords: `balance(..., stall_time=3)`."""
+    cases = []
+    for path in doc_files():
+        text = path.read_text(encoding="utf-8")
+        for m in re.finditer(r"`([A-Za-z_][\w.]*)\(([^`]*)\)`", text):
+            keywords, func = _top_level_keywords(m.group(2)), _callable(m.group(1))
+            if keywords and func is not None:
+                line = text.count("\n", 0, m.start()) + 1
+                cases.append(pytest.param(m.group(0), func, keywords, id=f"{relative(path)}:{line}:{m.group(1)}"))
+    return cases
+
+
+@pytest.mark.parametrize(("text", "func", "keywords"), _inline_calls())
+def test_inline_calls_use_real_keywords(text: str, func: Any, keywords: list[str]) -> None:
+    """A call written in the prose names only keywords its function has (at its first level)."""
+    params = inspect.signature(func).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return  # takes any keyword (choose(**parallel))
+    unknown = [k for k in keywords if k not in params]
+    assert not unknown, f"{text}: no keyword {unknown}; it takes {list(params)}"
