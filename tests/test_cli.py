@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from sapptk.cli import main
-from sapptk.errors import ConfigError
 from sapptk.config import PipelineConfig
+from sapptk.errors import ConfigError
 from sapptk.plan import from_mindformers, from_mindformers_named, load_plan
 from sapptk.profile import bundled_profile
 from sapptk.schedules import names
