@@ -54,7 +54,22 @@ def _float_type(name: str, *, zero: bool) -> Callable[[str], float]:
     return parse
 
 
-_positive_seconds = _float_type("time limit (seconds > 0)", zero=False)
+def _positive_seconds(text: str) -> float:
+    """``--time-limit``: the library's check and message (``sapptk.checks.time_limit``)."""
+    value: int | float | str = text
+    for kind in (int, float):  # as the library would be given it, so the message is the library's
+        try:
+            value = kind(text)
+            break
+        except ValueError:
+            continue
+    try:
+        return checks.time_limit(value)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_positive_seconds.__name__ = "time_limit"
 _finite_nonnegative = _float_type("number (finite, >= 0)", zero=True)
 _positive_bandwidth = _float_type("bandwidth (MB per ms > 0)", zero=False)
 

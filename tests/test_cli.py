@@ -222,8 +222,9 @@ def test_balance_out_when_the_mindformers_lists_cannot_express_the_plan(capsys, 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["balance", "demo", *DEMO_SETUP, "--time-limit", "nan"], "invalid time limit (seconds > 0) value: 'nan'"),
-        (["balance", "demo", *DEMO_SETUP, "--time-limit", "-1"], "invalid time limit (seconds > 0) value: '-1'"),
+        (["balance", "demo", *DEMO_SETUP, "--time-limit", "nan"], "time_limit = nan: expected a finite number > 0"),
+        (["balance", "demo", *DEMO_SETUP, "--time-limit", "-1"], "time_limit = -1: expected a finite number > 0"),
+        (["balance", "demo", *DEMO_SETUP, "--time-limit", "soon"], "time_limit = 'soon': expected a finite number"),
         (["balance", "demo", *DEMO_SETUP, "--workers", "0"], "workers = 0: expected an integer from 1 to 64"),
         (["balance", "demo", *DEMO_SETUP, "--workers", "100"], "workers = 100: expected an integer from 1 to 64"),
         (["balance", "demo", *DEMO_SETUP, "--workers", "99999999999"], "expected an integer from 1 to 64"),
@@ -242,13 +243,13 @@ def test_bad_arguments_exit_2_with_a_message(capsys, argv, message):
 
 
 @pytest.mark.parametrize(("flag", "keyword", "value"), [("--workers", "workers", 100), ("--workers", "workers", 0),
-                                                      ("--seed", "seed", 2**31)])
+                                                      ("--seed", "seed", 2**31), ("--time-limit", "time_limit", -1)])
 def test_the_cli_and_the_library_refuse_the_same_value_with_the_same_message(capsys, demo, flag, keyword, value):
     from sapptk import balance
     from sapptk.config import PipelineConfig
 
     with pytest.raises(ConfigError) as refused:
-        balance(demo, PipelineConfig(stages=4, micro_batches=8), time_limit=1, **{keyword: value})
+        balance(demo, PipelineConfig(stages=4, micro_batches=8), **{"time_limit": 1, keyword: value})
     code, out, err = run(capsys, "balance", "demo", *DEMO_SETUP, flag, str(value))
     assert code == 2 and str(refused.value) in err, (str(refused.value), err)
 
