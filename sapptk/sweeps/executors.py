@@ -339,8 +339,7 @@ def check_executor(executor: Any) -> None:
 
 
 def _unknown(executor: Any) -> NoReturn:
-    text = repr(executor)
     raise ConfigError(
-        f"executor = {text if len(text) < 80 else text[:77] + '...'}: expected 'serial', 'processes', 'dask', "
+        f"executor = {checks.show(executor, 80)}: expected 'serial', 'processes', 'dask', "
         "'dask://HOST:PORT', a distributed.Client or a concurrent.futures.Executor"
     )
