@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
+from sapptk import checks
 from sapptk.config import PipelineConfig
 from sapptk.errors import SapptkError
 from sapptk.explorer_inputs import HOOK, checked_entry
@@ -42,10 +43,10 @@ if TYPE_CHECKING:
 
 __all__ = ["EXPORT_FORMATS", "Explorer", "explorer_from_card", "export_texts"]
 
-_MAX_STAGES = 64
-_MAX_MICRO_BATCHES = 512
-_MAX_CHUNKS = 8
-_MAX_SPLITS = 8
+_MAX_STAGES = checks.MAX_EXPLORER_STAGES
+_MAX_MICRO_BATCHES = checks.MAX_EXPLORER_MICRO_BATCHES
+_MAX_CHUNKS = checks.MAX_EXPLORER_CHUNKS
+_MAX_SPLITS = checks.MAX_EXPLORER_SPLITS
 _DESC = {"description_width": "130px"}
 _WIDE = w.Layout(width="420px")
 _COLORS = {"ready": "#555", "solving…": "#3a6ea5", "cancelling…": "#3a6ea5", "drawing…": "#3a6ea5",

@@ -21,7 +21,8 @@ PACKAGE = ROOT / "sapptk"
 # lowest first; a module belongs to the layer of the longest prefix that names it
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.errors",),
-    ("sapptk.files", "sapptk.checks", "sapptk.pareto"),  # row 0 of docs/internals.md: they raise the error types
+    ("sapptk.checks",),  # row 0 of docs/internals.md: every limit and the one way to show a bad value
+    ("sapptk.files", "sapptk.pareto"),  # row 0 too: guarded file I/O, the Pareto filter; they raise the error types
     ("sapptk.profile",),
     ("sapptk.models",),  # model cards, layouts, hardware: estimate_profile builds a Profile
     ("sapptk.schedules",),
@@ -35,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.formats",),
     ("sapptk.plan",),
     ("sapptk.solver",),
+    ("sapptk.request",),  # the typed SolveRequest: above the solver (its SearchOptions), below every caller
     ("sapptk.balancer",),
     ("sapptk.calibration",),
     ("sapptk.sweeps",),

@@ -14,7 +14,6 @@ grid (names and size), the executor (a Dask scheduler must answer), and the cach
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
@@ -22,8 +21,8 @@ from typing import Any
 
 import pandas as pd
 
+from sapptk import checks
 from sapptk.config import PipelineConfig
-from sapptk.errors import ConfigError
 from sapptk.profile import Profile
 from sapptk.sweeps import solving
 from sapptk.sweeps.cache import LAYOUT_COLUMN, Cache
@@ -37,12 +36,7 @@ __all__ = ["sweep"]
 
 
 def _check_arguments(time_limit: Any, workers: Any, seed: Any) -> None:
-    if isinstance(time_limit, bool) or not isinstance(time_limit, int | float) or not 0 < time_limit < math.inf:
-        raise ConfigError(f"time_limit = {time_limit!r}: expected seconds > 0")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise ConfigError(f"workers = {workers!r}: expected an integer >= 1")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
-        raise ConfigError(f"seed = {seed!r}: expected an integer from 0 to {2**31 - 1}")
+    checks.solver_arguments(time_limit=time_limit, workers=workers, seed=seed)  # balance's limits and messages
 
 
 def sweep(

@@ -38,6 +38,7 @@ from contextlib import ExitStack
 from functools import partial
 from typing import Any, NoReturn
 
+from sapptk import checks
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.sweeps.frame import no_plan
 from sapptk.sweeps.solving import Result, Solve, Task, portable, timed
@@ -53,10 +54,10 @@ __all__ = [
     "open_executor",
 ]
 
-MAX_ATTEMPTS = 3
+MAX_ATTEMPTS = checks.MAX_ATTEMPTS
 """How often the ``processes`` executor runs a point whose worker process died."""
 
-MAX_SOLVER_WORKERS = 8
+MAX_SOLVER_WORKERS = checks.MAX_SOLVER_WORKERS
 """Cap on the default CP-SAT workers per solve (more rarely help models of this size)."""
 
 DASK_CONNECT_SECONDS = 5.0
@@ -338,8 +339,7 @@ def check_executor(executor: Any) -> None:
 
 
 def _unknown(executor: Any) -> NoReturn:
-    text = repr(executor)
     raise ConfigError(
-        f"executor = {text if len(text) < 80 else text[:77] + '...'}: expected 'serial', 'processes', 'dask', "
+        f"executor = {checks.show(executor, 80)}: expected 'serial', 'processes', 'dask', "
         "'dask://HOST:PORT', a distributed.Client or a concurrent.futures.Executor"
     )

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sapptk import checks
+from sapptk.checks import show
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
 from sapptk.profile import Profile, mode_set, resolve_profile
@@ -65,22 +67,17 @@ def _fields_of(item: Any, where: str) -> dict[str, Any]:
                               "registered schedules")
         return {f: getattr(item, f) for f in CONFIG_FIELDS}
     if not isinstance(item, Mapping):
-        raise ConfigError(f"{where}: expected a PipelineConfig or a mapping of its fields, got {_show(item)}")
+        raise ConfigError(f"{where}: expected a PipelineConfig or a mapping of its fields, got {show(item)}")
     unknown = [k for k in item if k not in CONFIG_FIELDS]
     if unknown:
-        raise ConfigError(f"{where}: unknown field {_show(unknown[0])}; fields are {', '.join(CONFIG_FIELDS)}")
+        raise ConfigError(f"{where}: unknown field {show(unknown[0])}; fields are {', '.join(CONFIG_FIELDS)}")
     missing = [k for k in _REQUIRED if k not in item]
     if missing:
         raise ConfigError(f"{where}: field {missing[0]!r} is required")
     return {**DEFAULTS, **item}
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-MAX_POINTS = 1_000_000
+MAX_POINTS = checks.MAX_POINTS
 """Most points one sweep may have (its rows, keys and tasks live in memory)."""
 
 
@@ -107,7 +104,7 @@ def expand_grid(grid: Mapping[str, Any] | Iterable[PipelineConfig | Mapping[str,
                               "(sapptk.sweeps.grid.MAX_POINTS); split the sweep")
         return [{**fixed, **dict(zip(names, combo, strict=True))} for combo in product(*axes)]
     if isinstance(grid, str | bytes) or not isinstance(grid, Iterable):
-        raise ConfigError(f"grid: expected a mapping of field -> values or a list of configs, got {_show(grid)}")
+        raise ConfigError(f"grid: expected a mapping of field -> values or a list of configs, got {show(grid)}")
     points = []
     for i, item in enumerate(grid):
         if i >= MAX_POINTS:
