@@ -43,8 +43,8 @@ class FakeBalance:
         self.hold = hold
         self.calls: list[dict] = []
 
-    def __call__(self, profile, config, *, time_limit, workers, stop=None):
-        self.calls.append({"config": config, "time_limit": time_limit, "stop": stop})
+    def __call__(self, profile, config, *, time_limit, workers, stop=None, **levers):
+        self.calls.append({"config": config, "time_limit": time_limit, "stop": stop, **levers})
         self.started.set()
         if self.hold:
             while not self.go.wait(0.01):
