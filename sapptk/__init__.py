@@ -48,6 +48,8 @@ _EXPORTS: dict[str, str] = {
     "load_plan": "sapptk.plan",
     "make_plan": "sapptk.plan",
     "balance": "sapptk.balancer",
+    "solve": "sapptk.balancer",
+    "SolveRequest": "sapptk.request",
     "Calibration": "sapptk.calibration.fitting",
     "calibrate": "sapptk.calibration.fitting",
     "validate": "sapptk.calibration.validation",
@@ -86,6 +88,7 @@ __all__ = [
     "SearchOptions",
     "Simulation",
     "SliceChoice",
+    "SolveRequest",
     "TraceError",
     "balance",
     "bundled_profile",
@@ -108,13 +111,14 @@ __all__ = [
     "schedules",
     "simulate",
     "simulate_offload",
+    "solve",
     "sweep",
     "validate",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from sapptk import calibration, models, schedules
-    from sapptk.balancer import balance
+    from sapptk.balancer import balance, solve
     from sapptk.calibration.fitting import Calibration, calibrate
     from sapptk.calibration.validation import validate
     from sapptk.choosing import Choice, choose
@@ -144,6 +148,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         make_plan,
     )
     from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile, bundled_profiles, load_profile
+    from sapptk.request import SolveRequest
     from sapptk.simulation import Bubble, Simulation, simulate
     from sapptk.solver.settings import SearchOptions
     from sapptk.solver.slices import SliceChoice, choose_slices

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sapptk.errors import ConfigError
+from sapptk.request import SolveRequest
 from sapptk.solver.settings import SearchOptions
 
 if TYPE_CHECKING:
@@ -215,6 +216,14 @@ def balance(
         return plan
     return dataclasses.replace(plan, config=dataclasses.replace(plan.config, memory_budget=config.memory_budget),
                                message=f"{safety}; {plan.message}" if plan.message else safety)
+
+
+def solve(request: SolveRequest) -> Plan:
+    """Run a checked :class:`~sapptk.request.SolveRequest`: the plan :func:`balance` returns for its fields."""
+    if not isinstance(request, SolveRequest):
+        raise ConfigError(f"request = {_show(request)}: expected a sapptk.SolveRequest")
+    fields = {f.name: getattr(request, f.name) for f in dataclasses.fields(request) if f.init}
+    return balance(fields.pop("profile"), fields.pop("config"), **fields)
 
 
 def safe_budget_config(

@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.formats",),
     ("sapptk.plan",),
     ("sapptk.solver",),
+    ("sapptk.request",),  # the typed SolveRequest: above the solver (its SearchOptions), below every caller
     ("sapptk.balancer",),
     ("sapptk.calibration",),
     ("sapptk.sweeps",),
