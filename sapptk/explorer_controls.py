@@ -17,17 +17,21 @@ from typing import Any
 
 import ipywidgets as w
 
-from sapptk.config import MAX_BANDWIDTH, MAX_BUDGET_MB, OFFLOAD, PipelineConfig
+from sapptk.checks import (
+    MAX_BANDWIDTH,
+    MAX_BUDGET_MB,
+    MAX_EXPLORER_CHUNKS,
+    MAX_EXPLORER_MICRO_BATCHES,
+    MAX_EXPLORER_SPLITS,
+    MAX_EXPLORER_STAGES,
+)
+from sapptk.config import OFFLOAD, PipelineConfig
 from sapptk.explorer_inputs import checked_entry
 from sapptk.profile import MODES
 from sapptk.schedules import get, names
 
 __all__ = ["DEFAULT_HOST_BANDWIDTH", "DEFAULT_MEMORY_ERROR", "Controls", "Levers"]
 
-MAX_STAGES = 64
-MAX_MICRO_BATCHES = 512
-MAX_CHUNKS = 8
-MAX_SPLITS = 8
 DEFAULT_HOST_BANDWIDTH = 25.0
 """MB per ms of the host link offered when the config has none (25 GB/s, a PCIe 4.0 x16 link)."""
 DEFAULT_MEMORY_ERROR = 0.05
@@ -88,10 +92,10 @@ class Controls:
         self.schedule = w.Dropdown(options=list(names()), value=cfg.schedule, description="schedule", style=_DESC,
                                    layout=w.Layout(width="440px"))
         self.schedule_info = w.HTML(layout=w.Layout(width="460px"))
-        self.stages = self._slider(cfg.stages, MAX_STAGES, "stages (p)")
-        self.micro_batches = self._slider(cfg.micro_batches, MAX_MICRO_BATCHES, "micro-batches (m)")
-        self.chunks = self._slider(cfg.chunks, MAX_CHUNKS, "chunks (v)")
-        self.splits = self._slider(cfg.splits, MAX_SPLITS, "splits (k)")
+        self.stages = self._slider(cfg.stages, MAX_EXPLORER_STAGES, "stages (p)")
+        self.micro_batches = self._slider(cfg.micro_batches, MAX_EXPLORER_MICRO_BATCHES, "micro-batches (m)")
+        self.chunks = self._slider(cfg.chunks, MAX_EXPLORER_CHUNKS, "chunks (v)")
+        self.splits = self._slider(cfg.splits, MAX_EXPLORER_SPLITS, "splits (k)")
         self.time_limit = w.IntSlider(value=int(time_limit), min=1, max=300, description="time limit (s)",
                                       style=_DESC, layout=_SLIDER, continuous_update=False, readout=False)
         self.budget = w.BoundedFloatText(value=float(cfg.memory_budget or 0.0), min=0.0, max=1e9, step=1000.0)
@@ -184,7 +188,7 @@ class Controls:
         """Fit the chunks and splits controls to the chosen schedule, and describe it."""
         spec = get(self.schedule.value)
         if spec.chunks is None:
-            self.chunks.min, self.chunks.max = 1, MAX_CHUNKS
+            self.chunks.min, self.chunks.max = 1, MAX_EXPLORER_CHUNKS
             self.chunks.disabled = False
         else:
             self.chunks.max = max(max(spec.chunks), self.chunks.min)

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as w
 
 from sapptk.config import PipelineConfig
-from sapptk.errors import ConfigError
 from sapptk.explorer_controls import Controls, Levers
 from sapptk.explorer_inputs import HOOK
 from sapptk.explorer_tabs import EXPORT_FORMATS, ResultTabs, error_text, export_texts, result_text
+from sapptk.request import SolveRequest
 
 if TYPE_CHECKING:
     from sapptk.plan import Plan
@@ -164,15 +164,21 @@ class Explorer:
         return self.controls.levers()
 
     def check(self) -> str | None:
-        """Why the current setup cannot be solved, or None when it can (the solve's own
-        checks, so the status line says what ``sapptk.balance`` would refuse)."""
+        """Why the current setup cannot be solved, or None when it can (the request's own
+        checks, so the status line says what ``sapptk.solve`` would refuse)."""
         if not any(box.value for box in self.recompute.values()):
             return "pick at least one recompute mode"
         try:
-            _check_request(self.profile, self.config(), self.levers())
+            self.request()
         except Exception as exc:  # a status line, never a traceback
             return error_text(exc)
         return None
+
+    def request(self, stop: threading.Event | None = None) -> SolveRequest:
+        """The :class:`~sapptk.request.SolveRequest` the controls describe (checked: raises
+        :class:`~sapptk.errors.ConfigError` naming what the solve would refuse)."""
+        return SolveRequest(self.profile, self.config(), time_limit=float(self.time_limit.value),
+                            workers=self.workers, stop=stop, **self.levers().keywords())
 
     def _on_schedule(self, _change: Any = None) -> None:
         self.controls.on_schedule()
@@ -251,19 +257,18 @@ class Explorer:
             if problem:
                 self._set_status("invalid", f": {problem}")
                 return False
-            config, levers = self.config(), self.levers()
-            self._run += 1
             self._stop = threading.Event()
+            config, levers, request = self.config(), self.levers(), self.request(self._stop)
+            self._run += 1
             self.solve_button.disabled = True
             self.cancel_button.disabled = False
-            limit = float(self.time_limit.value)
             self._interrupted = False
             self.input_note.value = ""
             run = self._run
             HOOK.add(id(self), lambda: self._on_interrupt(run))
             how = "Cancel or Kernel → Interrupt stops it" if HOOK.install() else "Cancel stops it"
             self._set_status("solving…", f"(up to {self.time_limit.value} s; {how})")
-            self._worker = threading.Thread(target=self._solve, args=(self._run, config, levers, limit, self._stop),
+            self._worker = threading.Thread(target=self._solve, args=(self._run, request, (config, levers)),
                                             name="sapptk-explorer-solve", daemon=True)
             self._worker.start()
             return True
@@ -340,22 +345,21 @@ class Explorer:
             self._set_status(kind, text)
             return True
 
-    def _solve(self, run: int, config: PipelineConfig, levers: Levers, time_limit: float,
-               stop: threading.Event) -> None:
+    def _solve(self, run: int, request: SolveRequest, setup: tuple[PipelineConfig, Levers]) -> None:
         """The background thread: search, then draw, then say so; always leaves the
         controls usable."""
         t0 = time.perf_counter()
         try:
-            from sapptk.balancer import balance
+            from sapptk import balancer
             from sapptk.plan import even_baseline
 
-            plan = balance(self.profile, config, time_limit=time_limit, workers=self.workers, stop=stop,
-                           **levers.keywords())
-            baseline = even_baseline(self.profile, config) if plan.solved else None
+            stop = request.stop
+            plan = balancer.solve(request)
+            baseline = even_baseline(self.profile, request.config) if plan.solved else None
             seconds = plan.solve_seconds or (time.perf_counter() - t0)
             stopped = ("stopped by Kernel → Interrupt" if self._interrupted else "stopped by Cancel"
                        ) if stop.is_set() else None
-            self._show(run, plan, baseline, (config, levers), seconds, stopped=stopped)
+            self._show(run, plan, baseline, setup, seconds, stopped=stopped)
         except BaseException as exc:  # the status line says it; the thread never dies silently
             self._status_of(run, "error", f": {error_text(exc)}")
         finally:
@@ -404,18 +408,6 @@ class Explorer:
             self._mark_stale()
             self._last_result = (plan.status, result_text(plan, baseline, seconds, stopped=stopped))
             self._set_status(*self._last_result)
-
-
-def _check_request(profile: Profile, config: PipelineConfig, levers: Levers) -> None:
-    """Raise what a solve of this setup with these levers would refuse, before solving."""
-    from sapptk.balancer import safe_budget_config
-
-    config.check(profile)
-    if levers.per_micro_batch and "offload" in config.recompute:
-        raise ConfigError("recompute per micro-batch with offload: pick one (a plan either offloads activations or "
-                         "varies its recompute per micro-batch)")
-    safe_budget_config(config, memory_margin=levers.memory_margin, oom_risk=levers.oom_risk,
-                       memory_error=levers.memory_error)
 
 
 def explorer_from_card(card: Any, parallel: Any = None, hardware: Any = "h100",
