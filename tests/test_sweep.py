@@ -33,7 +33,7 @@ from sapptk.sweeps import (
     solve_point,
     sweep,
 )
-from sapptk.sweeps.solving import profile_of
+from sapptk.sweeps.solving import PointResult, SweepTask
 
 DEMO = bundled_profile("demo")
 SMALL = {"stages": [4], "micro_batches": [8]}
@@ -43,15 +43,10 @@ SMALL = {"stages": [4], "micro_batches": [8]}
 CALLS: list[dict[str, Any]] = []
 
 
-def fake_solve(task: dict[str, Any]) -> dict[str, Any]:
-    """A solver stand-in: validates like the real one, then a closed-form 'plan'."""
-    CALLS.append(task["config"])
-    try:
-        profile = profile_of(task)
-        config = PipelineConfig(**task["config"])
-        config.check(profile)
-    except SapptkError as exc:
-        return {"status": "invalid", "error": str(exc)}
+def fake_solve(task: SweepTask) -> dict[str, Any]:
+    """A solver stand-in: a closed-form 'plan' of the task's (checked) request."""
+    CALLS.append(task.request.config)
+    config = task.request.config
     if config.memory_budget is not None and config.memory_budget < 10_000:
         return {"status": "infeasible", "error": "budget below the parameters"}
     step = 3.0 * (config.micro_batches + config.stages - 1) / config.chunks
@@ -70,21 +65,21 @@ class Interrupt(KeyboardInterrupt):
 STOP_AFTER = [math.inf]
 
 
-def interrupting_solve(task: dict[str, Any]) -> dict[str, Any]:
+def interrupting_solve(task: SweepTask) -> dict[str, Any]:
     """``fake_solve`` that raises KeyboardInterrupt once STOP_AFTER points are done."""
     if len(CALLS) >= STOP_AFTER[0]:
         raise Interrupt
     return fake_solve(task)
 
 
-def slow_solve(task: dict[str, Any]) -> dict[str, Any]:
+def slow_solve(task: SweepTask) -> dict[str, Any]:
     """0.3 s, except the point (8 stages, 16 micro-batches, 40000 MB): a minute (it writes its
     pid when it starts and a marker if it ever ends, in the folder named by the profile name)."""
     import time
 
-    marks = Path(task["profile_name"])
-    config = task["config"]
-    if (config["stages"], config["micro_batches"], config["memory_budget"]) == (8, 16, 40000):
+    marks = Path(task.profile_name)
+    config = task.request.config
+    if (config.stages, config.micro_batches, config.memory_budget) == (8, 16, 40000):
         (marks / f"long-{os.getpid()}").touch()
         time.sleep(60)
         (marks / "long-done").touch()
@@ -92,29 +87,29 @@ def slow_solve(task: dict[str, Any]) -> dict[str, Any]:
     return fake_solve(task)
 
 
-def failing_solve(task: dict[str, Any]) -> dict[str, Any]:
-    if task["config"]["stages"] == 8:
+def failing_solve(task: SweepTask) -> dict[str, Any]:
+    if task.request.config.stages == 8:
         raise RuntimeError("boom")
     return fake_solve(task)
 
 
-def dying_solve(task: dict[str, Any]) -> dict[str, Any]:
+def dying_solve(task: SweepTask) -> dict[str, Any]:
     """Kills its process (like a native abort in the solver) every time."""
     os._exit(3)
 
 
-def dying_once_solve(task: dict[str, Any]) -> dict[str, Any]:
+def dying_once_solve(task: SweepTask) -> dict[str, Any]:
     """Kills its process the first time (the marker file is named by the profile name)."""
-    mark = Path(task["profile_name"])
+    mark = Path(task.profile_name)
     if not mark.exists():
         mark.touch()
         os._exit(3)
     return fake_solve(task)
 
 
-def counting_solve(task: dict[str, Any]) -> dict[str, Any]:
+def counting_solve(task: SweepTask) -> PointResult:
     """The real solver, counted (serial runs only)."""
-    CALLS.append(task["config"])
+    CALLS.append(task.request.config)
     return solve_point(task)
 
 
@@ -248,9 +243,8 @@ def test_dead_worker_processes_are_retried_then_give_error_rows(
 
 NOTEBOOK_CELL = """
 def notebook_solve(task):
-    from sapptk.sweeps.solving import profile_of
-    profile = profile_of(task)
-    return {"status": "optimal", "step_time_ms": float(task["config"]["stages"]), "error": profile.name}
+    profile = task.request.profile
+    return {"status": "optimal", "step_time_ms": float(task.request.config.stages), "error": profile.name}
 """
 
 
@@ -289,11 +283,12 @@ def test_cache_resumes_after_an_interrupt(tmp_path: Path) -> None:
     STOP_AFTER[0] = 10
     with pytest.raises(KeyboardInterrupt):
         sweep(DEMO, GRID, solve=interrupting_solve, cache=cache, progress=False)
-    assert len(read_cache(cache)) == 10  # every finished point was written
+    # every finished point was written: the 10 solved, and the 12 invalid ones (1f1b with 2 chunks, refused up front)
+    assert len(read_cache(cache)) == 10 + 12
     CALLS.clear()
     STOP_AFTER[0] = math.inf
     df = sweep(DEMO, GRID, solve=interrupting_solve, cache=cache, progress=False)
-    assert len(CALLS) == 48 - 10
+    assert len(CALLS) == 48 - 12 - 10
     CALLS.clear()
     again = sweep(DEMO, GRID, solve=fake_solve, cache=cache, progress=False)
     assert not CALLS
@@ -343,13 +338,13 @@ def test_cache_grows_with_the_grid_and_keeps_dtypes(tmp_path: Path) -> None:
     cache = tmp_path / "c"
     half = {**GRID, "memory_budget": [5000, 40000]}
     sweep(DEMO, half, solve=fake_solve, cache=cache, progress=False)
-    assert len(CALLS) == 32
+    assert len(CALLS) == 32 - 8  # invalid points (1f1b with 2 chunks) are refused before any solve
     CALLS.clear()
     df = sweep(DEMO, GRID, solve=fake_solve, cache=cache, progress=False)
-    assert len(CALLS) == 16  # only the new budget
+    assert len(CALLS) == 16 - 4  # only the new budget
     CALLS.clear()
     sweep(DEMO, GRID, solve=fake_solve, cache=cache, time_limit=5, progress=False)
-    assert len(CALLS) == 48  # another time limit is another point
+    assert len(CALLS) == 48 - 12  # another time limit is another point
     raw = pd.read_parquet(cache)
     assert len(raw) == 96 and isinstance(raw["status"].dtype, pd.CategoricalDtype)
     stored = read_cache(cache)
@@ -539,15 +534,15 @@ def test_real_cached_sweep_resumes_without_redoing_points(tmp_path: Path, serial
     assert len(CALLS) == 6
     CALLS.clear()
     df = sweep(DEMO, REAL, solve=counting_solve, cache=tmp_path, **REAL_OPTIONS)
-    assert len(CALLS) == 6 and all(c["memory_budget"] == 60000 for c in CALLS)
+    assert len(CALLS) == 6 and all(c.memory_budget == 60000 for c in CALLS)
     _agree(df, serial_frame)
 
 
 # ------------------------------------------------------------------ rows that survive
-def on_disk_solve(task: dict[str, Any]) -> dict[str, Any]:
+def on_disk_solve(task: SweepTask) -> dict[str, Any]:
     """``fake_solve`` that first checks the cache (named by the profile name) holds one row per
     point finished before it."""
-    rows = len(read_cache(task["profile_name"]))
+    rows = int(read_cache(task.profile_name)["status"].ne("invalid").sum())  # invalid points never reach a solve
     assert rows == len(CALLS), f"{len(CALLS)} points finished, {rows} rows on disk"
     return fake_solve(task)
 
@@ -557,7 +552,7 @@ def test_every_finished_row_is_on_disk_before_the_next_point_starts(tmp_path: Pa
     cache.mkdir()
     grid = {**GRID, "memory_budget": [40000]}
     df = sweep({str(cache): DEMO}, grid, solve=on_disk_solve, cache=cache, progress=False)
-    assert len(CALLS) == 16 and not df["status"].eq("error").any(), df["error"].dropna().tolist()[:1]
+    assert len(CALLS) == 12 and not df["status"].eq("error").any(), df["error"].dropna().tolist()[:1]
     assert len(read_cache(cache)) == 16
     assert [p.name for p in cache.iterdir() if p.name.startswith("_journal")] == []  # the journal went with the sweep
 
@@ -690,7 +685,7 @@ def test_a_full_disk_loses_no_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     with pytest.warns(SapptkWarning) as caught:
         df = sweep(DEMO, GRID, solve=fake_solve, cache=tmp_path / "b", progress=False)
     assert any("48 finished row(s) could not be written" in str(w.message) for w in caught)
-    assert len(df) == 48 and len(CALLS) == 48 and df["status"].ne("error").all()
+    assert len(df) == 48 and len(CALLS) == 36 and df["status"].ne("error").all()
 
 
 KILLED_SWEEP = """
@@ -700,10 +695,10 @@ from sapptk.profile import bundled_profile
 from sapptk.sweeps import sweep
 
 def solve(task):
-    marks = Path(task["profile_name"])
-    (marks / f"started-{task['config']['micro_batches']}").touch()
+    marks = Path(task.profile_name)
+    (marks / f"started-{task.request.config.micro_batches}").touch()
     time.sleep(0.6)
-    return {"status": "optimal", "step_time_ms": float(task["config"]["micro_batches"])}
+    return {"status": "optimal", "step_time_ms": float(task.request.config.micro_batches)}
 
 if __name__ == "__main__":
     marks, cache, executor = sys.argv[1:]
