@@ -23,7 +23,9 @@ from sapptk.errors import ConfigError, SapptkError
 from sapptk.profile import MODES, bundled_profile
 from sapptk.sweeps import (
     COLUMNS,
+    CONFIG_FIELDS,
     INPUT_COLUMNS,
+    LEVER_COLUMNS,
     STATUSES,
     best,
     default_workers,
@@ -270,11 +272,115 @@ def test_best_per_budget() -> None:
 
 
 def test_bad_arguments_raise_before_solving() -> None:
+    from sapptk.request import SolveRequest
+
     with pytest.raises(ConfigError, match="executor"):
         sweep(DEMO, SMALL, solve=fake_solve, executor="threads", progress=False)
     with pytest.raises(ConfigError, match="time_limit"):
         sweep(DEMO, SMALL, solve=fake_solve, time_limit=0, progress=False)
+    for bad in ({"workers": 100}, {"workers": 0}, {"seed": -1}, {"deterministic": "yes"}):  # as every solve says
+        with pytest.raises(ConfigError) as swept:
+            sweep(DEMO, SMALL, solve=fake_solve, progress=False, **bad)
+        with pytest.raises(ConfigError) as solved:
+            SolveRequest(DEMO, PipelineConfig(4, 8), **bad)
+        assert str(swept.value) == str(solved.value)
     assert not CALLS
+
+
+# -------------------------------------------------------------------------- levers
+REQUESTS: list[Any] = []
+
+
+def request_solve(task: SweepTask) -> dict[str, Any]:
+    """``fake_solve`` that keeps each task's request."""
+    REQUESTS.append(task.request)
+    return fake_solve(task)
+
+
+def test_levers_are_grid_axes_and_frame_columns() -> None:
+    REQUESTS.clear()
+    grid = {**SMALL, "memory_budget": [60000], "per_micro_batch": [False, True], "memory_margin": [None, 0.1, 2000],
+            "oom_risk": [0.01], "memory_error": [0.05]}
+    assert len(expand_grid(grid)) == 6
+    df = sweep(DEMO, grid, solve=request_solve, progress=False)
+    assert list(df.columns) == list(COLUMNS) and df["status"].eq("optimal").all(), df["error"].tolist()
+    assert df["per_micro_batch"].dtype == bool and df["per_micro_batch"].tolist() == [False] * 3 + [True] * 3
+    assert df["memory_margin"].fillna(-1).tolist() == [-1, 0.1, 2000] * 2
+    assert (df["oom_risk"] == 0.01).all() and (df["memory_error"] == 0.05).all()
+    assert df["key"].nunique() == 6  # each lever setting is its own question
+    got = {(r.per_micro_batch, r.memory_margin, r.oom_risk, r.memory_error) for r in REQUESTS}
+    assert got == {(p, m, 0.01, 0.05) for p in (False, True) for m in (None, 0.1, 2000)}
+    margin = next(r for r in REQUESTS if r.memory_margin == 2000)
+    assert margin.safe_config.memory_budget <= 58000 and margin.config.memory_budget == 60000
+
+
+def test_offload_is_swept_through_the_recompute_sets_and_the_host_bandwidth() -> None:
+    REQUESTS.clear()
+    modes = ("none", "select", "comm", "both")
+    df = sweep(DEMO, {**SMALL, "recompute": [modes, (*modes, "offload")], "host_bandwidth": [10.0, 25.0]},
+               solve=request_solve, progress=False)
+    assert df["recompute"].astype(str).tolist() == ["none,select,comm,both"] * 2 + ["none,select,comm,both,offload"] * 2
+    assert df["host_bandwidth"].tolist() == [10.0, 25.0, 10.0, 25.0]
+    assert [r.offload for r in REQUESTS] == [False, False, True, True]
+    assert [r.config.host_bandwidth for r in REQUESTS] == [10.0, 25.0, 10.0, 25.0]
+
+
+def test_levers_off_keep_the_keys_of_sweeps_before_levers() -> None:
+    point = expand_grid(SMALL)[0]
+    options = {"time_limit": 5.0, "seed": 0, "deterministic": False}
+    before = {f: v for f, v in point.items() if f in CONFIG_FIELDS}
+    assert point_key("demo", "abc", point, options) == point_key("demo", "abc", before, options)
+    assert point_key("demo", "abc", {**point, "memory_margin": 0.1}, options) != point_key("demo", "abc", point,
+                                                                                         options)
+    assert point_key("demo", "abc", {**point, "memory_margin": 1000}, options) == point_key(
+        "demo", "abc", {**point, "memory_margin": 1000.0}, options)
+
+
+def test_lever_combinations_the_request_refuses_are_invalid_rows_without_a_solve() -> None:
+    modes = ("none", "select", "comm", "both", "offload")
+    grid = [
+        {**{k: v[0] for k, v in SMALL.items()}, "per_micro_batch": True, "recompute": modes, "host_bandwidth": 10.0},
+        {**{k: v[0] for k, v in SMALL.items()}, "oom_risk": 0.01, "memory_budget": 60000},  # no memory_error
+        {**{k: v[0] for k, v in SMALL.items()}, "memory_margin": 0.1},  # no budget to keep a margin under
+        {**{k: v[0] for k, v in SMALL.items()}, "per_micro_batch": "yes"},
+        {**{k: v[0] for k, v in SMALL.items()}, "oom_risk": 0.01, "memory_budget": 60000, "memory_error": "big"},
+    ]
+    df = sweep(DEMO, grid, solve=fake_solve, progress=False)
+    assert df["status"].astype(str).tolist() == ["invalid"] * 5 and not CALLS
+    errors = df["error"].tolist()
+    assert "per_micro_batch = True with 'offload'" in errors[0]
+    assert "memory_error" in errors[1] and "memory_budget" in errors[2]
+    assert "per_micro_batch = 'yes'" in errors[3] and "memory_error = 'big'" in errors[4]
+
+
+def test_a_cache_written_before_levers_is_read_with_the_levers_off(tmp_path: Path) -> None:
+    cache = tmp_path / "c"
+    first = sweep(DEMO, GRID, solve=fake_solve, cache=cache, progress=False)
+    (part,) = cache.glob("part-*.parquet")
+    old = pd.read_parquet(part).drop(columns=list(LEVER_COLUMNS))  # as sweeps wrote them before
+    part.unlink()
+    _write_part(cache / "part-0-old.parquet", old)
+    CALLS.clear()
+    df = sweep(DEMO, GRID, solve=fake_solve, cache=cache, progress=False)
+    assert not CALLS
+    pd.testing.assert_frame_equal(_outputs(df), _outputs(first))
+    assert len(read_cache(cache)) == 48 and len(list(cache.glob("part-*.parquet"))) == 1
+
+
+@pytest.mark.slow
+def test_real_sweep_of_the_levers_matches_balance() -> None:
+    from sapptk.balancer import balance
+
+    grid = {**SMALL, "memory_budget": [90000], "memory_margin": [None, 3000], "per_micro_batch": [False, True]}
+    df = sweep(DEMO, grid, **REAL_OPTIONS)
+    assert df["status"].isin(["optimal", "feasible"]).all(), df["error"].tolist()
+    safe = df[df["memory_margin"] == 3000]
+    assert (safe["peak_mb_max"] <= 87000 + 1e-6).all()
+    row = df[(df["memory_margin"] == 3000) & df["per_micro_batch"]].iloc[0]
+    plan = balance(DEMO, PipelineConfig(4, 8, memory_budget=90000), time_limit=REAL_LIMIT, workers=1,
+                   deterministic=True, memory_margin=3000, per_micro_batch=True)
+    assert row["step_time_ms"] == pytest.approx(plan.step_time)
+    assert str(row["status"]) == plan.status
 
 
 # --------------------------------------------------------------------------- cache
@@ -531,10 +637,10 @@ def test_dask_local_cluster_gives_the_serial_frame(serial_frame: pd.DataFrame) -
 def test_real_cached_sweep_resumes_without_redoing_points(tmp_path: Path, serial_frame: pd.DataFrame) -> None:
     first = {**REAL, "memory_budget": [90000]}
     sweep(DEMO, first, solve=counting_solve, cache=tmp_path, **REAL_OPTIONS)
-    assert len(CALLS) == 6
+    assert len(CALLS) == 6 - 2  # 1f1b and zb-h1 with 2 chunks are refused before any solve
     CALLS.clear()
     df = sweep(DEMO, REAL, solve=counting_solve, cache=tmp_path, **REAL_OPTIONS)
-    assert len(CALLS) == 6 and all(c.memory_budget == 60000 for c in CALLS)
+    assert len(CALLS) == 6 - 2 and all(c.memory_budget == 60000 for c in CALLS)
     _agree(df, serial_frame)
 
 
