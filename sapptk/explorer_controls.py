@@ -157,7 +157,7 @@ class Controls:
             w.HBox([label("levers"), self.offload, self._bandwidth_box, small("MB/ms host link")]),
             w.HBox([label(""), self.per_micro_batch]),
             w.HBox([label("memory margin"), typed(self.memory_margin, "memory margin"),
-                    small("MB, or a fraction of the budget if < 1 (0: none)")]),
+                    small("MB, or a fraction if < 1 (0: none)")]),
             w.HBox([label("OOM risk"), typed(self.oom_risk, "OOM risk", "60px"), small("at a memory error of"),
                     self._error_box, small("(0: none)")]),
             w.HBox([self.time_limit, typed(self.time_limit, "time limit")]),
