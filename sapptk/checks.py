@@ -28,6 +28,11 @@ from typing import Any, NoReturn
 from sapptk.errors import ConfigError, SapptkError
 
 __all__ = [
+    "MAX_INT64",
+    "MAX_LAYOUT_CHARS",
+    "MAX_NUMPY_SEED",
+    "MAX_FIT_ROUNDS",
+    "MAX_SOLVER_INTEGER",
     "MAX_ATTEMPTS",
     "MAX_BANDWIDTH",
     "MAX_BUDGET_MB",
@@ -152,6 +157,19 @@ MAX_DESIGN_PEAKS = 100_000
 MAX_LABELS = 4000
 """Op labels drawn on a timeline (beyond it they would cover each other)."""
 
+MAX_SOLVER_INTEGER = 2**52
+"""Largest integer the solver's models hold (CP-SAT's domains, its step-time variable): every
+figure of a plan in integer units stays below it, and float64 holds it exactly."""
+
+MAX_FIT_ROUNDS = 100
+"""Rounds of the calibration's fixed-point iteration (it converges in a handful)."""
+
+MAX_INT64 = 2**63 - 1
+"""Largest value of an int64 column (a sweep's cached inputs)."""
+
+MAX_NUMPY_SEED = 2**64 - 1
+"""Largest seed NumPy's generators take (a dry-run design's random draws)."""
+
 # ------------------------------------------------------------------ files
 MAX_FILE_BYTES = 8 * 2**20
 """A profile, plan, calibration or config file read whole (``sapptk.files``)."""
@@ -173,6 +191,10 @@ MAX_CALIBRATION_BYTES = 16 * 2**20
 
 MAX_TRACE_BYTES = 2 * 2**30
 """A profiler trace (Chrome trace JSON)."""
+
+MAX_LAYOUT_CHARS = 2 * MAX_LAYERS + 1_000
+"""A Megatron ``--pipeline-model-parallel-layout`` string (two characters per layer at most,
+plus the stage marks)."""
 
 # ------------------------------------------------------------------ dry runs, programs, traces
 MAX_STAGES = 10_000

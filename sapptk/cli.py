@@ -30,14 +30,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from sapptk import checks
 from sapptk.errors import ConfigError, FileError, SapptkError
 from sapptk.files import writable_dir, write_text
 from sapptk.profile import MODES, Profile, resolve_profile
 
 __all__ = ["add_pipeline_args", "build_parser", "main", "pipeline_config"]
-
-_MAX_SEED = 2**31 - 1  # OR-Tools takes a 32-bit seed
-_MAX_WORKERS = 1024  # solver threads: far beyond any machine's cores, within OR-Tools' 32-bit field
 
 
 # ------------------------------------------------------------------- argument types
@@ -61,24 +59,21 @@ _finite_nonnegative = _float_type("number (finite, >= 0)", zero=True)
 _positive_bandwidth = _float_type("bandwidth (MB per ms > 0)", zero=False)
 
 
-def _workers(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= _MAX_WORKERS:
-        raise ValueError(text)
-    return value
+def _checked(check: Callable[..., int], what: str) -> Callable[[str], int]:
+    """An argparse type from a :mod:`sapptk.checks` function: the library's limit and its message."""
+
+    def parse(text: str) -> int:
+        try:
+            return check(text, what, text=True)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = what
+    return parse
 
 
-_workers.__name__ = f"worker count (1 to {_MAX_WORKERS})"
-
-
-def _seed(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= _MAX_SEED:
-        raise ValueError(text)
-    return value
-
-
-_seed.__name__ = f"seed (0 to {_MAX_SEED})"
+_workers = _checked(checks.workers, "workers")  # the same limit and message as balance(workers=...)
+_seed = _checked(checks.seed, "seed")
 
 
 def _budget(text: str) -> float | None:
@@ -214,13 +209,16 @@ def _balance(args: argparse.Namespace) -> int:
     config = pipeline_config(args, profile)
     if args.out is not None:  # before solving: a bad folder must not cost a solve
         writable_dir(args.out, what="output folder (--out)")
-    from sapptk.balancer import balance, safe_budget_config  # after validation: OR-Tools loads only with work
+    from sapptk.request import SolveRequest
 
-    safety = {"memory_margin": args.memory_margin, "oom_risk": args.oom_risk, "memory_error": args.memory_error}
-    safe_budget_config(config, **safety)  # a bad safety argument is refused before the setup line
+    # checked before the setup line is printed; OR-Tools loads only with the solve
+    request = SolveRequest(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed,
+                           per_micro_batch=args.per_micro_batch, choose_splits=args.choose_splits,
+                           memory_margin=args.memory_margin, oom_risk=args.oom_risk, memory_error=args.memory_error)
     print(_setup_line(profile, config))
-    plan = balance(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed,
-                   per_micro_batch=args.per_micro_batch, choose_splits=args.choose_splits, **safety)
+    from sapptk.balancer import solve
+
+    plan = solve(request)
     print(plan.summary())
     print()
     print("compared with the even splits (ratio = baseline step time / plan step time; > 1: the plan is faster):")

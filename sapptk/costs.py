@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sapptk import checks
 from sapptk.errors import ConfigError
 from sapptk.profile import MODES
 from sapptk.schedules.memory import device_peaks
@@ -81,7 +82,7 @@ MEMORY_UNIT_MB = 1e-3
 WEIGHT_SHARE = 0.5
 """Share of a layer's no-recompute backward that is weight-gradient work (``W`` ops)."""
 
-MAX_UNITS = 2**53
+MAX_UNITS = checks.MAX_UNITS
 """Bound on any total in integer units (a step time in µs, a device's memory in 0.001 MB):
 below it int64 sums cannot overflow and float64 holds every value exactly, so the solver's
 prediction and the simulation stay equal. :func:`layer_coefficients` refuses a profile and

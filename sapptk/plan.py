@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from sapptk import checks
 from sapptk.config import MAX_PROGRAM_OPS
 from sapptk.costs import (
     AlternativeLayout,
@@ -57,7 +58,7 @@ PLAN_STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown"
 (proved impossible / none found in time); ``given``: fixed by the user or a baseline."""
 
 _SOLVED = ("optimal", "feasible", "given")
-_MAX_EVEN = 2**53  # even_layers: every cell count stays exact
+_MAX_EVEN = checks.MAX_EVEN  # even_layers: every cell count stays exact
 _FIT_TOLERANCE_MB = 1e-6
 
 

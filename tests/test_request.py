@@ -94,3 +94,24 @@ def test_levers_that_do_not_go_together(setup):
         SolveRequest(profile, off, per_micro_batch=True)
     with pytest.raises(ConfigError, match="choose_splits = True"):
         SolveRequest(profile, config, choose_splits=True)
+
+
+@pytest.mark.parametrize("workers", [0, checks.MAX_WORKERS + 1, 100])
+def test_every_entry_point_refuses_the_same_workers_with_the_same_message(setup, tmp_path, workers):
+    """balance, SolveRequest, sweep and choose: one limit, one message, before anything is solved."""
+    from sapptk import balance, choose, sweep
+
+    profile, config = setup
+    with pytest.raises(ConfigError) as first:
+        SolveRequest(profile, config, workers=workers)
+    message = str(first.value)
+    assert message == f"workers = {workers}: expected an integer from 1 to {checks.MAX_WORKERS}"
+    with pytest.raises(ConfigError) as refused:
+        balance(profile, config, workers=workers)
+    assert str(refused.value) == message
+    with pytest.raises(ConfigError) as refused:
+        sweep(profile, {"stages": [4], "micro_batches": [8]}, workers=workers, progress=False)
+    assert str(refused.value) == message
+    with pytest.raises(ConfigError) as refused:
+        choose(profile, devices=4, global_batch=8, memory_budget=None, workers=workers)
+    assert str(refused.value) == message

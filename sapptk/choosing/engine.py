@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from sapptk import checks
 from sapptk.choosing.bounds import SetupBound, integer_bound, pipeline_bound
 from sapptk.choosing.result import Choice, typed_choice
 from sapptk.choosing.setups import (
@@ -129,7 +130,7 @@ def choose(
     if sequence_length is not None and (isinstance(sequence_length, bool) or not isinstance(sequence_length, int)
                                         or sequence_length < 1):
         raise ConfigError(f"sequence_length = {sequence_length!r}: expected an integer >= 1 or None")
-    _check_float("time_limit", time_limit, allow_none=False)
+    checks.solver_arguments(time_limit=time_limit, workers=workers, seed=seed, deterministic=deterministic)
     _check_float("bound_time", bound_time, allow_none=False)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"batch = {batch!r}: expected an integer >= 1")

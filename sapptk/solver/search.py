@@ -133,14 +133,17 @@ def search(
     start: np.ndarray | None = None,
     stop: threading.Event | None = None,
     options: SearchOptions | None = None,
+    clock: Clock | None = None,
 ) -> SearchResult:
     """Run the search and return its raw result. The arguments are those of
     :func:`sapptk.balance` (checked there); ``start`` is a layer assignment (counts) for this
-    profile and program, or None. Validates ``config`` against ``profile`` first
-    (:class:`~sapptk.errors.ConfigError`).
+    profile and program, or None. ``clock``: the caller's clock (one phase of a longer call,
+    :meth:`~sapptk.solver.clock.Clock.phase`), used instead of ``time_limit`` and ``stop``.
+    Validates ``config`` against ``profile`` first (:class:`~sapptk.errors.ConfigError`).
     """
     options = options or SearchOptions()
-    clock = Clock(float(time_limit), stop, stall=options.stall_time)
+    if clock is None:
+        clock = Clock(float(time_limit), stop, stall=options.stall_time)
     config.check(profile, allow_empty_stages=allow_empty_stages)
     problem = make_problem(profile, config, allow_empty=allow_empty_stages, options=options)
     phases = _Phases(problem, clock, workers=workers, seed=seed, deterministic=deterministic)
@@ -149,10 +152,10 @@ def search(
         res.message = explain_infeasible(problem, clock, workers=workers, seed=seed)
     elif res.status == "unknown":
         res.message = ("stopped before any plan was found" if res.stopped
-                       else f"no plan found within the time limit of {time_limit:g} s")
+                       else f"no plan found within {clock.describe_limit()}")
     elif res.status == "feasible":
-        why = ("stopped" if res.stopped else f"no better plan for {options.stall_time:g} s (stall_time)"
-               if clock.stalled else f"time limit of {time_limit:g} s reached")
+        why = ("stopped" if res.stopped else f"no better plan for {clock.stall:g} s (stall_time)"
+               if clock.stalled else f"{clock.describe_limit()} reached")
         res.message = (
             f"{why}: step time {res.step_time:.6g} ms, best bound {res.bound:.6g} ms, "
             f"gap {100 * (res.gap or 0.0):.3g} %; not proven optimal"

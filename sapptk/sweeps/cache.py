@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sapptk import checks
 from sapptk.errors import FileError, SapptkWarning
 from sapptk.files import writable_dir
 from sapptk.sweeps.frame import (
@@ -96,7 +97,8 @@ def cacheable(row: Mapping[str, Any]) -> bool:
     fit the stored column types (a point with, say, ``stages="8"`` is simply recomputed)."""
     if row.get("status") == "error":
         return False
-    ints = all(isinstance(row[c], int) and not isinstance(row[c], bool) and abs(row[c]) < 2**63 for c in INT_COLUMNS)
+    ints = all(isinstance(row[c], int) and not isinstance(row[c], bool) and abs(row[c]) <= checks.MAX_INT64
+               for c in INT_COLUMNS)
     floats = all(row[c] is None or (isinstance(row[c], int | float) and not isinstance(row[c], bool)
                                     and abs(row[c]) < 1e308) or _is_nan(row[c]) for c in FLOAT_INPUTS)
     labels = all(isinstance(row[c], str) for c in ("profile", "schedule", "recompute"))
