@@ -40,7 +40,7 @@ DEFAULT_MEMORY_ERROR = 0.05
 _DESC = {"description_width": "110px"}
 _SLIDER = w.Layout(width="330px")
 _LABEL = w.Layout(width="114px")
-_COLUMN = w.Layout(width="470px")
+_COLUMN = w.Layout(width="440px")
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,8 @@ class Controls:
         self._constant = float(cfg.constant_memory)
         self._comm = float(cfg.comm)
         self.schedule = w.Dropdown(options=list(names()), value=cfg.schedule, description="schedule", style=_DESC,
-                                   layout=w.Layout(width="440px"))
-        self.schedule_info = w.HTML(layout=w.Layout(width="460px"))
+                                   layout=w.Layout(width="420px"))
+        self.schedule_info = w.HTML(layout=w.Layout(width="430px"))
         self.stages = self._slider(cfg.stages, MAX_EXPLORER_STAGES, "stages (p)")
         self.micro_batches = self._slider(cfg.micro_batches, MAX_EXPLORER_MICRO_BATCHES, "micro-batches (m)")
         self.chunks = self._slider(cfg.chunks, MAX_EXPLORER_CHUNKS, "chunks (v)")

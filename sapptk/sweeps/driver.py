@@ -154,10 +154,13 @@ def sweep(
                 bar.update()
         seeds = Seeds()
         by_key = {task.key: task for task in todo}
-        for key, result in results.items():  # cached plans seed the points of their families
+        shapes = {_shape(task.profile_digest, task.request.config) for task in todo}
+        for key, result in results.items():  # cached plans seed the points of their families (if any is to solve)
             if key in by_key or key not in unique or result.layout is None:
                 continue
             name, digest, prof, fields = unique[key]
+            if (digest, *(fields.get(f) for f in _SHAPE)) not in shapes:
+                continue  # no point to solve could take its plan: skip building its request
             try:
                 seeds.keep(SweepTask(key, name, digest, _request(prof, fields, options, per_solve)), result)
             except SapptkError:
@@ -183,6 +186,15 @@ def sweep(
         "schedule": list(dict.fromkeys(p["schedule"] for p in points if isinstance(p["schedule"], str))),
     }
     return typed(frame, order)
+
+
+_SHAPE = ("schedule", "stages", "micro_batches", "chunks", "splits")
+
+
+def _shape(digest: str, config: PipelineConfig) -> tuple[Any, ...]:
+    """What a seed's point must share with a point to solve (a quick filter before
+    :func:`~sapptk.sweeps.seeding.admits`)."""
+    return (digest, *(getattr(config, f) for f in _SHAPE))
 
 
 def _request(profile: Profile, fields: Mapping[str, Any], options: Mapping[str, Any], workers: int) -> SolveRequest:
