@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 from support import descendants, process_gone, wait_until
@@ -35,7 +36,7 @@ from sapptk.sweeps import (
     solve_point,
     sweep,
 )
-from sapptk.sweeps.solving import PointResult, SweepTask
+from sapptk.sweeps.solving import Layout, PointResult, SweepTask
 
 DEMO = bundled_profile("demo")
 SMALL = {"stages": [4], "micro_batches": [8]}
@@ -381,6 +382,29 @@ def test_real_sweep_of_the_levers_matches_balance() -> None:
                    deterministic=True, memory_margin=3000, per_micro_batch=True)
     assert row["step_time_ms"] == pytest.approx(plan.step_time)
     assert str(row["status"]) == plan.status
+
+
+def odd_solve(task: SweepTask) -> Any:
+    """Answers that are not results: an unknown column, an unknown status, not a mapping."""
+    return {4: {"status": "optimal", "step_ms": 1.0}, 5: {"status": "done"}, 6: ["optimal"]}[task.request.config.stages]
+
+
+def test_a_solve_function_answers_a_point_result_or_result_columns() -> None:
+    result = PointResult.of("k", {"status": "optimal", "step_time_ms": np.float64(2.5), "peak_mb": np.array([1, 2])})
+    assert result == PointResult(key="k", status="optimal", step_time_ms=2.5, peak_mb=(1.0, 2.0))
+    assert isinstance(result.step_time_ms, float) and result.columns()["peak_mb"] == [1.0, 2.0]
+    df = sweep(DEMO, {"stages": [4, 5, 6], "micro_batches": [8]}, solve=odd_solve, progress=False)
+    assert df["status"].astype(str).tolist() == ["error"] * 3
+    assert "unknown column 'step_ms'" in df["error"].iloc[0] and "status 'done'" in df["error"].iloc[1]
+    assert "returned list" in df["error"].iloc[2]
+
+
+def test_layouts_keep_their_cached_json_forms() -> None:
+    assert Layout.from_json("[[[1, 2]]]") == Layout([[[1, 2]]])  # counts only, as caches have always held
+    both = Layout([[[1, 2]]], offload=[[[0]]])
+    assert Layout.from_json(both.to_json()) == both and Layout.from_json(Layout([[[3]]]).to_json()) == Layout([[[3]]])
+    for damaged in (None, float("nan"), "{not json", "3", '{"offload": [1]}'):
+        assert Layout.from_json(damaged) is None
 
 
 # --------------------------------------------------------------------------- cache
