@@ -5,10 +5,16 @@ available, else spawn: children never inherit the caller's threads or state). Da
 a local cluster (``"dask"``), a scheduler address (``"dask://HOST:PORT"``) or a
 ``distributed.Client``; any :class:`concurrent.futures.Executor` works too.
 
+``processes`` is the standard library's pool; what is written here around it (the
+lifeline, the retries, the guard check) is kept because neither the bare pool nor loky
+gives the promises below (``docs/internals.md`` has the comparison, ``benchmarks/executors.py``
+measures it).
+
 Guarantees:
 
 * Interrupts (Ctrl-C): finished results are handed to ``rescue`` (and so reach the cache)
-  and the rest are cancelled; with ``processes`` the running solves end at once.
+  and the rest are cancelled; with ``processes`` the running solves end at once (the
+  lifeline is closed: every worker exits).
 * A worker process that dies (a native crash in the solver) only fails its points: the
   pool is rebuilt and they are retried up to :data:`MAX_ATTEMPTS` times. If the caller's
   main module is a script without an ``if __name__ == "__main__":`` guard (every spawned
