@@ -37,9 +37,9 @@ DEFAULT_HOST_BANDWIDTH = 25.0
 DEFAULT_MEMORY_ERROR = 0.05
 """Relative error of the memory figures offered with an OOM risk (5 %)."""
 
-_DESC = {"description_width": "110px"}
-_SLIDER = w.Layout(width="330px")
-_LABEL = w.Layout(width="114px")
+_DESC = {"description_width": "120px"}
+_SLIDER = w.Layout(width="340px")
+_LABEL = w.Layout(width="104px")
 _COLUMN = w.Layout(width="440px")
 
 
@@ -101,7 +101,7 @@ class Controls:
         self.budget = w.BoundedFloatText(value=float(cfg.memory_budget or 0.0), min=0.0, max=1e9, step=1000.0)
         self.recompute = {
             mode: w.Checkbox(value=mode in cfg.recompute and mode in body_modes, description=mode, indent=False,
-                             disabled=mode not in body_modes, layout=w.Layout(width="64px"))
+                             disabled=mode not in body_modes, layout=w.Layout(width="auto", margin="0 6px 0 0"))
             for mode in MODES
         }
         missing = [m for m in MODES if m not in body_modes]
