@@ -20,9 +20,9 @@ PACKAGE = ROOT / "sapptk"
 
 # lowest first; a module belongs to the layer of the longest prefix that names it
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("sapptk.errors", "sapptk.pareto"),
+    ("sapptk.errors",),
     ("sapptk.checks",),  # row 0 of docs/internals.md: every limit and the one way to show a bad value
-    ("sapptk.files",),  # row 0 too: guarded file I/O (its messages show values through checks)
+    ("sapptk.files", "sapptk.pareto"),  # row 0 too: guarded file I/O, the Pareto filter; they raise the error types
     ("sapptk.profile",),
     ("sapptk.models",),  # model cards, layouts, hardware: estimate_profile builds a Profile
     ("sapptk.schedules",),

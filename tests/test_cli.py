@@ -14,7 +14,7 @@ import yaml
 from sapptk.cli import main
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
-from sapptk.plan import from_mindformers, from_mindformers_named, load_plan
+from sapptk.plan import load_plan, load_plans
 from sapptk.profile import bundled_profile
 from sapptk.schedules import names
 
@@ -65,11 +65,8 @@ def test_simulate_the_shipped_manual_configs(capsys):
     assert list(rows) == ["even_select", "shift_stage0", "full_early"]
     assert rows["even_select"][-1] == "no" and rows["full_early"][-1] == "yes"
     # the table agrees with the library
-    plans = from_mindformers_named(
-        bundled_profile("llama2_70b"),
-        PipelineConfig(16, 32, chunks=2, schedule="interleaved", memory_budget=56000),
-        MANUAL,
-    )
+    plans = load_plans(MANUAL, "mindformers", profile=bundled_profile("llama2_70b"),
+                       config=PipelineConfig(16, 32, chunks=2, schedule="interleaved", memory_budget=56000))
     assert float(rows["full_early"][1]) == pytest.approx(plans["full_early"].step_time, abs=0.05)
 
 
@@ -137,7 +134,7 @@ def test_balance_solves_compares_and_writes(capsys, tmp_path):
     assert plan_yaml.exists() and layout_csv.exists()
     demo = bundled_profile("demo")
     setup = PipelineConfig(4, 8, schedule="1f1b", memory_budget=100000)
-    plan = from_mindformers(demo, setup, plan_yaml)
+    plan = load_plan(plan_yaml, "mindformers", profile=demo, config=setup)
     assert plan.fits
     layout = pd.read_csv(layout_csv)
     assert list(layout.columns) == ["group", "chunk", "stage", "device", "virtual_stage", "mode", "layers"]
@@ -222,8 +219,9 @@ def test_balance_out_when_the_mindformers_lists_cannot_express_the_plan(capsys, 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["balance", "demo", *DEMO_SETUP, "--time-limit", "nan"], "invalid time limit (seconds > 0) value: 'nan'"),
-        (["balance", "demo", *DEMO_SETUP, "--time-limit", "-1"], "invalid time limit (seconds > 0) value: '-1'"),
+        (["balance", "demo", *DEMO_SETUP, "--time-limit", "nan"], "time_limit = nan: expected a finite number > 0"),
+        (["balance", "demo", *DEMO_SETUP, "--time-limit", "-1"], "time_limit = -1: expected a finite number > 0"),
+        (["balance", "demo", *DEMO_SETUP, "--time-limit", "soon"], "time_limit = 'soon': expected a finite number"),
         (["balance", "demo", *DEMO_SETUP, "--workers", "0"], "workers = 0: expected an integer from 1 to 64"),
         (["balance", "demo", *DEMO_SETUP, "--workers", "100"], "workers = 100: expected an integer from 1 to 64"),
         (["balance", "demo", *DEMO_SETUP, "--workers", "99999999999"], "expected an integer from 1 to 64"),
@@ -242,13 +240,13 @@ def test_bad_arguments_exit_2_with_a_message(capsys, argv, message):
 
 
 @pytest.mark.parametrize(("flag", "keyword", "value"), [("--workers", "workers", 100), ("--workers", "workers", 0),
-                                                      ("--seed", "seed", 2**31)])
+                                                      ("--seed", "seed", 2**31), ("--time-limit", "time_limit", -1)])
 def test_the_cli_and_the_library_refuse_the_same_value_with_the_same_message(capsys, demo, flag, keyword, value):
     from sapptk import balance
     from sapptk.config import PipelineConfig
 
     with pytest.raises(ConfigError) as refused:
-        balance(demo, PipelineConfig(stages=4, micro_batches=8), time_limit=1, **{keyword: value})
+        balance(demo, PipelineConfig(stages=4, micro_batches=8), **{"time_limit": 1, keyword: value})
     code, out, err = run(capsys, "balance", "demo", *DEMO_SETUP, flag, str(value))
     assert code == 2 and str(refused.value) in err, (str(refused.value), err)
 

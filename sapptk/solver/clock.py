@@ -45,17 +45,16 @@ class Clock:
         return self.limit if self.whole is None else self.whole
 
     def phase(self, seconds: float, *, stall: float | None = None) -> Clock:
-        """A clock for one phase: at most ``seconds`` from now and never past this clock's
-        deadline; the same stop event; ``stall`` its own (a phase's search may stall early)."""
-        now = time.perf_counter()
-        end = self.deadline if self.call_deadline is None else min(self.deadline, self.call_deadline)
-        left = 0.0 if self.stopped else max(0.0, end - now)
-        return Clock(min(max(0.0, float(seconds)), left), self.stop, start=now, stall=stall, whole=self.call_limit,
-                     call_deadline=end if self.call_deadline is None else self.call_deadline)
+        """A clock for one phase: ``seconds`` from now, never past this clock's deadline; the
+        same stop event; ``stall`` its own (a phase's search may stall early). Its ``limit``
+        stays ``seconds`` (a deterministic search sizes its work by it, so the same request
+        does the same work however long the imports before it took); its deadline is capped."""
+        return Clock(max(0.0, float(seconds)), self.stop, stall=stall, whole=self.call_limit,
+                     call_deadline=self.deadline)
 
     def describe_limit(self) -> str:
         """How messages name the limit that ended this clock: the call's own, or this phase's share of it."""
-        if self.call_deadline is None or self.deadline >= self.call_deadline - 1e-6:
+        if self.call_deadline is None or self.start + self.limit >= self.call_deadline - 1e-6:
             return f"the time limit of {self.call_limit:g} s"
         return f"this phase's share ({self.limit:.3g} s) of the {self.call_limit:g} s time limit"
 
@@ -71,7 +70,9 @@ class Clock:
 
     @property
     def deadline(self) -> float:
-        return self.start + self.limit
+        """When this clock runs out: ``start + limit``, and never past the call's deadline."""
+        own = self.start + self.limit
+        return own if self.call_deadline is None else min(own, self.call_deadline)
 
     @staticmethod
     def now() -> float:

@@ -137,7 +137,7 @@ def reorder(request: SolveRequest, profile: Profile, config: PipelineConfig, clo
     from sapptk.schedules import OpCosts, build
 
     share, stall = request.search_options.reorder_share, request.search_options.stall_time
-    found = _search(request, profile, config, clock.phase(share * clock.remaining(), stall=stall), start)
+    found = _search(request, profile, config, clock.phase(share * clock.limit, stall=stall), start)
     orders = {config.program().units}
     steps = [found.step_time]
     for _ in range(REORDER_ROUNDS):
