@@ -534,6 +534,21 @@ def test_cli_sweep_writes_rows_and_prints_the_best_per_budget(
     assert "no plan for any point" in capsys.readouterr().out
     assert main(["sweep", "demo", "--stages", "4", "--micro-batches", "8", "--out", str(out),
                  "--executor", "threads"]) == 2
+    levers = ["sweep", "demo", "-p", "4", "-m", "8", "--memory", "60000", "--per-micro-batch", "off", "on",
+              "--memory-margin", "none", "0.05", "--oom-risk", "0.01", "--memory-error", "0.02",
+              "--out", str(tmp_path / "levers"), "--no-progress"]
+    REQUESTS.clear()
+    monkeypatch.setattr(solving_module, "solve_point", request_solve)
+    assert main(levers) == 0
+    text = capsys.readouterr().out
+    assert "4 points" in text and "per_micro_batch" in text and "memory_margin" in text
+    assert {(r.per_micro_batch, r.memory_margin, r.oom_risk, r.memory_error) for r in REQUESTS} == {
+        (p, m, 0.01, 0.02) for p in (False, True) for m in (None, 0.05)}
+    offload = ["sweep", "demo", "-p", "4", "-m", "8", "--recompute", "none", "select", "offload",
+               "--host-bandwidth", "10", "25", "--out", str(tmp_path / "offload"), "--no-progress"]
+    REQUESTS.clear()
+    assert main(offload) == 0
+    assert [(r.offload, r.config.host_bandwidth) for r in REQUESTS] == [(True, 10.0), (True, 25.0)]
 
 
 # ---------------------------------------------------------------------------- plots
