@@ -159,7 +159,7 @@ def sweep(
             if key in by_key or key not in unique or result.layout is None:
                 continue
             name, digest, prof, fields = unique[key]
-            if (digest, *(fields.get(f) for f in _SHAPE)) not in shapes:
+            if (digest, *(_frozen(fields.get(f)) for f in _SHAPE)) not in shapes:
                 continue  # no point to solve could take its plan: skip building its request
             try:
                 seeds.keep(SweepTask(key, name, digest, _request(prof, fields, options, per_solve)), result)
@@ -195,6 +195,17 @@ def _shape(digest: str, config: PipelineConfig) -> tuple[Any, ...]:
     """What a seed's point must share with a point to solve (a quick filter before
     :func:`~sapptk.sweeps.seeding.admits`)."""
     return (digest, *(getattr(config, f) for f in _SHAPE))
+
+
+def _frozen(value: Any) -> Any:
+    """A grid value as a hashable one (a list of slice lengths as a tuple; anything else odd as its repr)."""
+    if isinstance(value, list):
+        value = tuple(value)
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
 
 
 def _request(profile: Profile, fields: Mapping[str, Any], options: Mapping[str, Any], workers: int) -> SolveRequest:
