@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sapptk.checks import show
 from sapptk.errors import SapptkError
 from sapptk.schedules.memory import kv_events, memory_steps, memory_steps_kv
 from sapptk.schedules.program import Program, kind_dtype
@@ -127,18 +128,13 @@ class Simulation:
 
 
 # ---------------------------------------------------------------- validation
-def _describe(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _number(name: str, value: Any, *, upper: float | None = None, what: str = "a number >= 0") -> float:
     """A finite real number >= 0 (and <= ``upper``), else a :class:`SapptkError` naming it."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, Real | np.integer | np.floating):
-        raise SapptkError(f"{name}: expected {what}, got {type(value).__name__} {_describe(value)}")
+        raise SapptkError(f"{name}: expected {what}, got {type(value).__name__} {show(value)}")
     x = float(value)
     if not math.isfinite(x) or x < 0 or (upper is not None and x > upper):
-        raise SapptkError(f"{name}: expected {what}, got {_describe(value)}")
+        raise SapptkError(f"{name}: expected {what}, got {show(value)}")
     return x
 
 
@@ -150,23 +146,23 @@ def per_stage(name: str, value: Costs, n: int) -> np.ndarray:
     """
     if isinstance(value, bool | np.bool_ | str | bytes):
         raise SapptkError(f"{name}: expected a number or {n} numbers >= 0 (one per virtual stage), "
-                          f"got {type(value).__name__} {_describe(value)}")
+                          f"got {type(value).__name__} {show(value)}")
     if isinstance(value, list | tuple) and any(isinstance(x, bool | np.bool_) for x in value):
-        raise SapptkError(f"{name}: expected numbers, got a bool in {_describe(value)}")
+        raise SapptkError(f"{name}: expected numbers, got a bool in {show(value)}")
     try:
         raw = np.asarray(value)
     except Exception as exc:  # noqa: BLE001 - ragged lists and odd objects: one clear message
-        raise SapptkError(f"{name}: expected a number or {n} numbers, got {_describe(value)} ({exc})") from None
+        raise SapptkError(f"{name}: expected a number or {n} numbers, got {show(value)} ({exc})") from None
     if raw.dtype.kind not in "iuf":
         raise SapptkError(f"{name}: expected a number or {n} numbers >= 0 (one per virtual stage), "
-                          f"got {_describe(value)} (dtype {raw.dtype})")
+                          f"got {show(value)} (dtype {raw.dtype})")
     arr = raw.astype(float)
     if arr.ndim == 0:
         arr = np.full(n, float(arr))
     if arr.shape != (n,):
         raise SapptkError(f"{name}: expected a number or {n} values (one per virtual stage), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)) or (arr < 0).any():
-        raise SapptkError(f"{name}: expected finite values >= 0, got {_describe(arr.tolist())}")
+        raise SapptkError(f"{name}: expected finite values >= 0, got {show(arr.tolist())}")
     return arr
 
 
@@ -183,22 +179,22 @@ def per_op_costs(name: str, value: Costs, n: int, micro_batches: int) -> np.ndar
         isinstance(row, list | tuple | np.ndarray) for row in value
     ):
         if any(isinstance(x, bool | np.bool_) for row in value for x in np.ravel(np.asarray(row, dtype=object))):
-            raise SapptkError(f"{name}: expected numbers, got a bool in {_describe(value)}")
+            raise SapptkError(f"{name}: expected numbers, got a bool in {show(value)}")
         try:
             raw = np.asarray(value)
         except Exception as exc:  # noqa: BLE001 - ragged lists: one clear message
-            raise SapptkError(f"{name}: expected {n} rows of {micro_batches} numbers, got {_describe(value)} "
+            raise SapptkError(f"{name}: expected {n} rows of {micro_batches} numbers, got {show(value)} "
                               f"({exc})") from None
     if not (isinstance(raw, np.ndarray) and raw.ndim == 2):
         return per_stage(name, value, n)
     if raw.dtype.kind not in "iuf":
-        raise SapptkError(f"{name}: expected numbers >= 0, got {_describe(value)} (dtype {raw.dtype})")
+        raise SapptkError(f"{name}: expected numbers >= 0, got {show(value)} (dtype {raw.dtype})")
     arr = raw.astype(float)
     if arr.shape != (n, micro_batches):
         raise SapptkError(f"{name}: expected a number or {n} values (one per virtual stage) or shape "
                           f"({n}, {micro_batches}) (virtual stages, micro-batches), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)) or (arr < 0).any():
-        raise SapptkError(f"{name}: expected finite values >= 0, got {_describe(arr.tolist())}")
+        raise SapptkError(f"{name}: expected finite values >= 0, got {show(arr.tolist())}")
     if micro_batches == 0 or (arr == arr[:, :1]).all():
         return arr[:, 0].copy() if micro_batches else np.zeros(n)
     return arr
@@ -216,13 +212,13 @@ def per_slice_costs(name: str, value: Costs, n: int, micro_batches: int, splits:
     if not (isinstance(raw, np.ndarray) and raw.ndim == 3):
         return per_op_costs(name, value, n, micro_batches)
     if raw.dtype.kind not in "iuf":
-        raise SapptkError(f"{name}: expected numbers >= 0, got {_describe(value)} (dtype {raw.dtype})")
+        raise SapptkError(f"{name}: expected numbers >= 0, got {show(value)} (dtype {raw.dtype})")
     arr = raw.astype(float)
     if arr.shape != (n, micro_batches, splits):
         raise SapptkError(f"{name}: expected shape ({n}, {micro_batches}, {splits}) (virtual stages, micro-batches, "
                           f"slices), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)) or (arr < 0).any():
-        raise SapptkError(f"{name}: expected finite values >= 0, got {_describe(arr.tolist())}")
+        raise SapptkError(f"{name}: expected finite values >= 0, got {show(arr.tolist())}")
     return arr
 
 
@@ -240,7 +236,7 @@ def _check_program(program: Any) -> Program:
     hint = " (a Plan simulates itself: plan.simulate())" if type(program).__name__ == "Plan" else ""
     raise SapptkError(
         "simulate: program: expected a Program (sapptk.schedules.build(...) or PipelineConfig.program()), "
-        f"got {type(program).__name__} {_describe(program)}{hint}"
+        f"got {type(program).__name__} {show(program)}{hint}"
     )
 
 
@@ -307,7 +303,7 @@ def unit_durations(program: Program, op_duration: np.ndarray, overlap: str = "su
     """Duration of every unit: ``overlap`` ("sum" or "max") of its ops' durations."""
     fn = _OVERLAPS.get(overlap) if isinstance(overlap, str) else None
     if fn is None:
-        raise SapptkError(f"overlap: expected one of {sorted(_OVERLAPS)}, got {_describe(overlap)}")
+        raise SapptkError(f"overlap: expected one of {sorted(_OVERLAPS)}, got {show(overlap)}")
     g = program.graph
     if g.n_units == g.n_ops:  # one op per unit
         return np.asarray(op_duration, dtype=float).copy()
@@ -373,7 +369,7 @@ def simulate(
         if memory_budget <= 0:
             raise SapptkError(f"memory_budget: expected MB > 0 per device, or None, got {memory_budget!r}")
     if not isinstance(overlap, str) or overlap not in _OVERLAPS:
-        raise SapptkError(f"overlap: expected one of {sorted(_OVERLAPS)}, got {_describe(overlap)}")
+        raise SapptkError(f"overlap: expected one of {sorted(_OVERLAPS)}, got {show(overlap)}")
     nvs, m = program.num_virtual_stages, program.micro_batches
     k = program.splits
     f = per_slice_costs("forward", forward, nvs, m, k)

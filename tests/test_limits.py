@@ -101,3 +101,19 @@ def _offences_at(path: Path) -> list[str]:
         return _offences(path)
     finally:
         PACKAGE = saved
+
+
+def test_one_way_to_show_a_bad_value():
+    """``sapptk.checks.show`` is the only helper that cuts a value's repr for a message."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "checks.py" and path.parent == PACKAGE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and any(
+                    isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "repr"
+                    for n in ast.walk(node)) and any(
+                    isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len"
+                    for n in ast.walk(node)) and any(isinstance(n, ast.Subscript) for n in ast.walk(node)):
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.name}")
+    assert not bad, "helpers that cut a repr for messages (use sapptk.checks.show):\n" + "\n".join(bad)

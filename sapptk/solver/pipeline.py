@@ -35,7 +35,7 @@ import numpy as np
 
 from sapptk.costs import AlternativeLayout, simulate_counts, stage_costs
 from sapptk.solver.clock import Clock
-from sapptk.solver.search import search
+from sapptk.solver.search import even_starts, search
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
@@ -179,10 +179,7 @@ def offload(request: SolveRequest, found: Found, clock: Clock) -> Found:
     if getattr(given, "offload", None) is not None and getattr(given, "profile", None) == profile:
         starts.insert(0, (np.asarray(request.start_counts), np.asarray(given.offload)))  # its own offload, kept
     if not found.solved:  # nothing fits without offload: the even splits are starts too
-        from sapptk.plan import even_split_counts, even_split_modes
-
-        starts += [even_split_counts(profile, found.config, mode) for mode in even_split_modes(profile)
-                   if mode in found.config.recompute]
+        starts += [counts for mode, counts in even_starts(profile, found.config) if mode in found.config.recompute]
     return offload_from(profile, found, deadline=clock.deadline, stop=clock.stop,
                         allow_empty_stages=request.allow_empty_stages, starts=starts)
 

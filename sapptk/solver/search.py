@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
     from sapptk.profile import Profile
 
-__all__ = ["SearchResult", "search"]
+__all__ = ["SearchResult", "even_starts", "search"]
 
 STALL_FRACTION = 0.001
 """Phase 6 gives the branch and bound on device totals time only after a master solve that
@@ -570,13 +570,19 @@ def _key(sig: np.ndarray, crossings: int) -> bytes:
     return path_key(sig, crossings)
 
 
-def _even_split_counts(problem: Problem) -> list[np.ndarray]:
-    """Every distinct even split (:func:`sapptk.plan.even_split_counts`), merged groups."""
+def even_starts(profile: Profile, config: PipelineConfig) -> list[tuple[str, np.ndarray]]:
+    """Every even split (:func:`sapptk.plan.even_split_counts`) as ``(mode, counts)``, the
+    profile's own groups: the starts of the search and of the offload phase."""
     from sapptk.plan import even_split_counts, even_split_modes
 
+    return [(mode, even_split_counts(profile, config, mode)) for mode in even_split_modes(profile)]
+
+
+def _even_split_counts(problem: Problem) -> list[np.ndarray]:
+    """Every distinct even split (:func:`even_starts`), merged groups."""
     out: list[np.ndarray] = []
-    for mode in even_split_modes(problem.profile):
-        counts = problem.groups.merge(even_split_counts(problem.profile, problem.config, mode))
+    for _, split in even_starts(problem.profile, problem.config):
+        counts = problem.groups.merge(split)
         if not any(np.array_equal(counts, c) for c in out):
             out.append(counts)
     return out
