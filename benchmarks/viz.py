@@ -101,8 +101,8 @@ def explorer_draw_seconds(profile, config, plan) -> float:
     import sapptk.balancer as balancer
     from sapptk.widgets import Explorer
 
-    real = balancer.balance
-    balancer.balance = lambda *args, **kwargs: plan
+    real = balancer.solve
+    balancer.solve = lambda request: plan
     try:
         times = []
         for _ in range(5):
@@ -112,7 +112,7 @@ def explorer_draw_seconds(profile, config, plan) -> float:
             times.append(ex.draw_seconds)
         return min(times)
     finally:
-        balancer.balance = real
+        balancer.solve = real
 
 
 def models(layouts) -> int:

@@ -91,6 +91,16 @@ _workers = _checked(checks.workers, "workers")  # the same limit and message as 
 _seed = _checked(checks.seed, "seed")
 
 
+def _optional(parse: Callable[[str], float]) -> Callable[[str], float | None]:
+    """``parse``, or None for 'none' (a lever left off in a sweep's list)."""
+
+    def parse_optional(text: str) -> float | None:
+        return None if text.lower() == "none" else parse(text)
+
+    parse_optional.__name__ = getattr(parse, "__name__", "value")
+    return parse_optional
+
+
 def _budget(text: str) -> float | None:
     return None if text.lower() in ("none", "inf") else float(text)
 
@@ -476,8 +486,20 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
                        help="memory budgets per device, MB ('none': unlimited; default none)")
     group.add_argument("--constant", type=float, nargs="+", default=[0.0], metavar="MB", help="constant MB")
     group.add_argument("--comm", type=float, nargs="+", default=[0.0], metavar="MS", help="latency, ms")
-    group.add_argument("--recompute", nargs="+", choices=MODES, default=list(MODES), metavar="MODE",
-                       help=f"modes the solver may use, one set for every point (default all: {' '.join(MODES)})")
+    group.add_argument("--recompute", nargs="+", choices=(*MODES, "offload"), default=list(MODES), metavar="MODE",
+                       help=f"modes the solver may use, one set for every point (default all: {' '.join(MODES)}; "
+                       "'offload' allows activation offload, with --host-bandwidth)")
+    group.add_argument("--host-bandwidth", type=_positive_bandwidth, nargs="+", default=[None], metavar="MB_PER_MS",
+                       help="host links per device, MB/ms (default none)")
+    group.add_argument("--per-micro-batch", nargs="+", choices=("off", "on"), default=["off"],
+                       help="recompute per micro-batch: off, on, or 'off on' to sweep both (off)")
+    group.add_argument("--memory-margin", type=_optional(_finite_nonnegative), nargs="+", default=[None], metavar="MB",
+                       help="MB kept free per device (< 1: a fraction of the budget; 'none', the default)")
+    group.add_argument("--oom-risk", type=_optional(_finite_nonnegative), nargs="+", default=[None], metavar="P",
+                       help="largest accepted chance of exceeding the budget ('none', the default; with "
+                       "--memory-error)")
+    group.add_argument("--memory-error", type=_optional(_finite_nonnegative), nargs="+", default=[None],
+                       metavar="E", help="relative error of the memory figures, e.g. 0.02 ('none', the default)")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR",
                         help="Parquet dataset directory (also the cache: finished points are skipped)")
     parser.add_argument("--executor", default="serial",
@@ -500,6 +522,8 @@ def _sweep(args: argparse.Namespace) -> int:
         "stages": args.stages, "micro_batches": args.micro_batches, "chunks": args.chunks,
         "schedule": args.schedule, "splits": args.splits, "memory_budget": args.memory,
         "constant_memory": args.constant, "comm": args.comm, "recompute": tuple(args.recompute),
+        "host_bandwidth": args.host_bandwidth, "per_micro_batch": [v == "on" for v in args.per_micro_batch],
+        "memory_margin": args.memory_margin, "oom_risk": args.oom_risk, "memory_error": args.memory_error,
     }
     frame = sweep(profile, grid, executor=args.executor, time_limit=args.time_limit, workers=args.workers,
                   cache=args.out, progress=not args.no_progress, seed=args.seed, deterministic=args.deterministic)
@@ -510,7 +534,9 @@ def _sweep(args: argparse.Namespace) -> int:
     if top.empty:
         print("no plan for any point")
         return 1
-    cols = ["memory_budget_mb", "schedule", "stages", "micro_batches", "chunks", "splits", "step_time_ms",
+    swept = [c for c in ("host_bandwidth", "per_micro_batch", "memory_margin", "oom_risk", "memory_error")
+             if frame[c].nunique(dropna=False) > 1]  # the levers that differ between points
+    cols = ["memory_budget_mb", "schedule", "stages", "micro_batches", "chunks", "splits", *swept, "step_time_ms",
             "bubble_of_compute", "peak_mb_max", "status", "gap"]
     table = top[cols].rename(columns={"memory_budget_mb": "budget_mb", "bubble_of_compute": "bubble"})
     table["budget_mb"] = table["budget_mb"].map(lambda b: "none" if pd.isna(b) else f"{b:g}")

@@ -43,6 +43,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.choosing",),
     ("sapptk.viz",),
     ("sapptk.choose_panel", "sapptk.explorer_inputs"),  # row 13½ of docs/internals.md
+    ("sapptk.explorer_controls", "sapptk.explorer_tabs"),  # row 13¾: the Explorer's controls and tabs
     ("sapptk.widgets",),
     ("sapptk.cli",),
     ("sapptk.__main__",),
