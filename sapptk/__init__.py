@@ -34,12 +34,10 @@ _EXPORTS: dict[str, str] = {
     "Bubble": "sapptk.simulation",
     "Simulation": "sapptk.simulation",
     "simulate": "sapptk.simulation",
-    "OffloadSimulation": "sapptk.offload",
-    "simulate_offload": "sapptk.offload",
+    "OffloadSimulation": "sapptk.simulation",
     "PipelineConfig": "sapptk.config",
     "AlternativeLayout": "sapptk.costs",
     "Plan": "sapptk.plan",
-    "even_baseline": "sapptk.plan",
     "even_split": "sapptk.plan",
     "from_megatron": "sapptk.plan",
     "from_mindformers": "sapptk.plan",
@@ -94,7 +92,6 @@ __all__ = [
     "bundled_profiles",
     "choose",
     "choose_slices",
-    "even_baseline",
     "even_split",
     "estimate_profile",
     "from_megatron",
@@ -107,7 +104,6 @@ __all__ = [
     "models",
     "schedules",
     "simulate",
-    "simulate_offload",
     "sweep",
     "validate",
 ]
@@ -131,10 +127,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         TraceError,
     )
     from sapptk.models.estimate import estimate_profile
-    from sapptk.offload import OffloadSimulation, simulate_offload
     from sapptk.plan import (
         Plan,
-        even_baseline,
         even_split,
         from_megatron,
         from_mindformers,
@@ -144,7 +138,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         make_plan,
     )
     from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile, bundled_profiles, load_profile
-    from sapptk.simulation import Bubble, Simulation, simulate
+    from sapptk.simulation import Bubble, OffloadSimulation, Simulation, simulate
     from sapptk.solver.settings import SearchOptions
     from sapptk.solver.slices import SliceChoice, choose_slices
     from sapptk.sweeps import sweep

@@ -150,6 +150,7 @@ def balance(
 
         return balance_sliced(profile, safe_config, config, safety, time_limit=float(time_limit),
                                choose_splits=bool(choose_splits), deterministic=bool(deterministic),
+                               given=lambda cfg, c: make_plan(profile, cfg, c, status="given"),
                                solve=lambda cfg, ratio, limit: balance(
                                    solver_profile(profile, ratio), cfg.replace(slice_lengths=None), time_limit=limit,
                                    workers=workers, seed=seed, deterministic=deterministic,
@@ -205,9 +206,9 @@ def balance(
         if isinstance(start, Plan) and start.offload is not None and start.profile == profile:
             starts.insert(0, (np.asarray(counts), np.asarray(start.offload)))  # its own offload, kept
         if not plan.solved:  # nothing fits without offload: the even splits are starts too
-            from sapptk.plan import even_split_counts, even_split_modes
+            from sapptk.baselines import distinct_recomputes, even_split
 
-            starts += [even_split_counts(profile, safe_config, mode) for mode in even_split_modes(profile)
+            starts += [even_split(profile, safe_config, mode) for mode in distinct_recomputes(profile, safe_config)
                        if mode in safe_config.recompute]
         plan = with_offload(plan, deadline=began + float(time_limit), stop=stop,
                             allow_empty_stages=bool(allow_empty_stages), starts=starts)

@@ -497,10 +497,10 @@ class Explorer:
         t0 = time.perf_counter()
         try:
             from sapptk.balancer import balance
-            from sapptk.plan import even_baseline
+            from sapptk.plan import even_split
 
             plan = balance(self.profile, config, time_limit=time_limit, workers=self.workers, stop=stop)
-            baseline = even_baseline(self.profile, config) if plan.solved else None
+            baseline = even_split(self.profile, config, "auto") if plan.solved else None
             seconds = plan.solve_seconds or (time.perf_counter() - t0)
             stopped = ("stopped by Kernel → Interrupt" if self._interrupted else "stopped by Cancel"
                        ) if stop.is_set() else None

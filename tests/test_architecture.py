@@ -31,8 +31,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.seq",),
     ("sapptk.costs",),
     ("sapptk.sensitivity",),
-    ("sapptk.offload",),
     ("sapptk.formats",),
+    ("sapptk.baselines",),  # the even splits: below the solver and the plan
     ("sapptk.plan",),
     ("sapptk.solver",),
     ("sapptk.balancer",),
@@ -124,6 +124,23 @@ def test_imports_only_go_downward():
             layer, prefix = _layer(target)
             if layer > own or (layer == own and prefix != own_prefix):
                 bad.append(f"{module}:{line} imports {target} (layer {layer} {prefix}) from layer {own} {own_prefix}")
+    assert not bad, "\n".join(bad)
+
+
+# pairs (importer prefix, imported prefix) refused even where the rows would allow them
+FORBIDDEN: tuple[tuple[str, str], ...] = (
+    ("sapptk.solver", "sapptk.plan"),  # the search returns counts; the balancer builds the Plan
+)
+
+
+def test_forbidden_imports():
+    bad = []
+    for module, imports in _graph().items():
+        for line, target in imports:
+            for importer, imported in FORBIDDEN:
+                if (module == importer or module.startswith(importer + ".")) and (
+                        target == imported or target.startswith(imported + ".")):
+                    bad.append(f"{module}:{line} imports {target} ({importer} -> {imported} is forbidden)")
     assert not bad, "\n".join(bad)
 
 

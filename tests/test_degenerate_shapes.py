@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from sapptk import PipelineConfig, balance
-from sapptk.plan import even_split_counts, make_plan
+from sapptk.baselines import even_split as even_split_counts
+from sapptk.plan import make_plan
 from sapptk.profile import LayerGroup, ModeCost, Profile
 
 LIMIT = 3.0

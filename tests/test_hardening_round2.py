@@ -158,7 +158,7 @@ def test_the_per_micro_batch_search_asks_the_clock_first(llama):
     8 s and about 1 GB at 64 x 256 x 4, outside the time limit)."""
     import time
 
-    from sapptk.plan import even_split_counts
+    from sapptk.baselines import even_split as even_split_counts
     from sapptk.solver.micro_batches import improve_per_micro_batch
 
     config = PipelineConfig(4, 8, memory_budget=1e6)
@@ -172,7 +172,7 @@ def test_the_offload_search_starts_no_simulation_it_cannot_finish(llama):
 
     import numpy as np
 
-    from sapptk.plan import even_split_counts
+    from sapptk.baselines import even_split as even_split_counts
     from sapptk.profile import MODES
     from sapptk.solver.offload_search import offload_search
 

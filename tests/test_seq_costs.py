@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sapptk.baselines import even_split as even_split_counts
 from sapptk.config import PipelineConfig
 from sapptk.costs import peak_memory, simulate_counts, slice_costs
 from sapptk.errors import ConfigError
-from sapptk.plan import even_split, even_split_counts
+from sapptk.plan import even_split
 from sapptk.profile import LayerGroup, ModeCost, Profile
 from sapptk.schedules import build
 from sapptk.seq import equal_lengths, slice_shares

@@ -29,7 +29,7 @@ from sapptk.schedules.ops import B_CODE, F_CODE, I_CODE, KINDS, W_CODE, Op, OpAr
 if TYPE_CHECKING:
     from sapptk.schedules.program import Program
 
-__all__ = ["Grid", "ProgramGraph", "Sweep", "compile_graph"]
+__all__ = ["Grid", "ProgramGraph", "Sweep", "compile_graph", "dag_sweep"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -200,6 +200,50 @@ class ProgramGraph:
         preds.flags.writeable = False
         flags = np.stack([cross[c].take(order) for c in used])
         return Sweep(order=order, bounds=tuple(ptr.tolist()), preds=preds, cross=flags, columns=tuple(used))
+
+
+def dag_sweep(table: np.ndarray, cross: np.ndarray) -> Sweep:
+    """The :class:`Sweep` of any acyclic graph given as a predecessor table, for the longest-path kernel.
+
+    ``table`` (nodes, columns): each node's predecessors, ``nodes`` for none (a node may name
+    one predecessor in several columns); ``cross`` of the same shape: the edges that carry
+    the kernel's ``comm`` lag. Levels are found wave by wave (Kahn's order, one numpy pass a
+    level); a cycle raises :class:`~sapptk.errors.ScheduleError`.
+    """
+    n = len(table)
+    node = np.repeat(np.arange(n, dtype=np.int64), table.shape[1])
+    pred = table.ravel()
+    real = pred < n
+    node, pred = node[real], pred[real]
+    order = np.argsort(pred, kind="stable")
+    succ = node[order]  # edges grouped by predecessor
+    ptr = np.searchsorted(pred[order], np.arange(n + 1))
+    waiting = np.bincount(node, minlength=n)
+    wave = np.flatnonzero(waiting == 0)
+    waves = []
+    done = 0
+    while len(wave):
+        waves.append(wave)
+        done += len(wave)
+        lo, hi = ptr[wave], ptr[wave + 1]
+        lens = hi - lo
+        edges = np.repeat(lo - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(lens.sum())
+        hit = succ[edges]
+        np.subtract.at(waiting, hit, 1)
+        wave = np.unique(hit[waiting[hit] == 0])
+    if done < n:
+        raise ScheduleError(f"dag_sweep: the graph has a cycle ({n - done} of {n} nodes never ready)")
+    levels = waves or [np.zeros(0, dtype=np.int64)]
+    sweep_order = np.concatenate(levels)
+    bounds = np.r_[0, np.cumsum([len(w) for w in levels])]
+    pos = np.empty(n + 1, dtype=np.int64)
+    pos[sweep_order] = np.arange(n)
+    pos[n] = n
+    used = [0] + [c for c in range(1, table.shape[1]) if (table[:, c] < n).any()]
+    preds = np.stack([pos[table[sweep_order, c]] for c in used])
+    preds.flags.writeable = False
+    flags = np.stack([cross[sweep_order, c] for c in used])
+    return Sweep(order=sweep_order, bounds=tuple(bounds.tolist()), preds=preds, cross=flags, columns=tuple(used))
 
 
 # ------------------------------------------------------------------ compile

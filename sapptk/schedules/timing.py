@@ -32,7 +32,7 @@ def _sweep(graph: ProgramGraph, reverse: bool) -> Sweep:
 
 
 def longest_path(
-    graph: ProgramGraph,
+    graph: ProgramGraph | Sweep,
     duration: np.ndarray,
     comm: float = 0,
     *,
@@ -43,7 +43,9 @@ def longest_path(
 
     Parameters
     ----------
-    graph: the compiled program.
+    graph: the compiled program; or the :class:`~sapptk.schedules.graph.Sweep` of another acyclic
+        graph (:func:`~sapptk.schedules.graph.dag_sweep`: a program's units with more nodes, as
+        the copy streams of activation offload), ``duration`` then in its node order (forward only).
     duration: unit durations, shape ``(units,)`` or ``(units, batch)``; integer or float.
     comm: the lag of an edge between devices (same unit as ``duration``).
     argmax: also return the column (into ``unit_preds``, or ``unit_succs`` with
@@ -56,6 +58,13 @@ def longest_path(
     ``(end, columns)``: ``end`` has ``duration``'s shape; ``columns`` is None unless asked.
     """
     dur = np.asarray(duration)
+    if isinstance(graph, Sweep):
+        n = len(graph.order)
+        if dur.shape[:1] != (n,) or reverse:
+            raise ValueError(f"longest_path: a sweep runs forward over {n} nodes, got shape {dur.shape}")
+        integral = dur.dtype.kind in "iub" and float(comm).is_integer()
+        dtype = np.int64 if integral else np.float64
+        return _on_sweep(graph, n, dur.astype(dtype, copy=False), int(comm) if integral else float(comm), argmax)
     if dur.shape[:1] != (graph.n_units,):
         raise ValueError(f"longest_path: duration must have {graph.n_units} rows, got shape {dur.shape}")
     integral = dur.dtype.kind in "iub" and float(comm).is_integer()

@@ -568,12 +568,12 @@ def _key(sig: np.ndarray, crossings: int) -> bytes:
 
 
 def _even_split_counts(problem: Problem) -> list[np.ndarray]:
-    """Every distinct even split (:func:`sapptk.plan.even_split_counts`), merged groups."""
-    from sapptk.plan import even_split_counts, even_split_modes
+    """Every distinct even split (:func:`sapptk.baselines.even_split`), merged groups."""
+    from sapptk.baselines import distinct_recomputes, even_split
 
     out: list[np.ndarray] = []
-    for mode in even_split_modes(problem.profile):
-        counts = problem.groups.merge(even_split_counts(problem.profile, problem.config, mode))
+    for mode in distinct_recomputes(problem.profile, problem.config):
+        counts = problem.groups.merge(even_split(problem.profile, problem.config, mode))
         if not any(np.array_equal(counts, c) for c in out):
             out.append(counts)
     return out

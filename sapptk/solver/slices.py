@@ -24,11 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sapptk.costs import check_counts, layer_coefficients, slice_costs
+from sapptk.costs import check_counts, layer_coefficients, simulate_counts, slice_costs
 from sapptk.errors import ConfigError
-from sapptk.plan import make_plan
 from sapptk.seq import equal_lengths, is_sliced, kv_ratio, time_attention
-from sapptk.simulation import op_durations, unit_durations, unit_times
+from sapptk.simulation import op_durations, simulate, unit_durations, unit_times
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
@@ -131,7 +130,7 @@ def choose_slices(
         idle = step * program.stages - float(dur.sum())
         fits = True
         if budget is not None:
-            fits = bool((costs.simulate(config).peak_memory.to_numpy() <= budget + 1e-6).all())
+            fits = bool((simulate(program, **costs.simulate_args()).peak_memory.to_numpy() <= budget + 1e-6).all())
         return step, idle, fits
 
     equal = equal_lengths(seq, k)
@@ -232,7 +231,7 @@ def move_layers(profile: Profile, config: PipelineConfig, counts: Any, *, deadli
                     timed += 1
                     step = step_of(trial)
                     if step < best_step * (1 - 1e-12) and (
-                            budget is None or (slice_costs(profile, config, trial).simulate(config).peak_memory
+                            budget is None or (simulate_counts(profile, config, trial).peak_memory
                                                <= budget + 1e-6).all()):
                         best, best_step, improved = trial, step, True
                         kept += 1
@@ -245,7 +244,8 @@ SLICED_SOLVES = 4
 
 def balance_sliced(profile: Profile, safe_config: PipelineConfig, config: PipelineConfig, safety: str | None, *,
                     time_limit: float, choose_splits: bool, deterministic: bool = False,
-                    solve: Callable[[PipelineConfig, float, float], Plan]) -> Plan:
+                    solve: Callable[[PipelineConfig, float, float], Plan],
+                    given: Callable[[PipelineConfig, np.ndarray], Plan]) -> Plan:
     """A sliced setup (``docs/schedules.md``): the layers from the solver on its model of the setup
     (:func:`sapptk.seq.solver_profile`: equal, linear slices; each layer's activation raised by a
     weight × its K/V), then timed and measured by the simulator with causal slice costs and K/V.
@@ -256,7 +256,8 @@ def balance_sliced(profile: Profile, safe_config: PipelineConfig, config: Pipeli
     (:func:`sapptk.solver.slices.choose_slices`). The status is "feasible" with no bound (the
     solver's bound is for its model) or "infeasible"; step time and peaks are the simulated ones.
     With ``deterministic`` these two searches stop after :data:`EVALUATIONS_PER_SECOND` candidates
-    per second of their share of the time limit, not by the clock."""
+    per second of their share of the time limit, not by the clock. ``given(config, counts)`` makes a
+    plan of status "given" (the caller's :func:`sapptk.plan.make_plan`: the solver does not import the plan)."""
     began = time.monotonic()
     budget_share = time_limit * (1 - MOVE_SHARE - (SLICE_SHARE if choose_splits else 0.0))
     low, high = 1.0, max(1.0, kv_ratio(safe_config.program(), safe_config.slice_lengths))
@@ -272,7 +273,7 @@ def balance_sliced(profile: Profile, safe_config: PipelineConfig, config: Pipeli
         last = solved
         fits = False
         if solved.solved:
-            plan = make_plan(profile, safe_config, solved.counts, status="given")
+            plan = given(safe_config, solved.counts)
             fits = plan.fits
             if fits and (best is None or plan.step_time < best.step_time):
                 best = plan
@@ -300,7 +301,7 @@ def balance_sliced(profile: Profile, safe_config: PipelineConfig, config: Pipeli
         equal = plan.config.replace(splits=plan.config.splits, slice_lengths=None)
         cap = max(20, int(EVALUATIONS_PER_SECOND * seconds)) if deterministic else None
         choice = choose_slices(profile, equal, plan.counts, time_limit=max(seconds, 0.01), max_evaluations=cap)
-        chosen = make_plan(profile, equal.replace(splits=list(choice.lengths)), plan.counts, status="given")
+        chosen = given(equal.replace(splits=list(choice.lengths)), plan.counts)
         if not chosen.fits or chosen.step_time >= plan.step_time:
             return plan, ""
         return chosen, (f"slice lengths chosen {list(choice.lengths)}: step {choice.equal_step_time:.6g} -> "
@@ -319,7 +320,7 @@ def balance_sliced(profile: Profile, safe_config: PipelineConfig, config: Pipeli
                                      max_evaluations=max(20, int(EVALUATIONS_PER_SECOND * time_limit * MOVE_SHARE))
                                      if deterministic else None)
     if kept:
-        better = make_plan(profile, plan.config, moved, status="given")
+        better = given(plan.config, moved)
         if better.fits and better.step_time < plan.step_time:
             steps.append(f"{kept} layer moves at the exact sliced step time ({timed} candidates): "
                          f"{plan.step_time:.6g} -> {better.step_time:.6g} ms")
