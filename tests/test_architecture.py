@@ -144,6 +144,23 @@ def test_forbidden_imports():
     assert not bad, "\n".join(bad)
 
 
+PUBLIC_API_ONLY = ("sapptk/sensitivity.py",)
+"""Modules that use other modules' public names only: no ``from x import _y``, no ``obj._attr``."""
+
+
+@pytest.mark.parametrize("path", PUBLIC_API_ONLY)
+def test_public_api_only(path):
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    private = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            private += [f"line {node.lineno}: imports {a.name}" for a in node.names if a.name.startswith("_")]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                private.append(f"line {node.lineno}: uses .{node.attr}")
+    assert not private, f"{path}: " + "; ".join(private)
+
+
 def test_no_import_cycles():
     graph = {m: {t for _, t in imps if t in _graph_names()} for m, imps in _graph().items()}
     state: dict[str, int] = {}
