@@ -155,9 +155,9 @@ def test_public_api_only(path):
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             private += [f"line {node.lineno}: imports {a.name}" for a in node.names if a.name.startswith("_")]
-        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
-            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
-                private.append(f"line {node.lineno}: uses .{node.attr}")
+        elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+              and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            private.append(f"line {node.lineno}: uses .{node.attr}")
     assert not private, f"{path}: " + "; ".join(private)
 
 

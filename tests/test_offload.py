@@ -169,7 +169,7 @@ def test_offload_alone_is_not_a_mode(llama):
         cfg.check(llama)
 
 
-def test_simulate_offload_bad_input():
+def test_simulate_with_offload_bad_input():
     program = sapptk.schedules.build("1f1b", stages=2, micro_batches=2)
     for bad in (None, 0, -1.0, float("nan")):
         with pytest.raises(SapptkError, match="host_bandwidth"):

@@ -63,7 +63,7 @@ def test_even_split_totals_placement_and_mode():
     assert plan.status == "given" and plan.source == "even_split(select)"
     assert plan.counts.sum() == 13
     assert (plan.counts[0, SELECT].sum(), plan.counts[0].sum() - plan.counts[0, SELECT].sum()) == (13, 0)
-    # [c][s] cells as even_layers says, through the MindFormers offsets
+    # [c][s] cells of the even split, through the MindFormers offsets
     offsets = np.array(plan.to_mindformers()["body"]["offset"])
     np.testing.assert_array_equal(offsets + 13 // 8, [[1, 2, 1, 1], [2, 2, 2, 2]])
     assert plan.step_time == pytest.approx(simulate_counts(prof, P4V2, plan.counts).step_time)

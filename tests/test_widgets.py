@@ -296,7 +296,7 @@ def test_a_real_solve_infeasible_then_optimal(explorer):
     assert ("optimal in" in _status(explorer) or "feasible in" in _status(explorer)) and explorer.timeline.children
 
 
-def test_even_baseline_picks_the_weakest_mode_that_fits(llama):
+def test_the_even_split_auto_picks_the_weakest_mode_that_fits(llama):
     loose = even_split(llama, PipelineConfig(4, 8), "auto")
     assert loose.source == "even_split(none)"
     tight = even_split(llama, PipelineConfig(4, 8, memory_budget=56000.0), "auto")

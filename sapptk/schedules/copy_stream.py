@@ -172,7 +172,9 @@ def run(program: Program, p: Pairs, s: Stream, dur: np.ndarray, comm: float) -> 
         end, _ = longest_path(program.graph, dur, comm)
         return StreamRun(unit_starts(program.graph, end, comm), end, np.zeros(0), np.zeros(0), np.zeros(0))
     table, cross, d = _table(program, p, s)
-    end, _ = longest_path(dag_sweep(table, cross), np.r_[np.asarray(dur, dtype=float), s.duration], comm)
+    g = program.graph
+    chains = np.r_[g.unit_ptr, n + np.searchsorted(s.device, np.arange(1, program.stages + 1))]
+    end, _ = longest_path(dag_sweep(table, cross, chains), np.r_[np.asarray(dur, dtype=float), s.duration], comm)
     start = _starts(table, cross, end, comm)
     # a fetch's wait: how far it pushed its backward past the backward's other inputs, fetches in stream order
     base = _starts(table[:n, :d], cross[:n, :d], end, comm)

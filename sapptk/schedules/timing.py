@@ -2,9 +2,11 @@
 
 A unit ends at ``duration[u] + max(0, max over its predecessors q of end[q] + lag(q, u))``
 where ``lag`` is ``comm`` when ``q`` ran on another device and 0 otherwise. The simulator
-(:func:`sapptk.simulation.unit_times`) and the solver's time model
-(:class:`sapptk.solver.paths.PathModel`) both call :func:`longest_path`; they differ only
-in the numbers they feed it:
+(:func:`sapptk.simulation.unit_times`), the solver's time model
+(:class:`sapptk.solver.paths.PathModel`), the sensitivity analysis and activation offload's
+copy streams (:mod:`sapptk.schedules.copy_stream`, on the larger graph of units and
+transfers through :func:`~sapptk.schedules.graph.dag_sweep`) all call :func:`longest_path`;
+they differ only in the numbers they feed it:
 
 * float (ms) or integer (ticks) durations; the result has the durations' type;
 * one cost vector (``duration`` of shape ``(units,)``) or a batch (``(units, batch)``);
