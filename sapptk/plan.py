@@ -5,10 +5,12 @@ A plan holds ``counts``, an int array ``(body groups, len(MODES), virtual stages
 many layers of each body group run in each recompute mode on each virtual stage (the head
 sits on virtual stage 0, the tail on the last one). Plans come from the balancer
 (:func:`sapptk.balancer.balance`, through :func:`make_plan`), from a naive baseline
-(:func:`even_split`) or from a hand-made MindFormers config (:func:`from_mindformers`).
-The formats themselves live in :mod:`sapptk.formats` (MindFormers, Megatron-LM, torchtitan,
-sapptk's plan file); here are only their plan-level entry points. (Over 500 lines: the Plan
-class, its frames, the even-split baselines and those entry points are one public surface.)
+(:func:`even_split`, the plan of :func:`sapptk.baselines.even_split`) or from a hand-made
+MindFormers config (:func:`from_mindformers`). A plan's simulation is :attr:`Plan.simulation`
+(computed once) or :meth:`Plan.simulate` with other options, both :func:`sapptk.simulate` on the
+plan's own costs. The formats themselves live in :mod:`sapptk.formats` (MindFormers, Megatron-LM,
+torchtitan, sapptk's plan file); here are only their plan-level entry points. (Over 500 lines:
+the Plan class, its frames and those entry points are one public surface.)
 """
 
 from __future__ import annotations
