@@ -137,8 +137,3 @@ def test_the_copy_stream_takes_per_stage_costs_and_a_bandwidth():
     plain = sapptk.simulate(program, forward=1, backward=2, activation=10, offloaded=0)
     assert type(plain) is Simulation  # nothing offloaded, no link: the plain run
 
-
-def test_a_plan_is_not_a_program(demo):
-    plan = sapptk.even_split(demo, sapptk.PipelineConfig(2, 4), "none")
-    with pytest.raises(SapptkError, match=r"a Plan simulates itself: plan.simulation, or plan.simulate\(...\)"):
-        sapptk.simulate(plan, forward=1, backward=2)
