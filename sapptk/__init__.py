@@ -39,11 +39,9 @@ _EXPORTS: dict[str, str] = {
     "AlternativeLayout": "sapptk.costs",
     "Plan": "sapptk.plan",
     "even_split": "sapptk.plan",
-    "from_megatron": "sapptk.plan",
-    "from_mindformers": "sapptk.plan",
-    "from_mindformers_named": "sapptk.plan",
-    "from_torchtitan": "sapptk.plan",
     "load_plan": "sapptk.plan",
+    "load_plans": "sapptk.plan",
+    "Export": "sapptk.formats.base",
     "make_plan": "sapptk.plan",
     "balance": "sapptk.balancer",
     "Calibration": "sapptk.calibration.fitting",
@@ -69,6 +67,7 @@ __all__ = [
     "Choice",
     "ConfigError",
     "DeadlockError",
+    "Export",
     "FileError",
     "LayerGroup",
     "MODES",
@@ -94,11 +93,8 @@ __all__ = [
     "choose_slices",
     "even_split",
     "estimate_profile",
-    "from_megatron",
-    "from_mindformers",
-    "from_mindformers_named",
-    "from_torchtitan",
     "load_plan",
+    "load_plans",
     "load_profile",
     "make_plan",
     "models",
@@ -126,15 +122,13 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         ScheduleError,
         TraceError,
     )
+    from sapptk.formats.base import Export
     from sapptk.models.estimate import estimate_profile
     from sapptk.plan import (
         Plan,
         even_split,
-        from_megatron,
-        from_mindformers,
-        from_mindformers_named,
-        from_torchtitan,
         load_plan,
+        load_plans,
         make_plan,
     )
     from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile, bundled_profiles, load_profile
