@@ -44,7 +44,7 @@ from bokeh.plotting import figure
 
 from sapptk import viz
 from sapptk.config import PipelineConfig
-from sapptk.plan import even_baseline, even_split, make_plan
+from sapptk.plan import even_split, make_plan
 from sapptk.profile import bundled_profile
 from sapptk.schedules import build
 from sapptk.simulation import simulate
@@ -72,7 +72,7 @@ def explorer_case():
     split = even_split(profile, config, "select")
     plan = make_plan(profile, config, split.counts, status="optimal", step_time=split.step_time,
                      bound=split.step_time, gap=0.0)
-    baseline = even_baseline(profile, config)
+    baseline = even_split(profile, config, "auto")
     plan.simulation, baseline.simulation, plan.devices  # noqa: B018  (computed before timing)
     return profile, config, plan, baseline
 

@@ -34,12 +34,10 @@ _EXPORTS: dict[str, str] = {
     "Bubble": "sapptk.simulation",
     "Simulation": "sapptk.simulation",
     "simulate": "sapptk.simulation",
-    "OffloadSimulation": "sapptk.offload",
-    "simulate_offload": "sapptk.offload",
+    "OffloadSimulation": "sapptk.simulation",
     "PipelineConfig": "sapptk.config",
     "AlternativeLayout": "sapptk.costs",
     "Plan": "sapptk.plan",
-    "even_baseline": "sapptk.plan",
     "even_split": "sapptk.plan",
     "load_plan": "sapptk.plan",
     "load_plans": "sapptk.plan",
@@ -96,7 +94,6 @@ __all__ = [
     "bundled_profiles",
     "choose",
     "choose_slices",
-    "even_baseline",
     "even_split",
     "estimate_profile",
     "load_plan",
@@ -106,7 +103,6 @@ __all__ = [
     "models",
     "schedules",
     "simulate",
-    "simulate_offload",
     "solve",
     "sweep",
     "validate",
@@ -132,10 +128,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     )
     from sapptk.formats.base import Export
     from sapptk.models.estimate import estimate_profile
-    from sapptk.offload import OffloadSimulation, simulate_offload
     from sapptk.plan import (
         Plan,
-        even_baseline,
         even_split,
         load_plan,
         load_plans,
@@ -143,7 +137,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     )
     from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile, bundled_profiles, load_profile
     from sapptk.request import SolveRequest
-    from sapptk.simulation import Bubble, Simulation, simulate
+    from sapptk.simulation import Bubble, OffloadSimulation, Simulation, simulate
     from sapptk.solver.settings import SearchOptions
     from sapptk.solver.slices import SliceChoice, choose_slices
     from sapptk.sweeps import sweep

@@ -42,7 +42,6 @@ __all__ = [
     "MAX_DESIGN_PEAKS",
     "MAX_DESIGN_ROUNDS",
     "MAX_DIMENSION",
-    "MAX_EVEN",
     "MAX_EXPLORER_CHUNKS",
     "MAX_EXPLORER_MICRO_BATCHES",
     "MAX_EXPLORER_SPLITS",
@@ -141,9 +140,6 @@ MAX_BANDWIDTH = 1e9
 
 MAX_UNITS = 2**53
 """Largest integer time or memory figure (float64 holds every integer up to it exactly)."""
-
-MAX_EVEN = MAX_UNITS
-"""Largest size ``even_layers`` splits (every cell count stays exact)."""
 
 MAX_DIMENSION = 10**9
 """A model card's single dimension (hidden size, vocabulary, ...)."""

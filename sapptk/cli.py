@@ -228,7 +228,8 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
 
 
 def _balance(args: argparse.Namespace) -> int:
-    from sapptk.plan import even_splits
+    from sapptk.baselines import distinct_recomputes
+    from sapptk.plan import even_split
 
     profile = _balance_profile(args)
     config = pipeline_config(args, profile)
@@ -247,7 +248,7 @@ def _balance(args: argparse.Namespace) -> int:
     print(plan.summary())
     print()
     print("compared with the even splits (ratio = baseline step time / plan step time; > 1: the plan is faster):")
-    for base in even_splits(profile, config):
+    for base in (even_split(profile, config, mode) for mode in distinct_recomputes(profile, config)):
         ratio = f"{base.step_time / plan.step_time:.2f}" if plan.solved and plan.step_time else "n/a"
         print(f"  {base.source:<22} step {base.step_time:10.1f} ms  fits {_yes(base.fits):<3}  ratio {ratio}")
     if not plan.solved:
@@ -371,7 +372,8 @@ def _csv_config(args: argparse.Namespace, profile: Profile):  # -> PipelineConfi
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from sapptk.plan import even_splits, load_plan, load_plans
+    from sapptk.baselines import distinct_recomputes
+    from sapptk.plan import even_split, load_plan, load_plans
 
     profile = resolve_profile(args.profile)
     if args.schedule_csv is not None:
@@ -383,7 +385,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.config is None and args.schedule_csv is None:
         raise ConfigError("nothing to simulate: give --config (MindFormers configs) and/or --schedule-csv")
     if args.config is None:
-        plans = {plan.source: plan for plan in even_splits(profile, config)}
+        plans = {f"even_split({mode})": even_split(profile, config, mode)
+                 for mode in distinct_recomputes(profile, config)}
     elif args.name is not None:
         plan = load_plan(args.config, "mindformers", profile=profile, config=config, name=args.name)
         plans = {plan.source.removeprefix("mindformers:"): plan}

@@ -129,7 +129,7 @@ class PipelineConfig:
         :meth:`from_program` or :meth:`with_program`.
     host_bandwidth: MB per ms of each device's link to host memory, for activation offload
         (``None``: no host link). Listing ``"offload"`` in ``recompute`` lets the balancer
-        send mode-``"none"`` layers' activations to the host (:mod:`sapptk.offload`); it
+        send mode-``"none"`` layers' activations to the host (``docs/offload.md``); it
         needs a bandwidth > 0.
     """
 

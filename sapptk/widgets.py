@@ -351,11 +351,11 @@ class Explorer:
         t0 = time.perf_counter()
         try:
             from sapptk import balancer
-            from sapptk.plan import even_baseline
+            from sapptk.plan import even_split
 
             stop = request.stop
             plan = balancer.solve(request)
-            baseline = even_baseline(self.profile, request.config) if plan.solved else None
+            baseline = even_split(self.profile, request.config, "auto") if plan.solved else None
             seconds = plan.solve_seconds or (time.perf_counter() - t0)
             stopped = ("stopped by Kernel → Interrupt" if self._interrupted else "stopped by Cancel"
                        ) if stop.is_set() else None

@@ -17,7 +17,7 @@ from jupyter_bokeh.widgets import BokehModel
 
 import sapptk.balancer as balancer
 from sapptk.config import PipelineConfig
-from sapptk.plan import even_baseline, even_split, make_plan
+from sapptk.plan import even_split, make_plan
 from sapptk.schedules import get, names
 from sapptk.widgets import Explorer
 
@@ -300,10 +300,10 @@ def test_a_real_solve_infeasible_then_optimal(explorer):
     assert ("optimal in" in _status(explorer) or "feasible in" in _status(explorer)) and explorer.timeline.children
 
 
-def test_even_baseline_picks_the_weakest_mode_that_fits(llama):
-    loose = even_baseline(llama, PipelineConfig(4, 8))
+def test_the_even_split_auto_picks_the_weakest_mode_that_fits(llama):
+    loose = even_split(llama, PipelineConfig(4, 8), "auto")
     assert loose.source == "even_split(none)"
-    tight = even_baseline(llama, PipelineConfig(4, 8, memory_budget=56000.0))
+    tight = even_split(llama, PipelineConfig(4, 8, memory_budget=56000.0), "auto")
     assert tight.fits or tight.source == "even_split(full)"
     assert tight.source != "even_split(none)"
 

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sapptk.costs import check_counts, layer_coefficients, slice_costs
+from sapptk.costs import check_counts, layer_coefficients, simulate_counts, slice_costs
 from sapptk.errors import ConfigError
 from sapptk.seq import equal_lengths, is_sliced, time_attention
-from sapptk.simulation import op_durations, unit_durations, unit_times
+from sapptk.simulation import op_durations, simulate, unit_durations, unit_times
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
@@ -126,7 +126,7 @@ def choose_slices(
         idle = step * program.stages - float(dur.sum())
         fits = True
         if budget is not None:
-            fits = bool((costs.simulate(config).peak_memory.to_numpy() <= budget + 1e-6).all())
+            fits = bool((simulate(program, **costs.simulate_args()).peak_memory.to_numpy() <= budget + 1e-6).all())
         return step, idle, fits
 
     equal = equal_lengths(seq, k)
@@ -219,7 +219,7 @@ def move_layers(profile: Profile, config: PipelineConfig, counts: Any, *, deadli
                     timed += 1
                     step = step_of(trial)
                     if step < best_step * (1 - 1e-12) and (
-                            budget is None or (slice_costs(profile, config, trial).simulate(config).peak_memory
+                            budget is None or (simulate_counts(profile, config, trial).peak_memory
                                                <= budget + 1e-6).all()):
                         best, best_step, improved = trial, step, True
                         kept += 1
