@@ -193,7 +193,7 @@ def test_op_costs_keep_whole_and_split_backwards_apart(tmp_path):
 
 
 def test_a_trace_of_another_schedule_is_refused(tmp_path):
-    from sapptk.calibration.runtime_ops import fit_runtime, step_costs
+    from sapptk.calibration.runtime_ops import fit_runtime, op_costs, step_costs
 
     trace, _, _ = _model_run(tmp_path, "1f1b", 4, 1)
     ops = op_samples(trace)
@@ -202,3 +202,7 @@ def test_a_trace_of_another_schedule_is_refused(tmp_path):
         fit_runtime(other, ops)
     with pytest.raises(TraceError, match="no I op"):
         step_costs(other, ops, 0)
+    with pytest.raises(TraceError, match="program: expected a sapptk.schedules.Program"):
+        fit_runtime("zb-h1", ops)
+    with pytest.raises(TraceError, match="program: expected"):
+        op_costs(None, ops)

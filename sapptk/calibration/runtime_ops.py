@@ -25,7 +25,7 @@ measures it from the run's own trace, where each op and each wait is a range:
   the next unit back: it is added to every op's cost), ``comm`` (the mean lag from a
   neighbour's unit end to the unit it releases, less that overhead: ``simulate``'s ``comm``)
   and ``step_ms``, the step's own work outside its ops (splitting the batch, scaling the
-  gradients, waiting for the last sends: the median of the slowest device's step span less
+  gradients, waiting for the last sends: the median of the longest device step range less
   the span of the ops).
 * :func:`op_costs` — like :func:`stage_costs`, per (virtual stage, micro-batch) from the
   program's own ops: right where a schedule runs some backwards whole and others split.
@@ -143,6 +143,7 @@ def step_costs(program: Program, ops: pd.DataFrame, step: int, *, overhead: floa
     ``backward`` and ``weight`` of shape (virtual stages, micro-batches): a ``B`` or an ``I``
     gives ``backward``, a ``W`` gives ``weight``. Every op of ``program`` must be in the step."""
     overhead = _check_overhead(overhead)
+    _check_program(program)
     shape = (program.num_virtual_stages, program.micro_batches)
     out = {name: np.zeros(shape) for name in ("forward", "backward", "weight")}
     target = {"F": "forward", "B": "backward", "I": "backward", "W": "weight"}
@@ -161,6 +162,7 @@ def op_costs(program: Program, ops: pd.DataFrame, *, overhead: float = 0.0,
     each op of ``program`` costs the ``statistic`` ("mean" or "median") of its kind on its
     virtual stage, plus ``overhead``. Unlike :func:`stage_costs` it keeps a schedule that runs
     some micro-batches' backward whole (``B``) and others split (``I`` then ``W``) exact."""
+    _check_program(program)
     overhead = _check_overhead(overhead)
     if statistic not in ("median", "mean"):
         raise TraceError(f"statistic = {statistic!r}: expected 'median' or 'mean'")
@@ -178,8 +180,15 @@ def op_costs(program: Program, ops: pd.DataFrame, *, overhead: float = 0.0,
     return out
 
 
+def _check_program(program: Any) -> None:
+    if not isinstance(program, Program):
+        raise TraceError(f"program: expected a sapptk.schedules.Program (the schedule the run executed), "
+                         f"got {type(program).__name__}")
+
+
 def _step_table(program: Program, ops: pd.DataFrame, step: int) -> dict[tuple[str, int, int], tuple[float, float]]:
     """(kind, virtual stage, micro-batch) -> (start, duration) ms of every op of ``program`` in ``step``."""
+    _check_program(program)
     if program.splits != 1:
         raise TraceError(f"program {program.name!r} has {program.splits} sequence slices: the runtime ops "
                          "carry no slice index (expected splits = 1)")
@@ -208,6 +217,7 @@ def unit_gaps(program: Program, ops: pd.DataFrame, *, comm: float = 0.0) -> pd.D
     of its ops.
     """
     comm = _check_overhead(comm)
+    _check_program(program)
     g = program.graph
     n = g.n_units
     rows = []
