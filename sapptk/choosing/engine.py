@@ -26,7 +26,6 @@
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from sapptk import checks
 from sapptk.choosing.bounds import SetupBound, integer_bound, pipeline_bound
 from sapptk.choosing.result import Choice, typed_choice
 from sapptk.choosing.setups import (
@@ -47,11 +47,12 @@ from sapptk.choosing.setups import (
 )
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.profile import resolve_profile
+from sapptk.request import SolveRequest
 from sapptk.sweeps.cache import LAYOUT_COLUMN, Cache
 from sapptk.sweeps.executors import check_executor, default_workers, open_executor
 from sapptk.sweeps.frame import SOLVED, input_row
 from sapptk.sweeps.grid import CONFIG_FIELDS, point_key, profile_digest
-from sapptk.sweeps.solving import COUNTS_KEY, solve_point
+from sapptk.sweeps.solving import Layout, PointResult, SweepTask, no_plan, solve_point
 
 __all__ = ["choose", "choose_candidates"]
 
@@ -129,7 +130,7 @@ def choose(
     if sequence_length is not None and (isinstance(sequence_length, bool) or not isinstance(sequence_length, int)
                                         or sequence_length < 1):
         raise ConfigError(f"sequence_length = {sequence_length!r}: expected an integer >= 1 or None")
-    _check_float("time_limit", time_limit, allow_none=False)
+    checks.solver_arguments(time_limit=time_limit, workers=workers, seed=seed, deterministic=deterministic)
     _check_float("bound_time", bound_time, allow_none=False)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"batch = {batch!r}: expected an integer >= 1")
@@ -325,59 +326,56 @@ def choose_candidates(
                 fields = {f: getattr(cfg, f) for f in CONFIG_FIELDS}
                 key = point_key(c.profile.name, digest, fields, options)
                 c.row["key"] = key
-                task = {"key": key, "profile": c.profile.to_dict(), "profile_name": c.profile.name,
-                        "profile_digest": digest, "workers": 2,
-                        "config": {f: list(v) if isinstance(v, tuple) else v for f, v in fields.items()}, **options}
                 shape_key = (cfg.stages, cfg.chunks, len(c.profile.body))
-                if shape_key in seeds:
-                    task["start"] = seeds[shape_key][1]
-                tasks.append(task)
-            results: dict[str, dict[str, Any]] = {}
-            for i, t in zip(chosen, tasks, strict=True):
-                if candidates[i].twin in twin_results and t["key"] not in cached:
-                    results[t["key"]] = twin_results[candidates[i].twin]
-            todo = [t for t in tasks if t["key"] not in cached and t["key"] not in results]
-            for t in tasks:
-                if t["key"] in cached:
-                    rec = cached[t["key"]]
-                    layout = rec.get(LAYOUT_COLUMN)
-                    results[t["key"]] = {**rec, COUNTS_KEY: json.loads(layout) if isinstance(layout, str) else None}
-            if todo:
+                start = Layout(seeds[shape_key][1]) if shape_key in seeds else None
+                tasks.append((key, c, digest, start))
+            results: dict[str, PointResult] = {}
+            for i, (key, _c, _d, _s) in zip(chosen, tasks, strict=True):
+                if candidates[i].twin in twin_results and key not in cached:
+                    results[key] = twin_results[candidates[i].twin]
+            left = [t for t in tasks if t[0] not in cached and t[0] not in results]
+            for key, _c, _d, _s in tasks:
+                if key in cached:
+                    rec = cached[key]
+                    results[key] = PointResult.from_row(rec, Layout.from_json(rec.get(LAYOUT_COLUMN)))
+            if left:
                 if runner is None:
-                    runner, slots = open_executor(executor, todo, solve_point, workers, stack)
+                    runner, slots = open_executor(executor, left, solve_point, workers, stack)
                     per_solve = workers or default_workers(min(slots, batch))
-                for t in todo:
-                    t["workers"] = per_solve
+                todo = []
+                for key, c, digest, start in left:
+                    try:
+                        request = SolveRequest(c.profile, c.setup.config, workers=per_solve, **options)
+                    except SapptkError as exc:
+                        results[key] = no_plan(key, "invalid", str(exc))
+                        continue
+                    todo.append(SweepTask(key, c.profile.name, digest, request, start))
                 it = runner(todo, lambda r: None)
                 try:
                     for res in it:
-                        results[res["key"]] = res
-                        if store is not None and res.get("status") != "error":
-                            layout = res.get(COUNTS_KEY)
-                            owner = _candidate_of(candidates, chosen, res["key"])
+                        results[res.key] = res
+                        if store is not None and res.status != "error":
+                            owner = _candidate_of(candidates, chosen, res.key)
                             row = {**input_row(owner.profile.name,
                                                {f: getattr(owner.setup.config, f) for f in CONFIG_FIELDS},
                                                time_limit),
-                                   **{k: v for k, v in res.items() if k != COUNTS_KEY},
-                                   LAYOUT_COLUMN: None if layout is None else json.dumps(layout)}
+                                   **res.columns(),
+                                   LAYOUT_COLUMN: None if res.layout is None else res.layout.to_json()}
                             store.append(row)
                 finally:
                     it.close()
             for i in chosen:  # in batch order: the same frame whatever the executor
                 c = candidates[i]
-                res = results.get(c.row["key"], {"status": "error", "error": "not run"})
-                if c.twin not in twin_results and res.get("status") != "error":
+                res = results.get(c.row["key"], no_plan(c.row["key"], "error", "not run"))
+                if c.twin not in twin_results and res.status != "error":
                     twin_results[c.twin] = res
                 _record(c, res, dp_bandwidth)
                 if c.row.get("step_time_ms") is not None and math.isfinite(c.row["step_time_ms"]):
                     cfg = c.setup.config
                     shape_key = (cfg.stages, cfg.chunks, len(c.profile.body))
-                    if shape_key not in seeds or c.row["pipeline_ms"] < seeds[shape_key][0]:
-                        counts = res.get(COUNTS_KEY)
-                        if isinstance(counts, dict):
-                            counts = counts.get("counts")
-                        if counts is not None:
-                            seeds[shape_key] = (c.row["pipeline_ms"], counts)
+                    better = shape_key not in seeds or c.row["pipeline_ms"] < seeds[shape_key][0]
+                    if better and res.layout is not None:
+                        seeds[shape_key] = (c.row["pipeline_ms"], res.layout.counts)
                     best = min(best, c.row["step_time_ms"])
                 done(c, c.row["status"])
         for _lower, i in heap:
@@ -429,16 +427,14 @@ def _candidate_of(candidates: list[Candidate], chosen: list[int], key: str) -> C
     raise KeyError(key)  # pragma: no cover - every result answers a task of the batch
 
 
-def _record(c: Candidate, res: dict[str, Any], bw: float | None) -> None:
+def _record(c: Candidate, res: PointResult, bw: float | None) -> None:
     """A balanced setup's row from its sweep result."""
-    status = str(res.get("status"))
+    status = str(res.status)
     c.row["solver_status"] = status if status in ("optimal", "feasible", "unknown", "infeasible") else None
-    c.row["solve_seconds"] = res.get("solve_seconds")
-    counts = res.get(COUNTS_KEY)
-    if isinstance(counts, dict):
-        counts = counts.get("counts")
+    c.row["solve_seconds"] = res.solve_seconds
+    counts = None if res.layout is None else res.layout.counts
     if status not in SOLVED or counts is None:
-        c.row["reason"] = str(res.get("error") or f"solver status {status}")
+        c.row["reason"] = str(res.error or f"solver status {status}")
         c.row["status"] = "infeasible" if status == "infeasible" else "unsolved"
         if status == "infeasible":
             c.lower_ms = math.inf
@@ -451,11 +447,11 @@ def _record(c: Candidate, res: dict[str, Any], bw: float | None) -> None:
     params = np.asarray(sc.params, dtype=float)
     device_params = [float(params[list(st)].sum()) for st in cfg.program().device_stages]
     sync = dp_sync_ms(max(device_params), c.setup.dp, bw, c.gradient_share)
-    pipeline = float(res["step_time_ms"])
+    pipeline = float(res.step_time_ms)
     c.row.update(status="balanced", pipeline_ms=pipeline, dp_sync_ms=sync, step_time_ms=pipeline + sync,
-                 peak_mb_max=res.get("peak_mb_max"), bubble_of_step=res.get("bubble_of_step"),
-                 solver_bound_ms=res.get("bound_ms"), solver_gap=res.get("gap"))
-    solver_lower = pipeline if status == "optimal" else res.get("bound_ms")
+                 peak_mb_max=res.peak_mb_max, bubble_of_step=res.bubble_of_step,
+                 solver_bound_ms=res.bound_ms, solver_gap=res.gap)
+    solver_lower = pipeline if status == "optimal" else res.bound_ms
     if solver_lower is not None and math.isfinite(float(solver_lower)):
         c.lower_ms = max(c.lower_ms, float(solver_lower) + c.sync_floor_ms)
     c.row["bound_ms"] = c.lower_ms
