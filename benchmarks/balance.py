@@ -4,7 +4,7 @@ Run:
   ``.venv/bin/python benchmarks/balance.py [--time-limit S] [--workers N]``  (plain mode)
   ``.venv/bin/python benchmarks/balance.py --scale``                        (the scale table)
   ``.venv/bin/python benchmarks/balance.py --curve [--time-limit 60]``      (gap against time)
-  ``.venv/bin/python benchmarks/balance.py --certify [--only N]``           (two-chunk gaps, before/after)
+  ``.venv/bin/python benchmarks/balance.py --certify [--only N | --pick 0,11]`` (two-chunk gaps, before/after)
 
 Plain mode: for each setup below, the status, wall seconds, gap, the predicted and the
 simulated step time (they must agree), and the ratio of the step time to the best even
@@ -276,7 +276,7 @@ def first_time_within(history: list, ticks_ms: float, gap: float) -> float | Non
     return None
 
 
-def certify(workers: int, only: int | None) -> None:
+def certify(workers: int, only: int | None, pick: str | None = None) -> None:
     from sapptk.solver.settings import SearchOptions
 
     header = (f"{'profile':<12} {'schedule':<15} {'p':>2} {'budget':>6} {'limit':>5} | {'before ms':>9} {'gap %':>6} | "
@@ -284,6 +284,8 @@ def certify(workers: int, only: int | None) -> None:
     print(header)
     print("-" * len(header))
     cases = CERTIFY if only is None else CERTIFY[:only]
+    if pick:
+        cases = [CERTIFY[int(i)] for i in pick.split(",")]
     first = None
     for name, (p, m, v, schedule, budget) in cases:
         profile = bundled_profile(name)
@@ -315,13 +317,14 @@ def main() -> None:
     parser.add_argument("--curve", action="store_true", help="gap against time, llama2_70b interleaved")
     parser.add_argument("--certify", action="store_true", help="two-chunk gaps at 10 s and 60 s, before and after")
     parser.add_argument("--only", type=int, default=None, help="--certify: the first N cases only")
+    parser.add_argument("--pick", default=None, help="--certify: these cases only (indices into CERTIFY, e.g. 0,11)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one scale case, JSON, run by --scale
     args = parser.parse_args()
     if args.case:
         profile_name, setup, limit, workers, deterministic, stop_after = json.loads(args.case)
         print(json.dumps(run_case(profile_name, tuple(setup), limit, workers, deterministic, stop_after)))
     elif args.certify:
-        certify(args.workers, args.only)
+        certify(args.workers, args.only, args.pick)
     elif args.scale:
         scale(args.workers, args.deterministic)
     elif args.curve:

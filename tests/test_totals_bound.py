@@ -3,49 +3,59 @@ never exceeds the exhaustive optimum on hundreds of random small two-chunk cases
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import time
+from unittest import mock
 
 import numpy as np
 import pytest
+from ortools.linear_solver import pywraplp
 from support import all_assignments, fast_step, seed_of
 
 from sapptk.config import PipelineConfig
 from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS
 from sapptk.errors import ConfigError
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
+from sapptk.solver import relaxation
 from sapptk.solver.layouts import device_layouts, path_lengths, stage_options
 from sapptk.solver.problem import make_problem
 from sapptk.solver.relaxation import LinearRelaxation
 from sapptk.solver.settings import SearchOptions
-from sapptk.solver.totals_bound import TotalsBound
+from sapptk.solver.totals_bound import BoundRates, TotalsBound
 
 TWO_CHUNK = [("interleaved", 2, 3), ("interleaved", 2, 4), ("interleaved-lm", 2, 4), ("zb-v", 2, 3),
              ("dualpipe-v", 2, 4)]
+# three devices: the tree branches on two free totals (with two devices the second total is the rest)
+THREE_DEVICES = [("interleaved", 3, 3), ("interleaved-lm", 3, 3), ("zb-v", 3, 3)]
 
 
-def random_profile(rng: np.random.Generator) -> Profile:
-    """Head, one or two body groups of 2-4 layers with two modes (none, full), tail; random figures."""
+def random_profile(rng: np.random.Generator, layers: tuple[int, int] = (2, 5), groups: int = 2) -> Profile:
+    """Head, one to ``groups`` body groups of ``layers`` (low, high + 1) layers with two modes
+    (none, full), tail; random figures."""
     body = []
-    for g in range(int(rng.integers(1, 3))):
+    for g in range(int(rng.integers(1, groups + 1))):
         fwd = float(rng.uniform(0.5, 3.0))
         act = float(rng.uniform(3, 9))
         modes = {"none": ModeCost(float(rng.uniform(1.5, 2.5)) * fwd, act),
                  "full": ModeCost(float(rng.uniform(2.6, 3.5)) * fwd, float(rng.uniform(0.05, 0.5)) * act)}
-        body.append(LayerGroup(f"g{g}", "body", int(rng.integers(2, 5)), fwd, float(rng.uniform(0.5, 4)), modes))
+        body.append(LayerGroup(f"g{g}", "body", int(rng.integers(*layers)), fwd, float(rng.uniform(0.5, 4)), modes))
     head = LayerGroup("head", "head", 1, float(rng.uniform(0.1, 1)), float(rng.uniform(0.5, 3)))
     tail = LayerGroup("tail", "tail", 1, float(rng.uniform(0.1, 2)), float(rng.uniform(0.5, 3)))
     return Profile("random-two-mode", (head, *body, tail))
 
 
-def random_case(rng: np.random.Generator):
-    """A random two-chunk case with a binding budget: its problem, layouts, the LP over them,
+def random_case(rng: np.random.Generator, setups: list | None = None, layers: tuple[int, int] = (2, 5)):
+    """A random two-chunk case (a setup of ``setups``, default ``TWO_CHUNK``) with a binding
+    budget: its problem, layouts, the LP over them,
     the exhaustive optimum (ticks), every fitting plan's step (ticks) and the fastest plan.
 
     Every assignment is enumerated; peaks and steps are computed in batches by the solver's
     exact yardsticks (the simulator's equality with them is tested elsewhere, and the fast
     cases check it again on the fastest plan)."""
-    schedule, p, m = TWO_CHUNK[int(rng.integers(len(TWO_CHUNK)))]
-    prof = random_profile(rng)
+    setups = TWO_CHUNK if setups is None else setups
+    schedule, p, m = setups[int(rng.integers(len(setups)))]
+    prof = random_profile(rng, layers, 2 if p == 2 else 1)  # three devices: one group (enumeration stays small)
     base = PipelineConfig(p, m, 2, schedule, comm=float(rng.choice([0.0, 0.01, 0.2])))
     unlimited = make_problem(prof, base, allow_empty=False, options=SearchOptions())
     candidates = [unlimited.groups.merge(c)
@@ -66,23 +76,45 @@ def random_case(rng: np.random.Generator):
     return problem, layouts, lp, best, steps, fitting[int(steps.argmin())]
 
 
-def check_never_above_the_optimum(seed: int) -> tuple[int, int]:
+def check_never_above_the_optimum(seed: int, setups: list | None = None, layers: tuple[int, int] = (2, 5),
+                                  failing: bool = False) -> tuple[int, int]:
+    """The tree's bound (no cutoff, then a cutoff at some plan's step) against the exhaustive
+    optimum of one random case; ``failing``: the LP solver gives up on every other node LP."""
     rng = np.random.default_rng(seed)
-    problem, _, lp, best, steps, _ = random_case(rng)
+    problem, _, lp, best, steps, _ = random_case(rng, setups, layers)
     lp.run(until=time.perf_counter() + 10, max_iterations=int(rng.integers(1, 6)))  # often not converged
     tree = TotalsBound(lp, lp_iterations=int(rng.integers(1, 4)))
     tree.add_weights(lp.last_duals)
     # no cutoff worth the name: the tree must stay under the optimum on its own
     far = 2**60
-    found = tree.run(cutoff=far, until=time.perf_counter() + 10)
+    with _failing_lps(failing):
+        found = tree.run(cutoff=far, until=time.perf_counter() + 10)
     assert found.bound <= best, (seed, found.bound, best)
     # with a cutoff at some plan's step (never below the optimum) the bound is capped there
     cutoff = int(rng.choice(steps))
     again = TotalsBound(lp, lp_iterations=2)
     again.add_weights(lp.last_duals)
-    capped = again.run(cutoff=cutoff, until=time.perf_counter() + 10)
+    with _failing_lps(failing):
+        capped = again.run(cutoff=cutoff, until=time.perf_counter() + 10)
     assert capped.bound <= min(best, cutoff) or capped.bound <= best
     return found.bound, best
+
+
+@contextlib.contextmanager
+def _failing_lps(on: bool):
+    """While ``on``: every other LP solve returns ABNORMAL at once (GLOP giving up), as seen
+    under load; a node whose LP fails must be split without it, never retried forever."""
+    if not on:
+        yield
+        return
+    calls = itertools.count()
+
+    def flaky(solver, stopped):  # noqa: ANN001, ANN202
+        return pywraplp.Solver.ABNORMAL if next(calls) % 2 == 0 else original(solver, stopped)
+
+    original = relaxation._solve
+    with mock.patch.object(relaxation, "_solve", flaky):
+        yield
 
 
 @pytest.mark.parametrize("case", range(6))
@@ -105,6 +137,75 @@ def test_bound_never_exceeds_the_exhaustive_optimum_on_hundreds_of_cases():
         bound, best = check_never_above_the_optimum(seed_of("totals-bound-many", case))
         tight += bound == best
     assert tight > 0  # the tree closes some cases exactly: the test can tell a weak bound from none
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_bound_never_exceeds_the_exhaustive_optimum_on_three_devices(case):
+    check_never_above_the_optimum(seed_of("totals-bound-3", case), THREE_DEVICES, (5, 7))
+
+
+@pytest.mark.slow
+def test_bound_never_exceeds_the_exhaustive_optimum_on_hundreds_of_three_device_cases():
+    tight = 0
+    for case in range(150):
+        bound, best = check_never_above_the_optimum(seed_of("totals-bound-3-many", case), THREE_DEVICES, (5, 7))
+        tight += bound == best
+    assert tight > 0
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_a_node_whose_lp_fails_is_split_and_the_bound_stays_valid(case):
+    check_never_above_the_optimum(seed_of("totals-bound-failing", case), THREE_DEVICES, (5, 7), failing=True)
+
+
+@pytest.mark.slow
+def test_failing_lps_on_hundreds_of_cases():
+    for case in range(100):
+        setups, layers = (THREE_DEVICES, (5, 7)) if case % 2 else (TWO_CHUNK, (2, 5))
+        check_never_above_the_optimum(seed_of("totals-bound-failing-many", case), setups, layers, failing=True)
+
+
+def test_failed_lps_do_not_stall_the_tree():
+    """Every node LP fails: the tree still splits (by the widest range) down to boxes that cannot
+    be split, and stops there, instead of retrying one node until the time is up."""
+    rng = np.random.default_rng(seed_of("totals-all-fail"))
+    problem, _, lp, best, _, _ = random_case(rng, THREE_DEVICES, (6, 7))
+    lp.run(until=time.perf_counter() + 10)
+    tree = TotalsBound(lp, lp_iterations=2)
+    tree.add_weights(lp.last_duals)
+    with mock.patch.object(relaxation, "_solve", lambda solver, stopped: pywraplp.Solver.ABNORMAL):
+        found = tree.run(cutoff=2**60, until=time.perf_counter() + 120)
+    assert found.failed > 0 and found.bound <= best
+    # the run ended on its own: the least open node cannot be split further (before the fix the
+    # same node was retried until the deadline)
+    assert tree.heap and tree.heap[0].final and found.seconds < 120
+
+
+def test_bound_rates_size_the_tree_slices():
+    """Hand-worked: share 0.8 gives four times the solve (the whole); an unmeasured tree gets the
+    probe (a quarter) unless the master returned a bound and raised nothing; then the ratio of
+    the rates, never below the floor."""
+    rates = BoundRates()
+    assert rates.tree_seconds(2.0, 0.0) == 0.0
+    assert rates.tree_seconds(2.0, 0.8) == pytest.approx(2.0)  # nothing known: the probe
+    rates.master(0, 5.0, bounded=False)  # cut short without a bound: still the probe
+    assert rates.tree_seconds(2.0, 0.8) == pytest.approx(2.0)
+    stuck = BoundRates()
+    stuck.master(0, 5.0, bounded=True)  # a bound of its own that raised nothing: the whole
+    assert stuck.tree_seconds(2.0, 0.8) == pytest.approx(8.0)
+    rates.master(1000, 5.0, bounded=True)  # 1000 ticks in 10 s: 100 per second
+    assert rates.tree_seconds(2.0, 0.8) == pytest.approx(2.0)
+    rates.tree(250, 5.0)  # 50 per second: half the master's rate
+    assert rates.tree_seconds(2.0, 0.8) == pytest.approx(4.0)
+    rates.tree(-7, 5.0)  # a slice that gained nothing (a loss counts as none): 25 per second
+    assert rates.tree_seconds(2.0, 0.8) == pytest.approx(2.0)
+    rates.tree(0, 100.0)  # a long fruitless stretch: the floor
+    assert rates.tree_seconds(2.0, 0.8) == pytest.approx(0.8)
+    rates.tree(100_000, 1.0)  # faster than the master again: the whole
+    assert rates.tree_seconds(2.0, 0.8) == pytest.approx(8.0)
+    lone = BoundRates()
+    lone.tree(10, 1.0)  # the master never raised anything: the tree keeps the whole
+    assert lone.tree_seconds(2.0, 0.8) == pytest.approx(8.0)
 
 
 @pytest.mark.slow

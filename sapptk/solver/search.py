@@ -57,7 +57,7 @@ from sapptk.solver.paths import MemoryModel, OutOfTime
 from sapptk.solver.problem import Problem, make_problem
 from sapptk.solver.relaxation import LinearRelaxation, Relaxation
 from sapptk.solver.settings import SearchOptions
-from sapptk.solver.totals_bound import TotalsBound
+from sapptk.solver.totals_bound import BoundRates, TotalsBound
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
@@ -188,6 +188,7 @@ class _Phases:
         self.coarse_bound = 0  # ticks: the bound of the coarsened relaxation, when there is one
         self.totals: TotalsBound | None = None  # the branch and bound on device totals (two-chunk schedules)
         self.totals_bound = 0  # ticks: its bound, for plans no slower than the incumbent it was given
+        self.rates = BoundRates()  # how fast the master and the tree raise the bound (sizes the tree's slices)
         self.iterations = 0
         self.first_plan_at: float | None = None
         self.notes: list[str] = []
@@ -449,6 +450,7 @@ class _Phases:
             cuts_before, ticks_before, lower_before, started = len(m.cuts), inc.ticks, lower, self.clock.now()
             solved = self.solve_master(cap)
             self.offer_all(solved.solutions)
+            learned = len(m.cuts) > cuts_before  # the solve's own paths (the tree's, added below, do not count)
             if solved.status == "infeasible":
                 # nothing beats the incumbent (or, without one, nothing fits)
                 if inc.ticks is None:
@@ -459,6 +461,8 @@ class _Phases:
             elif solved.bound is not None and math.isfinite(solved.bound):
                 lower = max(lower, int(math.ceil(solved.bound - 1e-9)))
             self.proven(lower)
+            self.rates.master(lower - lower_before, self.clock.now() - started,
+                              bounded=solved.bound is not None and math.isfinite(solved.bound) and solved.bound > 0)
             if inc.ticks is not None and inc.ticks <= lower:
                 return "optimal", inc.ticks
             stalled = inc.ticks is not None and inc.ticks == ticks_before
@@ -467,13 +471,14 @@ class _Phases:
                 lower = max(lower, self.raise_bound(self.clock.now() - started))
                 if inc.ticks <= lower:
                     return "optimal", inc.ticks
-            if solved.status in ("feasible", "unknown") and len(m.cuts) == cuts_before:
+            if solved.status in ("feasible", "unknown") and not learned:
                 cap *= 2  # the cap cut the solve short and taught nothing new: give it longer
 
     def raise_bound(self, solve_seconds: float) -> int:
         """Phase 6, between master solves that moved neither the plan nor (by ``STALL_FRACTION``)
         the bound: the branch and bound on device totals (:mod:`sapptk.solver.totals_bound`)
-        for ``totals_share / (1 − totals_share)`` times ``solve_seconds``, on schedules with two
+        for ``totals_share / (1 − totals_share)`` times ``solve_seconds`` (less while it raises
+        the bound more slowly per second than the master: :class:`BoundRates`), on schedules with two
         or more chunks per device (one-chunk masters close on their own), when the
         relaxation's LP is there. Returns the best proven bound (ticks)."""
         share, inc = self.options.totals_share, self.incumbent
@@ -483,10 +488,13 @@ class _Phases:
         if self.totals is None:
             self.totals = TotalsBound(self.lp, lp_iterations=self.options.totals_lp_iterations)
             self.totals.add_weights(self.lp.last_duals)
-        until = min(self.clock.deadline, self.clock.now() + solve_seconds * share / (1 - share))
+        began = self.clock.now()
+        before = max(self.lower_bound(), self.bounds[-1][1] if self.bounds else 0)  # the proven bound so far
+        until = min(self.clock.deadline, began + self.rates.tree_seconds(solve_seconds, share))
         known = len(self.lp.out.cuts)
         found = self.totals.run(cutoff=inc.ticks, until=until, stopped=lambda: self.clock.stopped)
         self.totals_bound = max(self.totals_bound, min(found.bound, inc.ticks))
+        self.rates.tree(min(self.totals_bound, inc.ticks) - before, self.clock.now() - began)
         assert self.master is not None
         for sig, crossings in self.lp.out.cuts[known:]:  # the paths its LPs added join the master
             self.incumbent.paths.setdefault(_key(sig, crossings), (sig, crossings))

@@ -42,8 +42,10 @@ class SearchOptions:
     totals_share: 0.8 — on schedules with two or more chunks per device, the share of the
         master phase's time (phase 6) given to the branch and bound on device layer totals
         (:mod:`sapptk.solver.totals_bound`), which raises the proven bound: after each capped
-        master solve that brought no better plan, it runs for ``share / (1 − share)`` times
-        that solve's seconds. It takes time only where the plan stopped improving. 0: never;
+        master solve that brought no better plan, it runs for up to ``share / (1 − share)``
+        times that solve's seconds (less while it raises the bound more slowly than the master:
+        :class:`~sapptk.solver.totals_bound.BoundRates`). It takes time only where the plan
+        stopped improving. 0: never;
         at most 0.9. Not used with ``deterministic=True`` (it is timed, not counted).
     diagnosis_seconds: 10.0 — most seconds spent explaining why nothing fits; never more
         than what the time limit leaves.
