@@ -118,8 +118,9 @@ def chain_minmax(layouts: list[DeviceLayouts], counts: np.ndarray, extra: list[i
 def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub_ms: float, *,
                  time_limit: float = 1.0, deterministic: bool = False) -> SetupBound | None:
     """``start`` raised by whole layouts (module docstring), for every plan no slower than
-    ``ub_ms`` (pipeline ms): the result is at most ``max(start, ub_ms)``. None when the
-    layouts are too many to enumerate in ``time_limit`` (the caller keeps ``start``).
+    ``ub_ms`` (pipeline ms; ``inf``: every plan): the result is at most ``max(start, ub_ms)``.
+    None when the layouts are too many to enumerate in ``time_limit`` (the caller keeps
+    ``start``).
 
     With ``deterministic``, the LP runs a fixed number of iterations and the totals search
     is left out, so the same input gives the same bound.
@@ -131,9 +132,10 @@ def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
     problem = make_problem(profile, config, allow_empty=False, options=SearchOptions())
     coef = problem.coef
     scale = TIME_UNIT_MS / problem.splits
-    ub = int(math.floor(ub_ms / scale + 1e-9))
-    if ub * scale <= start.bound_ms:
+    ub = int(math.floor(ub_ms / scale + 1e-9)) if math.isfinite(ub_ms) else None
+    if ub is not None and ub * scale <= start.bound_ms:
         return start
+    cap = math.inf if ub is None else float(ub)
     try:
         caps, work_cap = layer_caps(coef, problem.paths, ub, allow_empty=False)
         options = stage_options(coef, caps, work_cap=work_cap, max_options=_MAX_PARTIAL,
@@ -149,7 +151,7 @@ def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
         best = chain_minmax(layouts, coef.counts, [e for e, _, _ in ends])
     except TooManyLayouts:
         best = 0.0
-    if best < ub and all(len(lay) for lay in layouts):
+    if best < cap and all(len(lay) for lay in layouts):
         lp = LinearRelaxation(coef, problem.paths, layouts, problem.comm_ticks)
         for sig in problem.paths.device_sig:
             lp.add(sig, 0)
@@ -157,14 +159,16 @@ def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
             lp.add(sig, crossings)
         for sig_bytes, crossings in start.paths:
             lp.add(np.frombuffer(sig_bytes, dtype=np.int64).copy(), crossings)
-        until = math.inf if deterministic else began + max(time_limit / 2, time.perf_counter() - began + 0.1)
+        until = began + (3600.0 if deterministic else max(time_limit / 2, time.perf_counter() - began + 0.1))
         relaxed = lp.run(until=until, max_iterations=60 if deterministic else 1000)
         rounds += relaxed.iterations
         best = max(best, float(relaxed.bound))
-        if not deterministic and best < ub and time.perf_counter() < deadline - 0.05:
+        if not deterministic and best < cap and time.perf_counter() < deadline - 0.05:
             totals = TotalsBound(lp)
-            found = totals.run(cutoff=ub, until=deadline)
+            found = totals.run(cutoff=2**62 if ub is None else ub, until=deadline)
             best = max(best, float(found.bound))
-    ms = min(best, float(ub)) * scale
+    if not math.isfinite(min(best, cap)):
+        return start  # no plan among the layouts, and no incumbent to cap the bound: the caller decides
+    ms = min(best, cap) * scale
     return SetupBound(max(ms, start.bound_ms), rounds=start.rounds + rounds,
                       seconds=start.seconds + time.perf_counter() - began, paths=start.paths, integer=True)
