@@ -293,6 +293,7 @@ def choose_candidates(
         retry_results: dict[tuple[Any, ...], dict[str, Any]] = {}  # the same, of the longer second balance
         long_bounds: dict[tuple[Any, ...], SetupBound] = {}  # the longer layout bound of a balanced setup
         layouts_of: dict[tuple[Any, ...], bool] = {}  # whether the layout bound could enumerate the layouts
+        layout_ub: dict[tuple[Any, ...], float] = {}  # the incumbent (pipeline ms) it was computed below
         best = math.inf
         leader: int | None = None  # the candidate holding the best step time
         parked: list[tuple[float, int]] = []  # the leader's own queue entry: it needs no proof against itself
@@ -330,6 +331,32 @@ def choose_candidates(
                         continue  # tried, or too far below to be proven by a longer balance: it keeps its gap
                     c.level = 5
                     c.retry = True
+                shared = twins[c.twin][0] if not c.balanced and c.twin in twins else None
+                if shared is not None and shared is not c.bound and shared.bound_ms is not None:
+                    c.bound = shared  # a twin tightened the bound they share
+                    c.layouts = layouts_of.get(c.twin, False)
+                    if shared.bound_ms + c.sync_floor_ms > c.lower_ms:
+                        c.lower_ms = shared.bound_ms + c.sync_floor_ms
+                        heapq.heappush(heap, (c.lower_ms, i))
+                        continue
+                if (c.level == 2 and c.twin not in twin_results
+                        and best - c.sync_floor_ms < layout_ub.get(c.twin, math.inf) * (1 - _TIE)):
+                    # its layout bound was capped by a worse incumbent (or none): the layouts are fewer now
+                    t0 = time.perf_counter()
+                    if c.bound is twins[c.twin][0]:
+                        ub = best - c.sync_floor_ms
+                        tight = layout_bound(c.profile, c.setup.config, c.bound, ub, time_limit=bound_time,
+                                             deterministic=deterministic)
+                        if tight is not None:
+                            twins[c.twin] = (tight, 2)
+                            layouts_of[c.twin] = True
+                        layout_ub[c.twin] = ub
+                    c.bound = twins[c.twin][0]
+                    c.layouts = layouts_of.get(c.twin, False)
+                    c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
+                    c.lower_ms = max(c.lower_ms, float(c.bound.bound_ms) + c.sync_floor_ms)
+                    heapq.heappush(heap, (c.lower_ms, i))
+                    continue
                 if c.level < 2 and c.twin not in twin_results:
                     c.level += 1
                     t0 = time.perf_counter()
@@ -344,6 +371,7 @@ def choose_candidates(
                         # whole layouts (when they could be enumerated) make the integer model needless
                         twins[c.twin] = (rows, 1) if tight is None else (tight, 2)
                         layouts_of[c.twin] = tight is not None
+                        layout_ub[c.twin] = best - c.sync_floor_ms
                     elif level < c.level == 2:
                         twins[c.twin] = (integer_bound(c.profile, c.setup.config, bound, time_limit=bound_time,
                                                        deterministic=deterministic), 2)
