@@ -57,10 +57,10 @@ from sapptk.sweeps.solving import COUNTS_KEY, solve_point
 __all__ = ["choose", "choose_candidates"]
 
 _TIE = 1e-9  # relative: a bound within this of the best step time counts as reaching it
-_RETRY_WITHIN = 0.01
+_RETRY_WITHIN = 0.02
 """A balanced setup is balanced a second time only when its bound is within this share of the
-best step time: doubling the time limit raised the balancer's bound by about 1 % of the step
-on the llama2_70b two-chunk setups (docs/benchmarks.md); farther ones would stay unproven."""
+best step time: a second balance at twice the time limit raised the balancer's bound by 1-1.5 %
+of the step on the llama2_70b two-chunk setups (docs/benchmarks.md); farther ones stay unproven."""
 
 
 def _check_float(name: str, value: Any, *, allow_none: bool = True, low: float = 0.0) -> float | None:
