@@ -12,14 +12,19 @@
    fits is dropped with the device and the shortfall.
 2. The setups are taken in order of bound. A setup whose bound is at or above the best step
    time found so far is pruned (and so is every later one). Before a setup is balanced its
-   bound is tightened by the integer model (:func:`~sapptk.choosing.bounds.integer_bound`),
-   which may prune it after all.
+   bound is tightened by LP rows and whole layouts below the best step time
+   (:func:`~sapptk.choosing.layout_bound.layout_bound`, again after every better incumbent;
+   the integer model :func:`~sapptk.choosing.bounds.integer_bound` when the layouts are too
+   many), which may prune it after all.
 3. Survivors are balanced ``batch`` at a time through the sweep engine's executors
    (:func:`sapptk.sweeps.solving.solve_point`), each starting from the fastest plan so far of
    the same shape (stages and chunks); a ``cache`` folder keeps every balanced row (Parquet),
    so an interrupted choice resumes. The batches do not depend on the executor, so serial,
    processes and Dask give the same frame (with ``deterministic=True``, the same plans).
-4. The winner is proven when every other setup's bound (the balancer's own bound included)
+4. A balanced setup whose bound stays below the best step time goes back into the queue:
+   a longer layout bound, then (within ``_RETRY_WITHIN`` of the best) a second balance from
+   its own plan with ``retry × time_limit``.
+5. The winner is proven when every other setup's bound (the balancer's own bound included)
    is at or above its step time.
 """
 
