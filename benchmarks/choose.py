@@ -121,7 +121,7 @@ def hand_vs_plan(time_limit: float) -> pd.DataFrame:
     base = sapptk.PipelineConfig(stages=16, micro_batches=32, chunks=2, schedule="interleaved")
     rows = []
     for layout, what in LAYOUTS.items():
-        hand = sapptk.from_megatron(profile, base, layout)
+        hand = sapptk.load_plan(layout, "megatron", profile=profile, config=base)
         peak = float(hand.simulate().peak_memory.max())
         plan = sapptk.balance(profile, base.replace(memory_budget=peak), time_limit=time_limit)
         choice = sapptk.choose(profile, devices=16, global_batch=32, memory_budget=peak, stages=[8, 16],

@@ -340,7 +340,7 @@ def _new_cli_files(folder: Path) -> dict[str, str]:
 
     plan = folder / "plan.yaml"
     if not plan.exists():
-        text = even_split(bundled_profile("demo"), PipelineConfig(2, 4)).save()
+        text = even_split(bundled_profile("demo"), PipelineConfig(2, 4)).export("sapptk").text
         plan.write_text(text)
         data = yaml.safe_load(text)
         data["status"], data["step_time_ms"] = "optimal", data["step_time_ms"] / 2
@@ -497,7 +497,7 @@ def run_case(case: dict[str, Any]) -> None:  # noqa: C901 - one branch per categ
     import numpy as np
 
     from sapptk.config import PipelineConfig
-    from sapptk.plan import from_mindformers
+    from sapptk.plan import load_plan
     from sapptk.profile import Profile, bundled_profile, load_profile
 
     cat, data = case["cat"], case["data"]
@@ -534,7 +534,7 @@ def run_case(case: dict[str, Any]) -> None:  # noqa: C901 - one branch per categ
                 profile, config = setups[0]
                 source = folder / f"config{data['suffix']}"
                 source.write_bytes(base64.b64decode(data["bytes"]))
-            plans = from_mindformers(profile, config, source)
+            plans = load_plan(source, "mindformers", profile=profile, config=config)
             for plan in plans.values() if isinstance(plans, dict) else [plans]:
                 check_plan(plan)
         elif cat == "pipeline":

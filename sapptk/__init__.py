@@ -41,11 +41,9 @@ _EXPORTS: dict[str, str] = {
     "Plan": "sapptk.plan",
     "even_baseline": "sapptk.plan",
     "even_split": "sapptk.plan",
-    "from_megatron": "sapptk.plan",
-    "from_mindformers": "sapptk.plan",
-    "from_mindformers_named": "sapptk.plan",
-    "from_torchtitan": "sapptk.plan",
     "load_plan": "sapptk.plan",
+    "load_plans": "sapptk.plan",
+    "Export": "sapptk.formats.base",
     "make_plan": "sapptk.plan",
     "balance": "sapptk.balancer",
     "Calibration": "sapptk.calibration.fitting",
@@ -71,6 +69,7 @@ __all__ = [
     "Choice",
     "ConfigError",
     "DeadlockError",
+    "Export",
     "FileError",
     "LayerGroup",
     "MODES",
@@ -97,11 +96,8 @@ __all__ = [
     "even_baseline",
     "even_split",
     "estimate_profile",
-    "from_megatron",
-    "from_mindformers",
-    "from_mindformers_named",
-    "from_torchtitan",
     "load_plan",
+    "load_plans",
     "load_profile",
     "make_plan",
     "models",
@@ -130,17 +126,15 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         ScheduleError,
         TraceError,
     )
+    from sapptk.formats.base import Export
     from sapptk.models.estimate import estimate_profile
     from sapptk.offload import OffloadSimulation, simulate_offload
     from sapptk.plan import (
         Plan,
         even_baseline,
         even_split,
-        from_megatron,
-        from_mindformers,
-        from_mindformers_named,
-        from_torchtitan,
         load_plan,
+        load_plans,
         make_plan,
     )
     from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile, bundled_profiles, load_profile

@@ -234,9 +234,9 @@ def _balance(args: argparse.Namespace) -> int:
         layout = args.out / "layout.csv"
         write_text(layout, plan.layout.to_csv(index=False), what="layout")
         saved = args.out / "sapptk_plan.yaml"
-        plan.save(saved)
+        plan.export("sapptk", saved)
         try:
-            plan.to_yaml(args.out / "plan.yaml")
+            plan.export("mindformers", args.out / "plan.yaml")
         except ConfigError as exc:  # a cell the MindFormers lists cannot express
             print(f"\nwrote {saved} and {layout}; plan.yaml not written: {exc}")
         else:
@@ -348,7 +348,7 @@ def _csv_config(args: argparse.Namespace, profile: Profile):  # -> PipelineConfi
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from sapptk.plan import even_splits, from_mindformers, from_mindformers_named
+    from sapptk.plan import even_splits, load_plan, load_plans
 
     profile = resolve_profile(args.profile)
     if args.schedule_csv is not None:
@@ -362,10 +362,10 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.config is None:
         plans = {plan.source: plan for plan in even_splits(profile, config)}
     elif args.name is not None:
-        plan = from_mindformers(profile, config, args.config, name=args.name)
+        plan = load_plan(args.config, "mindformers", profile=profile, config=config, name=args.name)
         plans = {plan.source.removeprefix("mindformers:"): plan}
     else:
-        plans = from_mindformers_named(profile, config, args.config)
+        plans = load_plans(args.config, "mindformers", profile=profile, config=config)
     rows = []
     for name, plan in plans.items():
         sim = plan.simulation
@@ -394,15 +394,17 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "export",
         help="write a saved plan for another runtime",
-        description="Read a sapptk plan file (sapptk balance --out writes sapptk_plan.yaml; Plan.save) and write it "
-        "as Megatron-LM arguments, a torchtitan TOML fragment (torchtitan <= 0.2.2) or config module (torchtitan-py: "
-        ">= 0.3), MindFormers lists, or the op order as PyTorch's schedule CSV. What a runtime cannot express is "
-        "listed, with the step time it costs.",
+        description="Read a sapptk plan file (sapptk balance --out writes sapptk_plan.yaml; plan.export('sapptk')) "
+        "and write it as Megatron-LM arguments, torchtitan settings (a TOML fragment for torchtitan <= 0.2.2 and a "
+        "config module for >= 0.3, both written with --out; torchtitan-py prints the module), MindFormers lists, or "
+        "the op order as PyTorch's schedule CSV: plan.export(format, path) in the library. What a runtime cannot "
+        "express is listed, with the step time it costs.",
     )
     parser.add_argument("plan", metavar="PLAN", type=Path, help="sapptk plan file (YAML)")
     parser.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="target format")
     parser.add_argument("--out", type=Path, default=None, metavar="FILE",
-                        help="write there instead of printing (torchtitan: a schedule CSV goes next to it)")
+                        help="write there instead of printing (torchtitan, torchtitan-py: FILE's stem names the "
+                        "TOML, the Python config and, when needed, the schedule CSV, written side by side)")
     parser.set_defaults(func=_export)
 
 
@@ -412,32 +414,19 @@ def _export(args: argparse.Namespace) -> int:
 
     if args.out is not None:  # a folder or a FIFO (which would block) is refused before the plan is read
         checks.output_file(args.out, "--out", error=FileError)
-    plan = load_plan(args.plan)
-    extra: dict[Path, str] = {}
-    if args.to == "megatron":
-        text = plan.to_megatron().text()
-    elif args.to in ("torchtitan", "torchtitan-py"):
-        # the CSV goes next to --out; the TOML names it by its absolute path (torchtitan looks it up from the
-        # launch directory), the Python config by its place next to itself
-        target = Path("schedule.csv") if args.out is None else args.out.parent / f"{args.out.stem}_schedule.csv"
-        out = plan.to_torchtitan(csv_name=target.resolve())
-        text = out.text() if args.to == "torchtitan" else out.python
-        if out.csv is not None:
-            if args.out is None:
-                text += f"\n# ---- {target.name} ----\n{out.csv}"
-            else:
-                extra[target] = out.csv
-    elif args.to == "mindformers":
-        text = plan.to_yaml()
-    else:
-        text = plan.to_torch_csv()
-    if args.out is None:
-        print(text, end="")
+    plan = load_plan(args.plan, "sapptk")
+    fmt = "torchtitan" if args.to == "torchtitan-py" else args.to
+    # torchtitan: FILE's stem names the TOML, the Python config and the schedule CSV side by side; the TOML
+    # names the CSV by its absolute path (torchtitan looks it up from the launch directory), the module by its
+    # place next to itself
+    export = plan.export(fmt, args.out)
+    if args.out is not None:
+        print("wrote " + ", ".join(str(p) for p in export.written.values()))
         return 0
-    write_text(args.out, text, what="export")
-    for path, content in extra.items():
-        write_text(path, content, what="schedule CSV")
-    print("wrote " + ", ".join(str(p) for p in (args.out, *extra)))
+    text = export.texts["python"] if args.to == "torchtitan-py" else export.text
+    if fmt == "torchtitan" and "csv" in export.texts:
+        text += f"\n# ---- {Path(export.data.csv_name).name} ----\n{export.texts['csv']}"
+    print(text, end="")
     return 0
 
 
@@ -571,7 +560,7 @@ def _choose(args: argparse.Namespace) -> int:
     print(choice.summary())
     if args.out is not None:
         saved = args.out / "sapptk_plan.yaml"
-        choice.best.save(saved)
+        choice.best.export("sapptk", saved)
         write_text(args.out / "choice.csv", choice.frame.to_csv(index=False), what="ranking")
         print(f"wrote {saved} (the winner's plan; sapptk export reads it) and {args.out / 'choice.csv'}")
     return 0

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sapptk.errors import SapptkError
+
 __all__ = ["pareto_front"]
 
 _BLOCK = 256  # rows compared at once in the general (three or more columns) case
@@ -29,7 +31,8 @@ def pareto_front(values: np.ndarray, *, groups: np.ndarray | None = None) -> np.
 
     Returns
     -------
-    An ascending int64 array of row indices. Exact duplicates keep their first row.
+    An ascending int64 array of row indices. Exact duplicates keep their first row. Values of
+    another shape, NaN, or groups of another length raise a :class:`~sapptk.errors.SapptkError`.
     Sorting costs ``O(n log n)``; one and two columns then take one pass, more columns
     compare each row with the front found so far.
     """
@@ -37,16 +40,18 @@ def pareto_front(values: np.ndarray, *, groups: np.ndarray | None = None) -> np.
     if vals.ndim == 1:
         vals = vals[:, None]
     if vals.ndim != 2:
-        raise ValueError(f"pareto_front: values must have shape (n, d), got {vals.shape}")
+        raise SapptkError(f"pareto_front: values of shape {vals.shape}: expected shape (n, d) or (n,)")
     n, d = vals.shape
+    if vals.dtype.kind not in "biuf":
+        raise SapptkError(f"pareto_front: values of dtype {vals.dtype}: expected numbers")
     if vals.dtype.kind == "f" and np.isnan(vals).any():
-        raise ValueError("pareto_front: values contain NaN")
+        raise SapptkError("pareto_front: values contain NaN: expected numbers (smaller is better)")
     if groups is None:
         gid = np.zeros(n, dtype=np.int64)
     else:
         labels = np.asarray(groups)
         if labels.shape != (n,):
-            raise ValueError(f"pareto_front: groups must have shape ({n},), got {labels.shape}")
+            raise SapptkError(f"pareto_front: groups of shape {labels.shape}: expected shape ({n},), one label per row")
         gid = np.unique(labels, return_inverse=True)[1].reshape(n)
     if n == 0:
         return np.zeros(0, dtype=np.int64)

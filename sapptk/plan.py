@@ -1,14 +1,14 @@
-"""A :class:`Plan`: a layer assignment with its provenance, its DataFrame views and its
-exports and imports.
+"""A :class:`Plan`: a layer assignment with its provenance and its DataFrame views.
 
 A plan holds ``counts``, an int array ``(body groups, len(MODES), virtual stages)``: how
 many layers of each body group run in each recompute mode on each virtual stage (the head
 sits on virtual stage 0, the tail on the last one). Plans come from the balancer
 (:func:`sapptk.balancer.balance`, through :func:`make_plan`), from a naive baseline
-(:func:`even_split`) or from a hand-made MindFormers config (:func:`from_mindformers`).
-The formats themselves live in :mod:`sapptk.formats` (MindFormers, Megatron-LM, torchtitan,
-sapptk's plan file); here are only their plan-level entry points. (Over 500 lines: the Plan
-class, its frames, the even-split baselines and those entry points are one public surface.)
+(:func:`even_split`) or from a file (:func:`load_plan`: a sapptk plan file, MindFormers lists,
+Megatron-LM arguments, torchtitan settings). Exporters and readers live in
+:mod:`sapptk.formats`, one module per format; here are only the two entry points,
+:meth:`Plan.export` and :func:`load_plan`. (Over 500 lines: the Plan class, its frames, the
+even-split baselines and those entry points are one public surface.)
 """
 
 from __future__ import annotations
@@ -18,12 +18,10 @@ import numbers
 import os
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from sapptk.config import MAX_PROGRAM_OPS
 from sapptk.costs import (
@@ -36,8 +34,8 @@ from sapptk.costs import (
     stage_costs,
 )
 from sapptk.errors import ConfigError, SapptkError
-from sapptk.files import write_text
-from sapptk.formats import megatron, mindformers, plan_file, torchtitan
+from sapptk.formats import mindformers, plan_file, registry
+from sapptk.formats.base import refuse_offload, refuse_per_micro_batch
 from sapptk.offload import check_offload, simulate_plan_offload
 from sapptk.profile import MODES
 from sapptk.sensitivity import Sensitivity, critical_path, sensitivity
@@ -45,12 +43,12 @@ from sapptk.seq import is_sliced
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
+    from sapptk.formats.base import Export
     from sapptk.profile import Profile
     from sapptk.simulation import Simulation
 
 __all__ = ["PLAN_STATUSES", "Plan", "even_baseline", "even_layers", "even_split", "even_split_counts",
-           "even_split_modes", "even_splits", "from_megatron", "from_mindformers", "from_mindformers_named",
-           "from_torchtitan", "load_plan", "make_plan"]
+           "even_split_modes", "even_splits", "load_plan", "load_plans", "make_plan"]
 
 PLAN_STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown", "given")
 """``optimal``/``feasible``: solver results; ``infeasible``/``unknown``: no assignment
@@ -119,15 +117,7 @@ class Plan:
 
     def _per_stage_only(self, what: str, runtimes: str = "") -> None:
         """Refuse ``what`` for a plan that recomputes per micro-batch (it would silently drop the choice)."""
-        if self.alternative is None:
-            return
-        cells = int(self.alternative.mask.sum())
-        raise ConfigError(
-            f"{what}: this plan recomputes per micro-batch ({cells} (virtual stage, micro-batch) cells run its "
-            f"alternative layout), which {what} cannot express{runtimes}. Export the per-stage part with "
-            "plan.per_stage_plan() (it is slower or needs more memory: simulate it), or write the "
-            "per-micro-batch choice from plan.micro_batch_layout"
-        )
+        refuse_per_micro_batch(self, what, runtimes)
 
     def _not_sliced(self, what: str) -> None:
         """Refuse an analysis that re-times per-stage costs for a plan with causal slice costs and K/V."""
@@ -135,16 +125,6 @@ class Plan:
             raise ConfigError(f"{what}: not modelled for the sequence slices of a long-context profile (seq_length = "
                               f"{self.profile.seq_length}): it re-times per-stage costs with equal, linear slices; "
                               "simulate the plan (plan.simulate()) for its causal slice costs and K/V")
-
-    def _no_slices(self, what: str, why: str) -> None:
-        """Refuse ``what`` for a plan with sequence slices that the target cannot run."""
-        if self.config.splits == 1:
-            return
-        raise ConfigError(
-            f"{what} cannot express sequence slices: this plan runs {self.config.schedule!r} with k = "
-            f"{self.config.splits} slices per micro-batch ({why}); export it to MindFormers (plan.to_yaml(), "
-            "parallel_config.seq_split_num) or keep it as a sapptk plan (plan.save())"
-        )
 
     def per_stage_plan(self) -> Plan:
         """The plan without its per-micro-batch choice: every micro-batch runs ``counts`` (simulated
@@ -174,12 +154,7 @@ class Plan:
         return simulate_counts(self.profile, self.config, self.counts, self.alternative, **kw)
 
     def _no_offload(self, what: str) -> None:
-        if self.offload is not None:
-            raise ConfigError(
-                f"{what} cannot express activation offload: this plan offloads {int(self.offload.sum())} layers' "
-                "activations to host memory; simulate or save it with sapptk (plan.simulate(), plan.save()), or "
-                "balance without 'offload' in recompute for a plan this target can run"
-            )
+        refuse_offload(self, what)
 
     @cached_property
     def simulation(self) -> Simulation:
@@ -355,109 +330,20 @@ class Plan:
             }
         )
 
-    # ------------------------------------------------------------- MindFormers
-    def to_mindformers(self) -> dict[str, dict[str, list]]:
-        """``{group name: {offset, recompute, select_recompute, select_comm_recompute}}``.
+    # ----------------------------------------------------------------- exports
+    def export(self, format: str, path: str | os.PathLike[str] | None = None, **options: Any) -> Export:
+        """The plan in ``format`` (one of :data:`~sapptk.formats.registry.FORMATS`: ``"sapptk"``,
+        ``"mindformers"``, ``"megatron"``, ``"torchtitan"``, ``"torch-csv"``), written to ``path``
+        when given; :func:`load_plan` reads every format but torch-csv back.
 
-        Always keyed by body group, even for one group (``plan.to_mindformers()[name]`` is
-        then exactly the block MindFormers reads). Lists are ``[chunk][device]``; flat
-        lists when ``chunks = 1``. See :mod:`sapptk.formats.mindformers` for the meaning.
+        Returns an :class:`~sapptk.formats.base.Export`: ``text`` (what to print or paste),
+        ``texts`` (every file by role), ``written`` (the paths written), ``notes`` (what the
+        runtime cannot express), ``step_time_ms`` and ``expressed_step_time_ms`` (``cost_ms``,
+        ``exact``), ``data`` (the format's own structured form). ``options``: torchtitan takes
+        ``base_config`` and ``csv_name``. A format that cannot run the plan (offload, recompute
+        per micro-batch, slices, V placements, ...) raises a ConfigError that says why.
         """
-        self._need_solution("a MindFormers config")
-        self._no_offload("MindFormers' offset and recompute lists")
-        self._per_stage_only("a MindFormers config", " (its recompute lists are per (chunk, stage), for every "
-                             "micro-batch)")
-        lengths = self.config.slice_lengths
-        if lengths is not None and len(set(lengths)) > 1:
-            raise ConfigError(
-                f"a MindFormers config cannot express unequal slice lengths {list(lengths)}: MindFormers cuts the "
-                f"sequence into parallel_config.seq_split_num = {self.config.splits} equal slices (seq_length // "
-                "seq_split_num); export the plan with equal slices (plan.config.replace(splits=k)) or keep it as a "
-                "sapptk plan (plan.save())"
-            )
-        return mindformers.encode(self.profile, self.config.program(), self.counts)
-
-    def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
-        """The MindFormers config as YAML (also written to ``path`` when given).
-
-        One body group: the four keys at the top level, ready to paste into MindFormers.
-        Several: one mapping per group. A comment header records the setup and status;
-        :func:`from_mindformers` reads the text back to the same counts.
-        """
-        data = self.to_mindformers()
-        body = self.profile.body
-        c = self.config
-        header = [
-            f"# sapptk plan for MindFormers: profile {self.profile.name!r}, schedule {c.schedule!r}",
-            f"# pipeline_stage (p) = {c.stages}, pp_interleave_num (v) = {c.chunks}, micro_batch_num = "
-            f"{c.micro_batches}",
-            f"# status {self.status}, step time {_ms(self.step_time)}, source {self.source}",
-            "# lists are [chunk][stage]; offset = layers in the cell - floor(N / (p*v));",
-            "# select_recompute / select_comm_recompute count layers with select / comm, both or full",
-        ]
-        if c.splits > 1:
-            header.insert(2, f"# sequence pipeline: parallel_config: {{seq_split_num: {c.splits}}} ({c.splits} equal "
-                             "slices per micro-batch)")
-        if len(body) == 1:
-            payload: dict[str, Any] = data[body[0].name]
-            header.append(f"# body group {body[0].name!r}: N = {body[0].count}")
-        else:
-            payload = data
-            header.append("# one mapping per body group, offsets relative to floor(N_g / (p*v)): "
-                          + ", ".join(f"{g.name} N = {g.count}" for g in body))
-        text = "\n".join(header) + "\n" + yaml.safe_dump(payload, sort_keys=False, default_flow_style=None, width=1000)
-        if path is not None:
-            write_text(path, text, what="plan")
-        return text
-
-    # ------------------------------------------------------------ other runtimes
-    def to_megatron(self) -> megatron.MegatronExport:
-        """The plan as Megatron-LM arguments (:func:`sapptk.formats.megatron.export`): the exact
-        layout, the recompute Megatron can express, and what the plan loses when forced into it."""
-        self._need_solution("Megatron-LM arguments")
-        self._no_offload("Megatron-LM's arguments (its layer-level --cpu-offloading refuses pipeline parallelism and "
-                         "recompute; --fine-grained-activation-offloading with --offload-modules offloads the same "
-                         "submodules' inputs in every layer of every stage, with no per-stage layer count; see "
-                         "docs/offload.md)")
-        self._no_slices("Megatron-LM arguments", "Megatron-LM's pipeline schedules move whole micro-batches; its "
-                        "context parallelism splits the sequence across devices, not along the pipeline")
-        self._per_stage_only("Megatron-LM arguments", " (--recompute-num-layers holds for every micro-batch; "
-                             "FlagScale's --recompute-num-layers-per-stage-micro-batch can vary full recompute "
-                             "per pipeline rank and micro-batch, not per chunk or group)")
-        return megatron.export(self.profile, self.config, self.counts, self.simulation)
-
-    def to_torchtitan(self, csv_name: str | os.PathLike[str] = "schedule.csv",
-                      base_config: str = torchtitan.DEFAULT_BASE_CONFIG) -> torchtitan.TorchtitanExport:
-        """The plan as torchtitan settings (:func:`sapptk.formats.torchtitan.export`): the exact
-        partition, the schedule (or its CSV, saved as ``csv_name``), the checkpointing mode; the
-        TOML for torchtitan <= 0.2.2 and ``.python`` for >= 0.3 (changing ``base_config``);
-        ``.save(folder)`` writes them with the CSV."""
-        self._need_solution("torchtitan settings")
-        self._no_offload("torchtitan's settings (activation checkpointing only)")
-        self._no_slices("torchtitan settings", "torch.distributed.pipelining's schedules and schedule CSV move whole "
-                        "micro-batches")
-        self._per_stage_only("torchtitan settings", " (activation checkpointing is set per model, for every "
-                             "micro-batch)")
-        return torchtitan.export(self.profile, self.config, self.counts, self.simulation, status=self.status,
-                                 csv_name=csv_name, base_config=base_config)
-
-    def to_torch_csv(self, path: str | os.PathLike[str] | None = None) -> str:
-        """The op order the plan runs, in PyTorch's schedule CSV (:meth:`Program.to_csv`)."""
-        self._no_slices("PyTorch's schedule CSV", "its actions name a stage and a micro-batch, no slice")
-        return self.config.program().to_csv(path)
-
-    # ---------------------------------------------------------------- plan file
-    def save(self, path: str | os.PathLike[str] | None = None) -> str:
-        """The plan as a sapptk plan file (YAML, :mod:`sapptk.formats.plan_file`; :func:`load_plan`
-        reads it back to an equal plan): the setup, the layout, the status and figures, and the
-        profile, so the file stands alone. Returns the text; writes it to ``path`` when given."""
-        text = plan_file.dumps(self.profile, self.config, self.counts, status=self.status, step_time=self.step_time,
-                               bound=self.bound, gap=self.gap, solve_seconds=self.solve_seconds,
-                               message=self.message, source=self.source, offload=self.offload,
-                               alternative=self.alternative)
-        if path is not None:  # atomically, through sapptk.files (a folder or a FIFO never blocks or half-writes)
-            write_text(path, text, what="plan", error=ConfigError)
-        return text
+        return registry.export(self, format, path, **options)
 
     # ----------------------------------------------------------------- summary
     def summary(self) -> str:
@@ -690,152 +576,43 @@ def even_baseline(profile: Profile, config: PipelineConfig) -> Plan:
     return plan
 
 
-def _mindformers_configs(data: Any, profile: Profile) -> tuple[str | None, bool, dict[Any, Any]]:
-    file: str | None = None
-    if isinstance(data, (str, os.PathLike)):
-        file = os.fspath(data)
-        data = mindformers.load(file)
-    named, configs = mindformers.split_configs(profile, data, file)
-    return file, named, configs
+# --------------------------------------------------------------------------- loading
+def load_plan(source: Any, format: str | None = None, *, profile: Profile | None = None,
+              config: PipelineConfig | None = None, **options: Any) -> Plan:
+    """A plan from a file (or data) in any format :meth:`Plan.export` writes, the format inferred
+    from the file when ``format`` is None (:func:`sapptk.formats.registry.infer_format`).
 
-
-def _mindformers_plan(profile: Profile, config: PipelineConfig, key: Any, cfg: Any, file: str | None) -> Plan:
-    label = str(key) if key is not None else (Path(file).stem if file else "config")
-    counts = mindformers.decode(profile, config.program(), cfg, file=file, name=None if key is None else str(key))
-    try:
-        check_counts(profile, config, counts)
-    except ConfigError as exc:
-        where = file or "<data>"
-        where += f", config {str(key)!r}" if key is not None else ""
-        raise ConfigError(f"{where}: {exc}") from None
-    return make_plan(profile, config, counts, status="given", source=f"mindformers:{label}")
-
-
-def from_mindformers(profile: Profile, config: PipelineConfig, data: Any, *, name: str | None = None) -> Plan:
-    """One plan from a MindFormers config (see :mod:`sapptk.formats.mindformers` for every accepted spelling).
-
-    ``data`` is a parsed mapping or a path to a YAML/JSON file. A file holding one config
-    gives its plan; a file of named configs needs ``name`` to pick one (a
-    :class:`~sapptk.errors.ConfigError` lists the names otherwise; :func:`from_mindformers_named`
-    reads them all). The plan is simulated (status ``"given"``, source
-    ``"mindformers:<name>"``, the file's stem for an unnamed config). ``data`` is not modified.
+    The same call for every format: ``load_plan(source, format, profile=..., config=...)``.
+    ``"sapptk"``: the plan file carries its profile and setup (``profile`` and ``config`` stay
+    None); its figures are checked against the simulation. ``"mindformers"``: a YAML/JSON file or
+    a mapping, ``name=`` picks one of several named configs (:func:`load_plans` reads them all).
+    ``"megatron"``: a file of arguments, a command line, a list, a mapping of flags or a layout
+    string; ``config`` gives the setup. ``"torchtitan"``: a TOML file or its text; stages,
+    chunks, schedule and micro-batches come from the file, ``config`` (optional) the rest,
+    ``csv=`` the schedule CSV's path. ``"torch-csv"`` holds no layer assignment and is refused.
+    Plans read from a runtime's format are simulated (status ``"given"``). Every problem is a
+    :class:`~sapptk.errors.ConfigError` naming the file, the field and what was expected.
     """
-    _check_inputs(profile, config, "from_mindformers")
-    file, named, configs = _mindformers_configs(data, profile)
-    where = file or "<data>"
-    if name is not None:
-        if not named:
-            raise ConfigError(f"{where}: holds one unnamed config, not named configs: cannot select {name!r}")
-        if name not in configs:
-            raise ConfigError(f"{where}: no config named {name!r}: expected one of {', '.join(map(str, configs))}")
-        return _mindformers_plan(profile, config, name, configs[name], file)
-    if named:
-        raise ConfigError(
-            f"{where}: holds {len(configs)} named configs ({', '.join(map(str, configs))}): pass name= to pick "
-            "one, or read them all with from_mindformers_named"
-        )
-    return _mindformers_plan(profile, config, None, configs[None], file)
+    fmt, d = registry.read(source, format, profile, config, **options)
+    return _built(fmt, d)
 
 
-def from_mindformers_named(profile: Profile, config: PipelineConfig, data: Any) -> dict[str, Plan]:
-    """Every config of a MindFormers file or mapping as ``{name: Plan}``, in file order.
-
-    A file of named configs gives one entry per name; a single unnamed config gives one
-    entry named after the file's stem (``"config"`` for parsed data). See :func:`from_mindformers`.
-    """
-    file, _, configs = _mindformers_configs(data, profile)
-    plans = {}
-    for key, cfg in configs.items():
-        plan = _mindformers_plan(profile, config, key, cfg, file)
-        plans[plan.source.removeprefix("mindformers:")] = plan
-    return plans
+def load_plans(source: Any, format: str | None = None, *, profile: Profile | None = None,
+               config: PipelineConfig | None = None) -> dict[str, Plan]:
+    """Every plan of a file as ``{name: Plan}`` in file order: one per named MindFormers config
+    (an unnamed one is named after the file's stem, ``"config"`` for data); one for the other
+    formats, named by its source. Arguments as for :func:`load_plan`."""
+    fmt, found = registry.read_all(source, format, profile, config)
+    plans = [_built(fmt, d) for d in found]
+    return {plan.source.removeprefix("mindformers:"): plan for plan in plans}
 
 
-# --------------------------------------------------------------------- foreign formats
-def load_plan(source: str | os.PathLike[str] | Any) -> Plan:
-    """A plan from a sapptk plan file (:meth:`Plan.save`) or its parsed data.
-
-    Every field is checked (:mod:`sapptk.formats.plan_file`); a
-    :class:`~sapptk.errors.ConfigError` names the file, the field and what was expected. A
-    plan carrying its own program gets it back from the embedded schedule CSV.
-    """
-    d = plan_file.load(source)
+def _built(fmt: str, d: dict[str, Any]) -> Plan:
     where = d.pop("where")
     try:
         plan = make_plan(**d)
     except SapptkError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    _check_evidence(plan, where)
+    if fmt == "sapptk":
+        plan_file.check_evidence(plan, where)
     return plan
-
-
-_AGREE_MS = 1e-6
-"""How far a plan file's step time and bound may be from what sapptk recomputes (ms, plus 1e-9 relative)."""
-
-
-def _check_evidence(plan: Plan, where: str) -> None:
-    """A plan file is evidence, not truth: its step time must be the simulated one, a solved
-    plan (optimal, feasible) must fit its budget, its bound may not exceed its step time and
-    its gap must be (step - bound) / step."""
-    if not plan.solved:
-        return
-    step = plan.simulation.step_time
-    tolerance = _AGREE_MS + 1e-9 * abs(step)
-    if plan.step_time is not None and abs(plan.step_time - step) > tolerance:
-        raise ConfigError(f"{where}: step_time_ms = {plan.step_time!r}: the plan simulates to {step:.6f} ms: expected "
-                          "the simulated step time (was the file edited?)")
-    if plan.status in ("optimal", "feasible") and not plan.fits:
-        peak = float(plan.simulation.peak_memory.max())
-        raise ConfigError(f"{where}: status = {plan.status!r}, but the plan's peak of {peak:.6g} MB exceeds its "
-                          f"memory_budget_mb = {plan.config.memory_budget:.6g}: expected a plan that fits (status "
-                          "'given' for a hand-made plan)")
-    if plan.bound is not None and plan.bound > step + tolerance:
-        raise ConfigError(f"{where}: bound_ms = {plan.bound!r} exceeds the plan's step time {step:.6f} ms: expected a "
-                          "lower bound on the optimum, at most the step time")
-    if plan.gap is not None and plan.bound is not None and step > 0:
-        gap = max(0.0, (step - plan.bound) / step)
-        if abs(plan.gap - gap) > 1e-6:
-            raise ConfigError(f"{where}: gap = {plan.gap!r}: the step time and bound give {gap:.6g}: expected "
-                              "(step - bound) / step")
-
-
-def _check_inputs(profile: Any, config: Any, where: str, *, optional_config: bool = False) -> None:
-    """A sapptk Profile and a PipelineConfig (or None when ``optional_config``); else a ConfigError naming it."""
-    from sapptk import checks
-    from sapptk.config import PipelineConfig
-    from sapptk.profile import Profile
-
-    if not isinstance(profile, Profile):
-        checks.fail(ConfigError, f"{where}: profile", profile, "a sapptk Profile (sapptk.load_profile)")
-    if not (isinstance(config, PipelineConfig) or (optional_config and config is None)):
-        checks.fail(ConfigError, f"{where}: config", config, "a sapptk PipelineConfig")
-
-
-def from_megatron(profile: Profile, config: PipelineConfig, source: Any) -> Plan:
-    """A plan from Megatron-LM arguments or a layout string (:func:`sapptk.formats.megatron.decode`).
-
-    ``config`` gives the setup (stages and chunks must agree with the arguments). The plan is
-    simulated (status ``"given"``, source ``"megatron"``).
-    """
-    _check_inputs(profile, config, "from_megatron")
-    counts = megatron.decode(profile, config, source)
-    try:
-        return make_plan(profile, config, counts, status="given", source="megatron")
-    except ConfigError as exc:
-        raise ConfigError(f"Megatron arguments: {exc}") from None
-
-
-def from_torchtitan(profile: Profile, source: Any, config: PipelineConfig | None = None, *,
-                    csv: str | os.PathLike[str] | None = None) -> Plan:
-    """A plan from torchtitan settings, a TOML file or its text (:func:`sapptk.formats.torchtitan.decode`).
-
-    Stages, chunks, schedule and micro-batches come from the file; ``config`` gives the other
-    fields and must agree where both speak. The plan is simulated (status ``"given"``, source
-    ``"torchtitan"``).
-    """
-    _check_inputs(profile, config, "from_torchtitan", optional_config=True)
-    setup, counts, where = torchtitan.decode(profile, source, config, csv=csv)
-    try:
-        return make_plan(profile, setup, counts, status="given", source="torchtitan")
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from None

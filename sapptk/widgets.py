@@ -234,7 +234,7 @@ class Explorer:
 
         def show_yaml(plan: Plan, _baseline: Plan | None) -> None:
             try:
-                self.yaml.value = plan.to_yaml()
+                self.yaml.value = plan.export("mindformers").text
             except Exception as exc:  # e.g. several groups the MindFormers lists cannot express
                 self.yaml.value = f"# no MindFormers config: {_error_text(exc)}"
 
@@ -578,11 +578,11 @@ EXPORT_FORMATS: tuple[str, ...] = ("sapptk plan file", "MindFormers", "Megatron-
 def export_texts(plan: Plan) -> dict[str, str]:
     """The plan in every export format, as text; a format that cannot hold the plan says why."""
     makers = {
-        "sapptk plan file": plan.save,
-        "MindFormers": plan.to_yaml,
-        "Megatron-LM": lambda: plan.to_megatron().text(),
+        "sapptk plan file": lambda: plan.export("sapptk").text,
+        "MindFormers": lambda: plan.export("mindformers").text,
+        "Megatron-LM": lambda: plan.export("megatron").text,
         "torchtitan": lambda: _torchtitan_text(plan),
-        "PyTorch schedule CSV": plan.to_torch_csv,
+        "PyTorch schedule CSV": lambda: plan.export("torch-csv").text,
     }
     out = {}
     for label, make in makers.items():
@@ -594,10 +594,10 @@ def export_texts(plan: Plan) -> dict[str, str]:
 
 
 def _torchtitan_text(plan: Plan) -> str:
-    export = plan.to_torchtitan()
-    text = export.text()
-    if export.csv is not None:
-        text += f"\n# ---- {export.csv_name} ----\n{export.csv}"
+    export = plan.export("torchtitan")
+    text = export.text
+    if "csv" in export.texts:
+        text += f"\n# ---- {export.data.csv_name} ----\n{export.texts['csv']}"
     return text
 
 

@@ -111,7 +111,7 @@ def _megatron_config(d: dict[str, Any]) -> Any:
 
 def run_megatron(d: dict[str, Any], folder: Path) -> None:
     from sapptk.formats.megatron import format_layout
-    from sapptk.plan import from_megatron
+    from sapptk.plan import load_plan
 
     llama, _ = _profiles()
     config = _megatron_config(d)
@@ -123,14 +123,14 @@ def run_megatron(d: dict[str, Any], folder: Path) -> None:
         source: Any = mutate_text(r, format_layout(layers), d["pieces"]) if d["pieces"] else format_layout(layers)
     else:
         source = d["flags"]
-    check_plan(from_megatron(llama, config, source))
+    check_plan(load_plan(source, "megatron", profile=llama, config=config))
 
 
 def run_torchtitan(d: dict[str, Any], folder: Path) -> None:
-    from sapptk.plan import even_split, from_torchtitan
+    from sapptk.plan import even_split, load_plan
 
     llama, _ = _profiles()
-    text = even_split(llama, _megatron_config(d)).to_torchtitan().text()
+    text = even_split(llama, _megatron_config(d)).export("torchtitan").text
     r = random.Random(d["seed"])
     for number in d["numbers"]:
         spots = [m.span(1) for m in re.finditer(r"= (\d+)", text)]
@@ -139,7 +139,7 @@ def run_torchtitan(d: dict[str, Any], folder: Path) -> None:
             text = text[:a] + number + text[b:]
     if d["pieces"]:
         text = mutate_text(r, text, d["pieces"])
-    check_plan(from_torchtitan(llama, text))
+    check_plan(load_plan(text, "torchtitan", profile=llama))
 
 
 def run_plan_file(d: dict[str, Any], folder: Path) -> None:
@@ -149,7 +149,7 @@ def run_plan_file(d: dict[str, Any], folder: Path) -> None:
     llama, _ = _profiles()
     p = d["p"]
     config = PipelineConfig(p, 2 * p, chunks=2 if d["schedule"] == "interleaved" else 1, schedule=d["schedule"])
-    data = yaml.safe_load(even_split(llama, config).save())
+    data = yaml.safe_load(even_split(llama, config).export("sapptk").text)
     for what, value in d["edits"]:
         if not isinstance(data, dict) or not isinstance(data.get("setup"), dict) or not data.get("layout"):
             break  # an earlier edit replaced what the next one edits
@@ -256,7 +256,7 @@ def run_argument_types(d: dict[str, Any], folder: Path) -> None:
     from sapptk import balance, calibration
     from sapptk.config import PipelineConfig
     from sapptk.formats.chrome_trace import read_trace
-    from sapptk.plan import even_split, from_megatron, from_torchtitan, load_plan
+    from sapptk.plan import even_split, load_plan
     from sapptk.schedules import from_csv, from_csv_text
     from sapptk.sensitivity import robust_budget
 
@@ -269,9 +269,9 @@ def run_argument_types(d: dict[str, Any], folder: Path) -> None:
     csv.write_text(config.program().to_csv())
     calib = ROOT / "data" / "calibration" / "init_demo.yaml"
     calls: dict[str, tuple[Any, list[Any], dict[str, Any]]] = {
-        "from_megatron": (from_megatron, [llama, config, "E|(t*20|)*4,L"], {}),
-        "from_torchtitan": (from_torchtitan, [llama, plan.to_torchtitan().text()], {}),
-        "load_plan": (load_plan, [plan.save()], {}),
+        "load_plan_megatron": (load_plan, ["E|(t*20|)*4,L", "megatron"], {"profile": llama, "config": config}),
+        "load_plan_torchtitan": (load_plan, [plan.export("torchtitan").text, "torchtitan"], {"profile": llama}),
+        "load_plan": (load_plan, [plan.export("sapptk").text], {}),
         "layer_times": (calibration.layer_times, [trace, r"layer\d"], {}),
         "chrome_layer_times": (calibration.chrome_layer_times, [trace, r"layer\d"], {"skip_steps": 0}),
         "mindspore_layer_times": (calibration.mindspore_layer_times, [trace, r"layer\d"], {"micro_batches": 2}),
@@ -283,7 +283,7 @@ def run_argument_types(d: dict[str, Any], folder: Path) -> None:
         "read_observations": (calibration.read_observations, [calib], {}),
         "validate": (calibration.validate, [plan, {"device": [0], "peak_mb": [1.0]}], {}),
         "to_chrome_trace": (plan.simulation.to_chrome_trace, [folder / "out.json"], {}),
-        "plan_save": (plan.save, [folder / "plan.yaml"], {}),
+        "plan_export": (plan.export, ["sapptk", folder / "plan.yaml"], {}),
         "robust_budget": (robust_budget, [config], {"oom_risk": 0.01, "memory_error": 0.02}),
         "balance_levers": (balance, [demo, PipelineConfig(2, 4, memory_budget=1e6)],
                            {"time_limit": 1, "per_micro_batch": False, "memory_margin": 0.05}),

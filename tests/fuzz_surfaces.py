@@ -250,9 +250,9 @@ def safe_budget_case(r: random.Random) -> dict[str, Any]:
                   "memory_margin": r.choice([None, None, 0.05, 2000, 0.999, 10**400, -1, math.nan, 1e12])})
 
 
-ENTRY_POINTS = ("from_megatron", "from_torchtitan", "load_plan", "layer_times", "chrome_layer_times",
+ENTRY_POINTS = ("load_plan_megatron", "load_plan_torchtitan", "load_plan", "layer_times", "chrome_layer_times",
                 "mindspore_layer_times", "read_trace", "from_csv", "from_csv_text", "design", "calibrate",
-                "read_observations", "validate", "to_chrome_trace", "plan_save", "robust_budget", "balance_levers")
+                "read_observations", "validate", "to_chrome_trace", "plan_export", "robust_budget", "balance_levers")
 
 
 def argument_types_case(r: random.Random) -> dict[str, Any]:

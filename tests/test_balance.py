@@ -24,7 +24,7 @@ from sapptk.balancer import balance
 from sapptk.config import PipelineConfig
 from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients, simulate_counts
 from sapptk.errors import ConfigError
-from sapptk.plan import from_mindformers
+from sapptk.plan import load_plan
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
 from sapptk.schedules import names
 from sapptk.solver.paths import path_model, stage_cost_vector
@@ -274,5 +274,5 @@ def test_no_cell_mixes_select_only_and_comm_only(budget_quantile):
     assert plan.status == "optimal", plan.message
     assert plan.step_time == pytest.approx(min(steps), abs=1e-6)
     assert not ((plan.counts[:, sel] > 0) & (plan.counts[:, com] > 0)).any()
-    back = from_mindformers(prof, cfg, plan.to_mindformers())
+    back = load_plan(plan.export("mindformers").data, "mindformers", profile=prof, config=cfg)
     assert np.array_equal(back.counts, plan.counts)

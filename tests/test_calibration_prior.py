@@ -6,6 +6,8 @@ scales and constant; the fit must give those scales back exactly.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -17,6 +19,8 @@ from sapptk.calibration.prior import prior_basis
 from sapptk.errors import CalibrationError
 from sapptk.models import Parallel
 from sapptk.schedules import build
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +69,16 @@ def test_moved_says_what_the_data_moved(rng, prior):
     assert moved.loc["constant_mb", "prior"] == prior.provenance["constant_mb"]
     assert moved.loc["constant_mb", "calibrated"] == pytest.approx(2500.0)
     assert cal.to_profile().body[0].modes["full"].backward == pytest.approx(2 * prior.body[0].modes["full"].backward)
+
+
+def test_the_shipped_dry_run_gives_its_scales_back():
+    """data/calibration/llama3.1-70b_tp8_dry_run.yaml (README, docs/estimation.md) was made with
+    scales 1.08 and 1.25 and a 3000 MB constant (scripts/make_dry_run_fixture.py)."""
+    prior = sapptk.estimate_profile("llama3.1-70b", Parallel(tp=8, seq_length=8192), "h100")
+    cal = sapptk.calibrate(ROOT / "data" / "calibration" / "llama3.1-70b_tp8_dry_run.yaml", prior=prior)
+    assert cal.scales["static"] == pytest.approx(1.08, rel=1e-6)
+    assert cal.scales["activation"] == pytest.approx(1.25, rel=1e-6)
+    assert cal.constant_mb == pytest.approx(3000.0, abs=0.01)
 
 
 def test_too_few_observations_fix_the_constant_first(rng, prior):

@@ -13,7 +13,7 @@ import yaml
 
 from sapptk.cli import main
 from sapptk.config import PipelineConfig
-from sapptk.plan import from_mindformers, from_mindformers_named, load_plan
+from sapptk.plan import load_plan, load_plans
 from sapptk.profile import bundled_profile
 from sapptk.schedules import names
 
@@ -64,11 +64,8 @@ def test_simulate_the_shipped_manual_configs(capsys):
     assert list(rows) == ["even_select", "shift_stage0", "full_early"]
     assert rows["even_select"][-1] == "no" and rows["full_early"][-1] == "yes"
     # the table agrees with the library
-    plans = from_mindformers_named(
-        bundled_profile("llama2_70b"),
-        PipelineConfig(16, 32, chunks=2, schedule="interleaved", memory_budget=56000),
-        MANUAL,
-    )
+    plans = load_plans(MANUAL, "mindformers", profile=bundled_profile("llama2_70b"),
+                       config=PipelineConfig(16, 32, chunks=2, schedule="interleaved", memory_budget=56000))
     assert float(rows["full_early"][1]) == pytest.approx(plans["full_early"].step_time, abs=0.05)
 
 
@@ -136,7 +133,7 @@ def test_balance_solves_compares_and_writes(capsys, tmp_path):
     assert plan_yaml.exists() and layout_csv.exists()
     demo = bundled_profile("demo")
     setup = PipelineConfig(4, 8, schedule="1f1b", memory_budget=100000)
-    plan = from_mindformers(demo, setup, plan_yaml)
+    plan = load_plan(plan_yaml, "mindformers", profile=demo, config=setup)
     assert plan.fits
     layout = pd.read_csv(layout_csv)
     assert list(layout.columns) == ["group", "chunk", "stage", "device", "virtual_stage", "mode", "layers"]

@@ -11,7 +11,7 @@ import yaml
 
 from sapptk.cli import main
 from sapptk.config import PipelineConfig
-from sapptk.plan import even_split, from_megatron, from_mindformers, from_torchtitan
+from sapptk.plan import even_split, load_plan
 from sapptk.profile import bundled_profile
 from sapptk.schedules import from_csv
 
@@ -29,7 +29,7 @@ def saved(tmp_path, demo):
     cfg = PipelineConfig(4, 8, 2, "interleaved", memory_budget=60000)
     plan = even_split(demo, cfg, "both")
     path = tmp_path / "plan.yaml"
-    plan.save(path)
+    plan.export("sapptk", path)
     return plan, path
 
 
@@ -38,7 +38,7 @@ def test_export_to_every_format_prints_what_reads_back(capsys, saved, tmp_path):
     code, out, err = run(capsys, "export", str(path), "--to", "megatron")
     assert code == 0, err
     args = next(line for line in out.splitlines() if line.startswith("--pipeline-model-parallel-size"))
-    back = from_megatron(plan.profile, plan.config, args)
+    back = load_plan(args, "megatron", profile=plan.profile, config=plan.config)
     np.testing.assert_array_equal(back.counts.sum(axis=(0, 1)), plan.counts.sum(axis=(0, 1)))
     assert "Megatron applies one setting" in out  # demo's 'both' mode has no Megatron spelling
 
@@ -48,8 +48,8 @@ def test_export_to_every_format_prints_what_reads_back(capsys, saved, tmp_path):
 
     code, out, err = run(capsys, "export", str(path), "--to", "mindformers")
     assert code == 0, err
-    np.testing.assert_array_equal(from_mindformers(plan.profile, plan.config, yaml.safe_load(out)).counts,
-                                  plan.counts)
+    back = load_plan(yaml.safe_load(out), "mindformers", profile=plan.profile, config=plan.config)
+    np.testing.assert_array_equal(back.counts, plan.counts)
 
     code, out, err = run(capsys, "export", str(path), "--to", "torch-csv")
     assert code == 0, err
@@ -59,12 +59,13 @@ def test_export_to_every_format_prints_what_reads_back(capsys, saved, tmp_path):
 def test_export_to_files_writes_the_schedule_csv_next_to_the_toml(capsys, tmp_path, demo):
     cfg = PipelineConfig(2, 4, 2, "zb-v-greedy")
     plan = even_split(demo, cfg, "none")
-    plan.save(tmp_path / "plan.yaml")
+    plan.export("sapptk", tmp_path / "plan.yaml")
     code, out, err = run(capsys, "export", str(tmp_path / "plan.yaml"), "--to", "torchtitan",
                          "--out", str(tmp_path / "job.toml"))
     assert code == 0, err
     assert (tmp_path / "job_schedule.csv").exists() and "job_schedule.csv" in out
-    back = from_torchtitan(demo, tmp_path / "job.toml", cfg)
+    assert (tmp_path / "job.py").exists() and "job.py" in out  # the torchtitan >= 0.3 config, side by side
+    back = load_plan(tmp_path / "job.toml", "torchtitan", profile=demo, config=cfg)
     np.testing.assert_array_equal(back.counts, plan.counts)
     assert back.config.program().units == cfg.program().units
     # the TOML names the CSV by its absolute path (torchtitan looks it up from the launch directory)
@@ -83,7 +84,7 @@ def test_export_errors(capsys, tmp_path, saved, demo):
     code, _, err = run(capsys, "export", str(saved[1]), "--to", "deepspeed")
     assert code == 2 and "invalid choice" in err
     v = tmp_path / "v.yaml"
-    even_split(demo, PipelineConfig(2, 4, 2, "zb-v")).save(v)
+    even_split(demo, PipelineConfig(2, 4, 2, "zb-v")).export("sapptk", v)
     code, _, err = run(capsys, "export", str(v), "--to", "megatron")
     assert code == 2 and "places its chunks in a V" in err
 

@@ -12,7 +12,7 @@ from support import random_counts, small_profile
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
 from sapptk.formats.megatron import format_layout, parse_layout, recompute_candidates, uniform_args, uniform_layers
-from sapptk.plan import even_split, from_megatron, make_plan
+from sapptk.plan import even_split, load_plan, make_plan
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
 
 NONE, SELECT, COMM, BOTH, FULL = range(5)
@@ -81,7 +81,7 @@ def tiny(n: int = 12) -> Profile:
 )
 def test_layouts_that_do_not_fit_the_setup(layout, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
-        from_megatron(tiny(), PipelineConfig(2, 4, 2, "interleaved"), layout)
+        load_plan(layout, "megatron", profile=tiny(), config=PipelineConfig(2, 4, 2, "interleaved"))
 
 
 def test_uniform_flags_where_they_fit():
@@ -131,13 +131,13 @@ def plan_of(profile, config, per_vs, mode_of):
 def test_expressible_plans_export_exactly_and_read_back(rule, flags):
     cfg = PipelineConfig(2, 4, 2, "interleaved")
     plan = plan_of(tiny(), cfg, [4, 3, 3, 2], rule)
-    out = plan.to_megatron()
+    out = plan.export("megatron").data
     assert out.exact and out.notes == () and out.cost_ms == 0
     assert out.recompute == flags
     assert out.layout == "Et*4|t*3|t*3|ttL"
     assert out.args[:4] == ("--pipeline-model-parallel-size", "2", "--num-layers", "12")
     for source in (out.args, out.command_line(), list(out.uniform or out.args)):
-        np.testing.assert_array_equal(from_megatron(tiny(), cfg, source).counts, plan.counts)
+        np.testing.assert_array_equal(load_plan(source, "megatron", profile=tiny(), config=cfg).counts, plan.counts)
 
 
 def test_what_megatron_cannot_express_is_listed_and_costed():
@@ -147,17 +147,18 @@ def test_what_megatron_cannot_express_is_listed_and_costed():
     plan = plan_of(tiny(), cfg, [3, 3, 3, 3], lambda vs, pos: FULL if vs < 2 and pos < 2 else NONE)
     budget = float(plan.simulation.peak_memory.max())
     plan = make_plan(tiny(), cfg.replace(memory_budget=budget), plan.counts, status="given")
-    out = plan.to_megatron()
+    out = plan.export("megatron").data
     assert not out.exact and "Megatron applies one setting to every chunk" in out.notes[0]
     assert out.expressed_fits
-    back = from_megatron(tiny(), cfg, out.args)
+    back = load_plan(out.args, "megatron", profile=tiny(), config=cfg)
     np.testing.assert_array_equal(back.counts, out.expressed_counts)
     assert back.simulation.step_time == pytest.approx(out.expressed_step_time_ms)
     assert out.cost_ms == pytest.approx(out.expressed_step_time_ms - plan.step_time)
     # it is the fastest of Megatron's settings that fit (every setting read back and simulated)
     layers = plan.counts.sum(axis=(0, 1))
     for _, (flags, counts) in recompute_candidates(tiny(), layers).items():
-        other = from_megatron(tiny(), cfg, ["--pipeline-model-parallel-layout", out.layout, *flags])
+        other = load_plan(["--pipeline-model-parallel-layout", out.layout, *flags], "megatron", profile=tiny(),
+                          config=cfg)
         np.testing.assert_array_equal(other.counts, counts)
         if other.simulation.peak_memory.max() <= budget:
             assert out.expressed_step_time_ms <= other.simulation.step_time + 1e-9
@@ -170,31 +171,31 @@ def test_random_plans_round_trip_through_megatron(rng):
         p, v = int(rng.integers(2, 4)), int(rng.integers(1, 3))
         cfg = PipelineConfig(p, p + int(rng.integers(0, 3)), v, "interleaved" if v > 1 else "1f1b")
         plan = make_plan(prof, cfg, random_counts(rng, prof, cfg), status="given")
-        out = plan.to_megatron()
-        back = from_megatron(prof, cfg, out.args)
+        out = plan.export("megatron").data
+        back = load_plan(out.args, "megatron", profile=prof, config=cfg)
         layers = plan.counts.sum(axis=(0, 1))
         np.testing.assert_array_equal(back.counts.sum(axis=(0, 1)), layers)  # the layout is exact
         np.testing.assert_array_equal(back.counts, out.expressed_counts)
         if out.exact:
             np.testing.assert_array_equal(back.counts, plan.counts)
         # the read-back plan is itself expressible: exporting it loses nothing more
-        again = back.to_megatron()
+        again = back.export("megatron").data
         assert again.exact or again.notes[0].startswith("schedule")
 
 
 def test_megatron_runs_its_own_grouping_and_says_so():
     cfg = PipelineConfig(4, 13, 2, "interleaved")
-    out = even_split(tiny(16), cfg).to_megatron()
+    out = even_split(tiny(16), cfg).export("megatron").data
     assert out.schedule == "interleaved-megatron" and out.group_size == 7
     assert "--microbatch-group-size-per-virtual-pipeline-stage" in out.args
     assert any(n.startswith("schedule: the plan was made for 'interleaved'") for n in out.notes)
-    even = even_split(tiny(16), cfg.replace(micro_batches=12)).to_megatron()
+    even = even_split(tiny(16), cfg.replace(micro_batches=12)).export("megatron").data
     assert even.exact and "--microbatch-group-size-per-virtual-pipeline-stage" not in even.args
 
 
 def test_v_placements_are_refused():
     with pytest.raises(ConfigError, match="places its chunks in a V"):
-        even_split(tiny(16), PipelineConfig(2, 4, 2, "zb-v")).to_megatron()
+        even_split(tiny(16), PipelineConfig(2, 4, 2, "zb-v")).export("megatron")
 
 
 L = "--pipeline-model-parallel-layout 'Et*3|t*3|t*3|t*3L' "
@@ -216,7 +217,7 @@ L = "--pipeline-model-parallel-layout 'Et*3|t*3|t*3|t*3L' "
 )
 def test_bad_arguments(args, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
-        from_megatron(tiny(), PipelineConfig(2, 4, 2, "interleaved"), args)
+        load_plan(args, "megatron", profile=tiny(), config=PipelineConfig(2, 4, 2, "interleaved"))
 
 
 # ------------------------------------------------- issue 22: sizes and magnitudes before allocation
@@ -234,10 +235,10 @@ def test_bad_arguments(args, needle):
 )
 def test_huge_layouts_and_flags_are_refused_before_allocation(llama, source, needle):
     from sapptk import PipelineConfig
-    from sapptk.plan import from_megatron
+    from sapptk.plan import load_plan
 
     with pytest.raises(ConfigError) as exc:
-        from_megatron(llama, PipelineConfig(4, 8), source)
+        load_plan(source, "megatron", profile=llama, config=PipelineConfig(4, 8))
     assert needle in str(exc.value)
 
 
@@ -245,7 +246,7 @@ def test_huge_layouts_and_flags_are_refused_before_allocation(llama, source, nee
 def test_deepseek_layouts_with_mtp_read_as_tail(deepseek, layout, last_two):
     # Megatron-LM's published DeepSeek-V3 layouts: 'm' (MTP) after the decoder; sapptk's tail holds it
     cfg = PipelineConfig(16, 32, 2, "interleaved")
-    plan = from_megatron(deepseek, cfg, layout)
+    plan = load_plan(layout, "megatron", profile=deepseek, config=cfg)
     layers = plan.counts.sum(axis=(0, 1))
     assert layers.sum() == 61 and list(layers[-2:]) == last_two
     assert layers[0] == (3 if layout.startswith("Et*3") else 1)

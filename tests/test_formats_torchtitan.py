@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from support import random_counts, small_profile
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
 from sapptk.formats.torchtitan import fqns, torch_schedule
-from sapptk.plan import even_split, from_torchtitan, make_plan
+from sapptk.plan import even_split, load_plan, make_plan
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
 from sapptk.schedules import build, get, names
 
@@ -39,12 +40,12 @@ def test_round_trip_every_schedule(name, mode, tmp_path):
     p = 3
     cfg = PipelineConfig(p, max(spec.min_micro_batches(p, v), p) + 1, v, name, memory_budget=1e6, comm=0.01)
     plan = uniform(tiny(), cfg, mode)
-    out = plan.to_torchtitan(csv_name=tmp_path / "order.csv")
+    out = plan.export("torchtitan", csv_name=tmp_path / "order.csv").data
     assert out.exact and out.cost_ms == 0
     (tmp_path / "job.toml").write_text(out.toml, encoding="utf-8")
     if out.csv is not None:
         (tmp_path / "order.csv").write_text(out.csv, encoding="utf-8")
-    back = from_torchtitan(tiny(), tmp_path / "job.toml", cfg)
+    back = load_plan(tmp_path / "job.toml", "torchtitan", profile=tiny(), config=cfg)
     np.testing.assert_array_equal(back.counts, plan.counts)
     assert back.config.program().units == cfg.program().units
     assert back.config.program().placement == cfg.program().placement
@@ -65,11 +66,11 @@ def test_schedule_names_and_csv_fallbacks():
     for name, schedule, csv in (("interleaved", "Interleaved1F1B", False), ("zb-v", "ZBVZeroBubble", False),
                                 ("zb-v-greedy", "ZBVZeroBubble", True), ("interleaved-lm", "Interleaved1F1B", True),
                                 ("dualpipe-v", "DualPipeV", False)):
-        out = even_split(tiny(16), PipelineConfig(4, 8, 2, name)).to_torchtitan()
+        out = even_split(tiny(16), PipelineConfig(4, 8, 2, name)).export("torchtitan").data
         assert (out.schedule, out.csv is not None) == (schedule, csv), name
         assert ("pipeline_parallel_schedule_csv" in out.toml) == csv
     with pytest.raises(ConfigError, match="torchtitan settings cannot express sequence slices"):
-        even_split(tiny(), PipelineConfig(2, 4, 1, "seq1f1b", splits=2)).to_torchtitan()
+        even_split(tiny(), PipelineConfig(2, 4, 1, "seq1f1b", splits=2)).export("torchtitan")
 
 
 def test_fqns_follow_torchtitans_names():
@@ -85,9 +86,9 @@ def test_mixed_recompute_is_listed_and_costed(rng):
     plan = make_plan(tiny(), cfg, counts, status="given")
     plan = make_plan(tiny(), cfg.replace(memory_budget=float(plan.simulation.peak_memory.max())), counts,
                      status="given")
-    out = plan.to_torchtitan()
+    out = plan.export("torchtitan").data
     assert not out.exact and "torchtitan applies one mode to every layer" in out.notes[0]
-    back = from_torchtitan(tiny(), out.toml, plan.config)
+    back = load_plan(out.toml, "torchtitan", profile=tiny(), config=plan.config)
     np.testing.assert_array_equal(back.counts, out.expressed_counts)
     assert back.simulation.step_time == pytest.approx(out.expressed_step_time_ms)
     for mode in ("none", "select", "full"):  # the fastest uniform mode that fits
@@ -102,8 +103,8 @@ def test_random_plans_keep_their_partition(rng):
         prof = small_profile(rng)
         cfg = PipelineConfig(2, 3, 2, "interleaved")
         plan = make_plan(prof, cfg, random_counts(rng, prof, cfg), status="given")
-        out = plan.to_torchtitan()
-        back = from_torchtitan(prof, out.toml, cfg)
+        out = plan.export("torchtitan").data
+        back = load_plan(out.toml, "torchtitan", profile=prof, config=cfg)
         np.testing.assert_array_equal(back.counts.sum(axis=(0, 1)), plan.counts.sum(axis=(0, 1)))
         np.testing.assert_array_equal(back.counts, out.expressed_counts)
 
@@ -124,7 +125,7 @@ selective_ac_option = "2"
 [training]
 local_batch_size = 4
 """
-    plan = from_torchtitan(tiny(), toml)
+    plan = load_plan(toml, "torchtitan", profile=tiny())
     # rank 0 runs parts 0 and 2: layers 1..3 then 4..6 of the rank; rank 1 parts 1 and 3
     assert plan.counts[0, FULL].tolist() == [1, 1, 2, 2]
     assert plan.config.schedule == "interleaved" and plan.config.micro_batches == 4
@@ -165,56 +166,61 @@ def test_bad_files_name_the_key(edit, needle, tmp_path):
     path = tmp_path / "job.toml"
     path.write_text(edit(BASE), encoding="utf-8")
     with pytest.raises(ConfigError) as exc:
-        from_torchtitan(tiny(), path)
+        load_plan(path, "torchtitan", profile=tiny())
     assert needle in str(exc.value) and str(path) in str(exc.value), str(exc.value)
 
 
 def test_the_file_and_the_config_must_agree():
-    assert from_torchtitan(tiny(), BASE).counts[0, FULL].sum() == 12
+    assert load_plan(BASE, "torchtitan", profile=tiny()).counts[0, FULL].sum() == 12
     with pytest.raises(ConfigError, match=re.escape("micro_batches = 4 in the file, 6 in the config")):
-        from_torchtitan(tiny(), BASE, PipelineConfig(2, 6, 1, "1f1b"))
+        load_plan(BASE, "torchtitan", profile=tiny(), config=PipelineConfig(2, 6, 1, "1f1b"))
     no_batch = BASE.replace("[training]\nlocal_batch_size = 4\n", "")
     with pytest.raises(ConfigError, match="pass a config for the micro-batches"):
-        from_torchtitan(tiny(), no_batch)
-    assert from_torchtitan(tiny(), no_batch, PipelineConfig(2, 6, 1, "1f1b")).config.micro_batches == 6
+        load_plan(no_batch, "torchtitan", profile=tiny())
+    back = load_plan(no_batch, "torchtitan", profile=tiny(), config=PipelineConfig(2, 6, 1, "1f1b"))
+    assert back.config.micro_batches == 6
 
 
 def test_a_schedule_csv_next_to_the_file(tmp_path):
     program = build("zb-v-greedy", stages=2, micro_batches=4, chunks=2)
     cfg = PipelineConfig.from_program(program)
-    out = even_split(tiny(), cfg, "full").to_torchtitan(csv_name=tmp_path / "mine.csv")
+    out = even_split(tiny(), cfg, "full").export("torchtitan", csv_name=tmp_path / "mine.csv").data
     assert out.csv_name == str(tmp_path / "mine.csv")
     (tmp_path / "job.toml").write_text(out.toml, encoding="utf-8")
     with pytest.raises(ConfigError, match="mine.csv: cannot read"):
-        from_torchtitan(tiny(), tmp_path / "job.toml")
+        load_plan(tmp_path / "job.toml", "torchtitan", profile=tiny())
     (tmp_path / "mine.csv").write_text(out.csv, encoding="utf-8")
-    back = from_torchtitan(tiny(), tmp_path / "job.toml")
+    back = load_plan(tmp_path / "job.toml", "torchtitan", profile=tiny())
     assert back.config.program().units == program.units and back.config.schedule == "csv:mine"
 
 
 def test_save_names_the_csv_so_any_launch_directory_works(tmp_path, monkeypatch):
     cfg = PipelineConfig(2, 5, 2, "interleaved-rf")
     monkeypatch.chdir(tmp_path)
-    out = even_split(tiny(), cfg, "full").to_torchtitan()
+    out = even_split(tiny(), cfg, "full").export("torchtitan").data
     assert out.csv_name == str(tmp_path / "schedule.csv")  # a relative name resolves now, not at launch
     assert tomllib.loads(out.toml)["parallelism"]["pipeline_parallel_schedule_csv"] == str(tmp_path / "schedule.csv")
-    paths = out.save(tmp_path / "export", stem="job")
-    assert sorted(p.name for p in paths.values()) == ["job.py", "job.toml", "schedule.csv"]
+    (tmp_path / "export").mkdir()
+    export = even_split(tiny(), cfg, "full").export("torchtitan", Path("export") / "job.toml")  # relative to the cwd
+    paths = export.written
+    assert sorted(p.name for p in paths.values()) == ["job.py", "job.toml", "job_schedule.csv"]
+    assert set(export.texts) == {"toml", "python", "csv"} and export.text == export.texts["toml"]
     data = tomllib.loads(paths["toml"].read_text(encoding="utf-8"))
-    assert data["parallelism"]["pipeline_parallel_schedule_csv"] == str(tmp_path / "export" / "schedule.csv")
+    assert data["parallelism"]["pipeline_parallel_schedule_csv"] == str(tmp_path / "export" / "job_schedule.csv")
     assert paths["csv"].read_text(encoding="utf-8") == out.csv
     monkeypatch.chdir(tmp_path / "export")  # the reader too finds it from elsewhere
-    back = from_torchtitan(tiny(), paths["toml"], cfg)
+    back = load_plan(paths["toml"], "torchtitan", profile=tiny(), config=cfg)
     assert back.config.program().units == cfg.program().units
     python = paths["python"].read_text(encoding="utf-8")
     compile(python, "job.py", "exec")
-    assert "os.path.join(os.path.dirname(os.path.abspath(__file__)), 'schedule.csv')" in python
+    assert "os.path.join(os.path.dirname(os.path.abspath(__file__)), 'job_schedule.csv')" in python
 
 
 @pytest.mark.parametrize(("mode", "ac"), [("none", "None"), ("select", "SelectiveAC.Config()"),
                                           ("full", "FullAC.Config()")])
 def test_python_config_for_torchtitan_0_3(mode, ac):
-    out = uniform(tiny(), PipelineConfig(2, 4, 2, "interleaved"), mode).to_torchtitan(base_config="pkg.configs:mine")
+    plan = uniform(tiny(), PipelineConfig(2, 4, 2, "interleaved"), mode)
+    out = plan.export("torchtitan", base_config="pkg.configs:mine").data
     assert "torchtitan >= 0.3" in out.python and "torchtitan <= 0.2.2" in out.toml
     compile(out.python, "plan.py", "exec")  # valid Python (tests/runtimes runs it with torchtitan 0.3.0)
     assert f"config.activation_checkpoint = {ac}\n" in out.python
@@ -223,7 +229,7 @@ def test_python_config_for_torchtitan_0_3(mode, ac):
     assert "pipeline_parallel_schedule = 'Interleaved1F1B'" in out.python
     assert "pipeline_parallel_schedule_csv = \"\"" in out.python
     with pytest.raises(ConfigError, match="expected 'module:function'"):
-        uniform(tiny(), PipelineConfig(2, 4, 2, "interleaved"), mode).to_torchtitan(base_config="no_function")
+        uniform(tiny(), PipelineConfig(2, 4, 2, "interleaved"), mode).export("torchtitan", base_config="no_function")
 
 
 # ------------------------------------------------- issue 22: magnitudes bounded before conversion
@@ -243,5 +249,5 @@ def test_huge_numbers_are_clear_errors(edit, needle):
             'module_fqns_per_model_part = [["layers.0", "layers.1"], ["layers.2", "layers.3"]]\n'
             "[training]\nlocal_batch_size = 4\n")
     with pytest.raises(ConfigError) as exc:
-        from_torchtitan(profile, edit(text))
+        load_plan(edit(text), "torchtitan", profile=profile)
     assert needle in str(exc.value) and len(str(exc.value)) < 400

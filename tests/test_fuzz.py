@@ -32,7 +32,7 @@ import sapptk.errors as errors
 from sapptk.config import PipelineConfig, program_ops
 from sapptk.errors import SapptkError
 from sapptk.formats import mindformers
-from sapptk.plan import Plan, even_baseline, from_mindformers
+from sapptk.plan import Plan, even_baseline, load_plan
 from sapptk.profile import (
     MAX_LAYERS,
     MAX_MB,
@@ -233,7 +233,7 @@ def test_bad_corpus_gives_its_error(name: str) -> None:
     if spec["reader"] == "profile":
         kind, error = outcome(lambda: load_profile(path))
     else:
-        kind, error = outcome(lambda: from_mindformers(LLAMA, PipelineConfig(4, 8), path))
+        kind, error = outcome(lambda: load_plan(path, "mindformers", profile=LLAMA, config=PipelineConfig(4, 8)))
     assert kind == "clear", f"{name} was accepted"
     assert type(error) is getattr(errors, spec["error"])
     message = str(error)
@@ -272,15 +272,15 @@ def test_mindformers_configs_give_a_clear_error_or_a_plan_that_round_trips(which
     profile, config = MF_SETUPS[which]
     raw = data.draw(mindformers_configs(config.chunks, config.stages))
     before = copy.deepcopy(raw)
-    kind, plans = outcome(lambda: from_mindformers(profile, config, raw))
+    kind, plans = outcome(lambda: load_plan(raw, "mindformers", profile=profile, config=config))
     assert repr(raw) == repr(before)
     if kind == "clear":
         return
     for plan in plans.values() if isinstance(plans, dict) else [plans]:
         check_simulation(plan)
-        kind, exported = outcome(plan.to_mindformers)
+        kind, exported = outcome(lambda plan=plan: plan.export("mindformers").data)
         if kind == "ok":  # (a cell with select-only and comm-only layers has no export: a clear error)
-            back = from_mindformers(profile, config, exported)
+            back = load_plan(exported, "mindformers", profile=profile, config=config)
             assert np.array_equal(back.counts, plan.counts)
 
 

@@ -136,29 +136,29 @@ def test_plan_frames_show_the_choice_and_the_file_round_trips(demo, tmp_path):
     assert per_vs[(1, "alternative")] == 3 and per_vs[(1, "base")] == 5 and per_vs[(0, "base")] == 8
     assert "recompute per micro-batch: 7 of 32" in plan.summary()
     assert plan.devices.backward_ms.notna().all()
-    plan.save(tmp_path / "plan.yaml")
+    plan.export("sapptk", tmp_path / "plan.yaml")
     back = load_plan(tmp_path / "plan.yaml")
     assert np.array_equal(back.alternative.mask, plan.alternative.mask)
     assert np.array_equal(back.alternative.counts, plan.alternative.counts)
     assert back.simulate().step_time == plan.simulation.step_time
-    assert load_plan(yaml.safe_load(even_split(demo, plan.config).save())).alternative is None
+    assert load_plan(yaml.safe_load(even_split(demo, plan.config).export("sapptk").text)).alternative is None
 
 
 def test_exports_say_they_cannot_run_it(demo):
     plan = _mixed_plan(demo)
     with pytest.raises(ConfigError, match="recomputes per micro-batch .* MindFormers"):
-        plan.to_mindformers()
+        plan.export("mindformers")
     with pytest.raises(ConfigError, match="FlagScale"):
-        plan.to_megatron()
+        plan.export("megatron")
     with pytest.raises(ConfigError, match="torchtitan settings cannot express"):
-        plan.to_torchtitan()
+        plan.export("torchtitan")
     with pytest.raises(ConfigError, match="sensitivity cannot express"):
         plan.sensitivity(samples=10)
-    assert plan.per_stage_plan().to_mindformers()
+    assert plan.per_stage_plan().export("mindformers")
 
 
 def test_bad_plan_file_alternatives_name_the_field(demo):
-    data = yaml.safe_load(_mixed_plan(demo).save())
+    data = yaml.safe_load(_mixed_plan(demo).export("sapptk").text)
     data["alternative"]["micro_batches"] = [[0]] * 3
     with pytest.raises(ConfigError, match="alternative.micro_batches: expected 4 lists"):
         load_plan(data)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
 from sapptk.formats import mindformers
-from sapptk.plan import from_mindformers, from_mindformers_named, make_plan
+from sapptk.plan import load_plan, load_plans, make_plan
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile
 
 NONE, SELECT, COMM, BOTH, FULL = range(5)
@@ -146,7 +146,7 @@ def test_multi_group_non_contiguous_groups_rejected(tmp_path):
     path = tmp_path / "groups.yaml"
     path.write_text(yaml.safe_dump({"bad": {"dense": {"offset": [-1, 1]}, "moe": {"offset": [0, 0]}}}))
     with pytest.raises(ConfigError) as err:
-        from_mindformers(prof, cfg, path, name="bad")
+        load_plan(path, "mindformers", profile=prof, config=cfg, name="bad")
     text = str(err.value)
     assert str(path) in text and "config 'bad'" in text and "moe" in text
 
@@ -190,7 +190,7 @@ def _error(tmp_path: Path, config: object, *, profile: Profile | None = None, se
     path = tmp_path / "manual.yaml"
     path.write_text(yaml.safe_dump({"cfg": config, "other": {"offset": 0}}))
     with pytest.raises(ConfigError) as err:
-        from_mindformers_named(profile or make_profile(("body", 16)), setup, path)
+        load_plans(path, "mindformers", profile=profile or make_profile(("body", 16)), config=setup)
     text = str(err.value)
     assert str(path) in text and "config 'cfg'" in text, text
     return text
@@ -236,11 +236,11 @@ def test_error_mode_the_profile_lacks(tmp_path):
 def test_error_messages_without_names(tmp_path):
     prof = make_profile(("body", 16))
     with pytest.raises(ConfigError, match=r"^<data>: offset sums to"):
-        from_mindformers(prof, P4V2, {"offset": [[1, 0, 0, 0], [0, 0, 0, 0]]})
+        load_plan({"offset": [[1, 0, 0, 0], [0, 0, 0, 0]]}, "mindformers", profile=prof, config=P4V2)
     with pytest.raises(ConfigError, match=r"no config named 'nope': expected one of a, b"):
-        from_mindformers(prof, P4V2, {"a": {}, "b": {}}, name="nope")
+        load_plan({"a": {}, "b": {}}, "mindformers", profile=prof, config=P4V2, name="nope")
     with pytest.raises(ConfigError, match=r"key 'offest' = \[0\]: expected one of offset"):
-        from_mindformers(prof, P4V2, {"offest": [0]})
+        load_plan({"offest": [0]}, "mindformers", profile=prof, config=P4V2)
     with pytest.raises(ConfigError, match=r"config 'a': config = \[1, 2\]: expected a mapping"):
         mindformers.decode(prof, P4V2.program(), [1, 2], name="a")
 
@@ -248,23 +248,23 @@ def test_error_messages_without_names(tmp_path):
 def test_file_errors(tmp_path):
     prof = make_profile(("body", 16))
     with pytest.raises(ConfigError, match="missing.yaml: cannot read the file"):
-        from_mindformers(prof, P4V2, tmp_path / "missing.yaml")
+        load_plan(tmp_path / "missing.yaml", "mindformers", profile=prof, config=P4V2)
     broken = tmp_path / "broken.yaml"
     broken.write_text("a:\n  offset: [0, 0\n  recompute: 1\n")
     with pytest.raises(ConfigError, match=r"broken.yaml: invalid YAML at line 3, column \d+"):
-        from_mindformers(prof, P4V2, broken)
+        load_plan(broken, "mindformers", profile=prof, config=P4V2)
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing\n")
     with pytest.raises(ConfigError, match="empty.yaml: the file is empty"):
-        from_mindformers(prof, P4V2, empty)
+        load_plan(empty, "mindformers", profile=prof, config=P4V2)
     deep = tmp_path / "deep.yaml"
     deep.write_text("offset: " + "[" * 5000 + "]" * 5000 + "\n")
     with pytest.raises(ConfigError, match="deep.yaml: unsafe YAML at line 1, column 108: nested more than 100 levels"):
-        from_mindformers(prof, P4V2, deep)
+        load_plan(deep, "mindformers", profile=prof, config=P4V2)
     nul = tmp_path / "nul.yaml"
     nul.write_bytes(b"offset: 0\x00\n")
     with pytest.raises(ConfigError, match="nul.yaml: cannot read the file: NUL byte at offset 9"):
-        from_mindformers(prof, P4V2, nul)
+        load_plan(nul, "mindformers", profile=prof, config=P4V2)
 
 
 @pytest.mark.parametrize(
@@ -282,7 +282,7 @@ def test_huge_integers_are_refused_before_they_can_wrap(config, message):
     """Offsets of ±2**62 once wrapped around int64, passed the sum check and gave 4.6e18 layers per cell."""
     prof = make_profile(("body", 16))
     with pytest.raises(ConfigError, match=message):
-        from_mindformers(prof, P4V2, config)
+        load_plan(config, "mindformers", profile=prof, config=P4V2)
 
 
 def test_input_is_not_mutated():
@@ -292,7 +292,7 @@ def test_input_is_not_mutated():
         "b": {"select_comm_recompute": [[1, 1, 1, 1], [0, 0, 0, 0]]},
     }
     before = copy.deepcopy(data)
-    plans = from_mindformers_named(prof, P4V2, data)
+    plans = load_plans(data, "mindformers", profile=prof, config=P4V2)
     assert data == before
     assert list(plans) == ["a", "b"]
     assert plans["a"].source == "mindformers:a"
@@ -302,20 +302,22 @@ def test_single_config_and_named_configs(tmp_path):
     prof = make_profile(("body", 16))
     path = tmp_path / "one.yaml"
     path.write_text("recompute: true\n")
-    plan = from_mindformers(prof, P4V2, path)
+    plan = load_plan(path, "mindformers", profile=prof, config=P4V2)
     assert plan.source == "mindformers:one" and plan.status == "given"
     assert (plan.counts[0, FULL] == 2).all()
     # a mapping keyed by the body group's name is one config too
-    assert from_mindformers(prof, P4V2, {"body": {"recompute": True}}).counts[0, FULL].sum() == 16
-    named = from_mindformers_named(prof, P4V2, {"x": {"recompute": True}, "y": None})
+    one = load_plan({"body": {"recompute": True}}, "mindformers", profile=prof, config=P4V2)
+    assert one.counts[0, FULL].sum() == 16
+    named = load_plans({"x": {"recompute": True}, "y": None}, "mindformers", profile=prof, config=P4V2)
     assert set(named) == {"x", "y"} and named["y"].counts[0, NONE].sum() == 16
-    assert from_mindformers(prof, P4V2, {"x": {"recompute": True}, "y": None}, name="x").source == "mindformers:x"
+    picked = load_plan({"x": {"recompute": True}, "y": None}, "mindformers", profile=prof, config=P4V2, name="x")
+    assert picked.source == "mindformers:x"
     # always one Plan: several named configs without a name are an error that lists them
     with pytest.raises(ConfigError, match=r"holds 2 named configs \(x, y\): pass name= to pick one"):
-        from_mindformers(prof, P4V2, {"x": {"recompute": True}, "y": None})
+        load_plan({"x": {"recompute": True}, "y": None}, "mindformers", profile=prof, config=P4V2)
     # one unnamed config read as named: one entry, the file's stem
-    assert list(from_mindformers_named(prof, P4V2, path)) == ["one"]
-    assert list(from_mindformers_named(prof, P4V2, {"recompute": True})) == ["config"]
+    assert list(load_plans(path, "mindformers", profile=prof, config=P4V2)) == ["one"]
+    assert list(load_plans({"recompute": True}, "mindformers", profile=prof, config=P4V2)) == ["config"]
 
 
 # ------------------------------------------------------------------------ round trips
@@ -328,7 +330,7 @@ def test_encode_refuses_select_only_and_comm_only_in_one_cell():
     counts[0, COMM, 3] = 1
     plan = make_plan(prof, P4V2, counts, status="feasible", step_time=1.0)
     with pytest.raises(ConfigError, match=r"cell \[0\]\[3\]: 1 select-only and 1 comm-only"):
-        plan.to_mindformers()
+        plan.export("mindformers")
 
 
 @st.composite
@@ -367,30 +369,31 @@ def assignments(draw):
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(assignments())
-def test_round_trip_plan_to_mindformers_and_yaml(case):
+def test_round_trip_plan_export_to_mindformers(case):
     prof, cfg, counts = case
     plan = make_plan(prof, cfg, counts, status="feasible", step_time=1.0)
-    data = plan.to_mindformers()
+    data = plan.export("mindformers").data
     snapshot = copy.deepcopy(data)
-    back = from_mindformers(prof, cfg, data)
+    back = load_plan(data, "mindformers", profile=prof, config=cfg)
     np.testing.assert_array_equal(back.counts, counts)
     assert data == snapshot
-    text = plan.to_yaml()
-    np.testing.assert_array_equal(from_mindformers(prof, cfg, yaml.safe_load(text)).counts, counts)
+    text = plan.export("mindformers").text
+    back = load_plan(yaml.safe_load(text), "mindformers", profile=prof, config=cfg)
+    np.testing.assert_array_equal(back.counts, counts)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.yaml"
-        plan.to_yaml(path)
+        plan.export("mindformers", path)
         assert path.read_text() == text
-        np.testing.assert_array_equal(from_mindformers(prof, cfg, path).counts, counts)
+        np.testing.assert_array_equal(load_plan(path, "mindformers", profile=prof, config=cfg).counts, counts)
 
 
 def test_one_chunk_exports_flat_lists_and_one_group_exports_top_level_keys():
     prof = make_profile(("body", 9))
     plan = make_plan(prof, P4V1, np.array([[[2, 2, 1, 2], [0] * 4, [0] * 4, [0] * 4, [0, 0, 2, 0]]]), status="given")
-    block = plan.to_mindformers()["body"]
+    block = plan.export("mindformers").data["body"]
     assert block == {"offset": [0, 0, 1, 0], "recompute": [0, 0, 2, 0], "select_recompute": [0, 0, 2, 0],
                      "select_comm_recompute": [0, 0, 2, 0]}
-    loaded = yaml.safe_load(plan.to_yaml())
+    loaded = yaml.safe_load(plan.export("mindformers").text)
     assert loaded == block
 
 
@@ -413,4 +416,4 @@ def test_v_placement_cells_are_chunk_then_device():
     assert counts[0].sum(axis=0).tolist() == [2, 2, 2, 2, 1, 2, 2, 3]
     assert counts[0, FULL, 7] == 3
     plan = make_plan(prof, setup, counts, status="feasible", step_time=1.0)
-    assert plan.to_mindformers()["body"]["offset"] == [[0, 0, 0, 0], [1, 0, 0, -1]]
+    assert plan.export("mindformers").data["body"]["offset"] == [[0, 0, 0, 0], [1, 0, 0, -1]]

@@ -228,7 +228,7 @@ def test_plan_with_offload_frames_files_and_exports(llama, tmp_path):
     assert "activation offload: 72 layers on 3 virtual stages, host link 10 MB/ms" in plan.summary()
     # the plan file keeps the offload and the bandwidth
     path = tmp_path / "plan.yaml"
-    plan.save(path)
+    plan.export("sapptk", path)
     back = load_plan(path)
     assert np.array_equal(back.offload, plan.offload) and back.config == cfg
     assert back.step_time == plan.step_time and back.simulate().step_time == plan.step_time
@@ -239,14 +239,14 @@ def test_plan_with_offload_frames_files_and_exports(llama, tmp_path):
     with pytest.raises(ConfigError, match=r"offload\[0\].layers = 0: expected an integer from 1"):
         load_plan(data)
     # a plan without offload writes no offload key
-    assert "offload" not in yaml.safe_load(even.save())
+    assert "offload" not in yaml.safe_load(even.export("sapptk").text)
     # runtimes that cannot run it say so
     with pytest.raises(ConfigError, match="MindFormers' offset and recompute lists cannot express activation"):
-        plan.to_yaml()
+        plan.export("mindformers")
     with pytest.raises(ConfigError, match="torchtitan's settings"):
-        plan.to_torchtitan()
+        plan.export("torchtitan")
     with pytest.raises(ConfigError, match="refuses pipeline parallelism"):
-        plan.to_megatron()
+        plan.export("megatron")
     with pytest.raises(ConfigError, match="sensitivity"):
         plan.sensitivity(samples=10)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sapptk.errors import SapptkError
 from sapptk.pareto import pareto_front
 
 
@@ -57,9 +58,13 @@ def test_shapes_and_errors():
     assert pareto_front(np.zeros((0, 2))).tolist() == []
     assert pareto_front(np.array([3.0, 1.0, 1.0, 2.0])).tolist() == [1]  # 1-D: one column
     assert pareto_front(np.zeros((3, 0)), groups=np.array([0, 1, 0])).tolist() == [0, 1]
-    with pytest.raises(ValueError, match="NaN"):
+    with pytest.raises(SapptkError, match="NaN"):
         pareto_front(np.array([[1.0, np.nan]]))
-    with pytest.raises(ValueError, match="groups"):
+    with pytest.raises(SapptkError, match=r"groups of shape \(2,\): expected shape \(3,\)"):
         pareto_front(np.zeros((3, 2)), groups=np.zeros(2))
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(SapptkError, match=r"values of shape \(2, 2, 2\): expected shape \(n, d\)"):
         pareto_front(np.zeros((2, 2, 2)))
+    with pytest.raises(SapptkError, match="values of dtype object: expected numbers"):
+        pareto_front(np.array([[1, None]], dtype=object))
+    with pytest.raises(ValueError):  # a SapptkError is a ValueError: callers that catch ValueError still do
+        pareto_front(np.array([[np.nan]]))

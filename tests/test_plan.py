@@ -12,7 +12,7 @@ import yaml
 from sapptk.config import PipelineConfig
 from sapptk.costs import check_counts, simulate_counts
 from sapptk.errors import ConfigError
-from sapptk.plan import PLAN_STATUSES, even_layers, even_split, from_mindformers, from_mindformers_named, make_plan
+from sapptk.plan import PLAN_STATUSES, even_layers, even_split, load_plan, load_plans, make_plan
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile
 
 NONE, SELECT, COMM, BOTH, FULL = range(5)
@@ -55,7 +55,7 @@ def test_even_split_totals_placement_and_mode():
     assert plan.counts.sum() == 13
     assert (plan.counts[0, SELECT].sum(), plan.counts[0].sum() - plan.counts[0, SELECT].sum()) == (13, 0)
     # [c][s] cells as even_layers says, through the MindFormers offsets
-    offsets = np.array(plan.to_mindformers()["body"]["offset"])
+    offsets = np.array(plan.export("mindformers").data["body"]["offset"])
     np.testing.assert_array_equal(offsets + 13 // 8, even_layers(13, 4, 2))
     assert plan.step_time == pytest.approx(simulate_counts(prof, P4V2, plan.counts).step_time)
 
@@ -79,7 +79,7 @@ def test_even_split_several_groups_stay_contiguous():
     per_vs = plan.counts.sum(axis=(0, 1))
     np.testing.assert_array_equal(per_vs.reshape(2, 4), even_layers(61, 4, 2))
     assert plan.counts[0].sum() == 3 and plan.counts[1].sum() == 58
-    assert set(plan.to_mindformers()) == {"DenseDecoderLayer", "MoEDecoderLayer"}
+    assert set(plan.export("mindformers").data) == {"DenseDecoderLayer", "MoEDecoderLayer"}
 
 
 # ----------------------------------------------------------------------- make_plan
@@ -125,7 +125,7 @@ def test_plan_without_assignment():
     assert plan.counts.shape == (1, 5, 8) and plan.counts.sum() == 0
     text = plan.summary()
     assert "status infeasible" in text and "no assignment fits 500 MB" in text
-    for call in (plan.simulate, plan.to_mindformers, lambda: plan.devices):
+    for call in (plan.simulate, lambda: plan.export("mindformers"), lambda: plan.devices):
         with pytest.raises(ConfigError, match="status 'infeasible' and no layer assignment"):
             call()
     assert plan.layout.empty
@@ -143,12 +143,12 @@ def test_given_plan_is_simulated_once():
 @pytest.fixture
 def mixed() -> object:
     """A given plan with several modes and uneven cells on p=4, v=2."""
-    return from_mindformers(tiny(16), P4V2, {
+    return load_plan({
         "offset": [[-1, 0, 0, 1], [1, 0, 0, -1]],
         "recompute": [[1, 2, 0, 0], [0, 0, 0, 0]],
         "select_recompute": [[1, 2, 2, 3], [0, 0, 0, 0]],
         "select_comm_recompute": [[0, 0, 1, 0], [3, 0, 0, 0]],
-    })
+    }, "mindformers", profile=tiny(16), config=P4V2)
 
 
 def test_layout_is_tidy(mixed):
@@ -217,13 +217,14 @@ def test_summary_mentions_what_matters():
 # ------------------------------------------------------------------------------ YAML
 def test_to_yaml_writes_a_mindformers_block(tmp_path, mixed):
     path = tmp_path / "plan.yaml"
-    text = mixed.to_yaml(path)
+    text = mixed.export("mindformers", path).text
     assert path.read_text() == text
     assert text.startswith("# sapptk plan for MindFormers")
     data = yaml.safe_load(text)
     assert list(data) == ["offset", "recompute", "select_recompute", "select_comm_recompute"]
     assert data["offset"] == [[-1, 0, 0, 1], [1, 0, 0, -1]]
-    np.testing.assert_array_equal(from_mindformers(mixed.profile, mixed.config, path).counts, mixed.counts)
+    back = load_plan(path, "mindformers", profile=mixed.profile, config=mixed.config)
+    np.testing.assert_array_equal(back.counts, mixed.counts)
 
 
 def test_manual_file_for_llama2_70b():
@@ -233,7 +234,7 @@ def test_manual_file_for_llama2_70b():
     path = Path(__file__).resolve().parents[1] / "data" / "llama2_70b_manual.yaml"
     llama = bundled_profile("llama2_70b")
     setup = PipelineConfig(stages=16, micro_batches=32, chunks=2, schedule="interleaved", memory_budget=56000)
-    plans = from_mindformers_named(llama, setup, path)
+    plans = load_plans(path, "mindformers", profile=llama, config=setup)
     assert list(plans) == ["even_select", "shift_stage0", "full_early"]
     assert all(p.counts.sum() == 96 for p in plans.values())
     assert plans["shift_stage0"].counts[0].sum(axis=0)[[0, 16, 12, 28]].tolist() == [2, 2, 4, 4]
@@ -249,13 +250,14 @@ def test_layout_on_a_v_placement():
     assert (layout["virtual_stage"] == layout["chunk"] * 4 + layout["stage"]).all()
 
 
-def test_to_yaml_into_a_missing_folder_is_a_clear_error(tmp_path, mixed):
+def test_export_into_a_missing_folder_is_a_clear_error(tmp_path, mixed):
     from sapptk.errors import FileError
 
-    with pytest.raises(FileError, match=r"plan.yaml: cannot write the plan: the folder .*nope' does not exist"):
-        mixed.to_yaml(tmp_path / "nope" / "plan.yaml")
-    with pytest.raises(FileError, match="cannot write the plan: it is a directory"):
-        mixed.to_yaml(tmp_path)
+    with pytest.raises(FileError, match=r"plan.yaml: cannot write the mindformers export: the folder .*nope' does not "
+                                        "exist"):
+        mixed.export("mindformers", tmp_path / "nope" / "plan.yaml")
+    with pytest.raises(FileError, match="cannot write the mindformers export: it is a directory"):
+        mixed.export("mindformers", tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -320,6 +320,20 @@ def test_registry_lists_core_schedules():
         assert name in names()
 
 
+def test_registering_a_taken_name_is_a_schedule_error():
+    from sapptk.schedules.registry import get, register
+
+    before = get("1f1b")
+    with pytest.raises(ScheduleError, match="register: schedule '1f1b' is already registered: expected a new name"):
+        register(before)
+    assert get("1f1b") is before  # the registry is unchanged
+
+
+def test_an_unknown_grouping_rule_is_a_schedule_error():
+    with pytest.raises(ScheduleError, match="grouping rule 'odd': expected one of"):
+        micro_batch_groups(4, 8, "odd")
+
+
 # ------------------------------------------------------------------ arrays and Op lists
 VECTORISED = ("gpipe", "1f1b", "seq1f1b", "interleaved", "interleaved-lm")
 

@@ -248,16 +248,16 @@ def test_balance_sliced_refusals() -> None:
 def test_exports_of_a_sliced_plan() -> None:
     profile = long_profile(layers=16)
     plan = even_split(profile, PipelineConfig(4, 8, 2, "seq-interleaved", splits=4))
-    text = plan.to_yaml()
+    text = plan.export("mindformers").text
     assert "parallel_config: {seq_split_num: 4}" in text and "pp_interleave_num (v) = 2" in text
-    for export, target in ((plan.to_megatron, "Megatron-LM arguments"), (plan.to_torchtitan, "torchtitan settings"),
-                           (plan.to_torch_csv, "PyTorch's schedule CSV")):
+    for fmt, target in (("megatron", "Megatron-LM arguments"), ("torchtitan", "torchtitan settings"),
+                        ("torch-csv", "PyTorch's schedule CSV")):
         with pytest.raises(ConfigError, match=f"{target} cannot express sequence slices: this plan runs "
                                               "'seq-interleaved' with k = 4 slices"):
-            export()
+            plan.export(fmt)
     unequal = even_split(profile, PipelineConfig(4, 8, 2, "seq-interleaved", splits=[1536, 1024, 896, 640]))
     with pytest.raises(ConfigError, match=r"cannot express unequal slice lengths \[1536, 1024, 896, 640\]"):
-        unequal.to_yaml()
+        unequal.export("mindformers")
 
 
 def test_plan_file_keeps_the_slice_lengths(tmp_path) -> None:
@@ -265,7 +265,7 @@ def test_plan_file_keeps_the_slice_lengths(tmp_path) -> None:
 
     config = PipelineConfig(4, 8, 2, "seq-interleaved", splits=[1536, 1024, 896, 640])
     plan = even_split(long_profile(layers=16), config)
-    again = load_plan(plan.save(tmp_path / "plan.yaml") and tmp_path / "plan.yaml")
+    again = load_plan(plan.export("sapptk", tmp_path / "plan.yaml") and tmp_path / "plan.yaml")
     assert again.config.slice_lengths == (1536, 1024, 896, 640) and again.profile.seq_length == 4096
     assert again.simulate().step_time == plan.step_time
 

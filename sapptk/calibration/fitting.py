@@ -57,7 +57,7 @@ from sapptk.calibration.observations import DryRuns
 from sapptk.calibration.prior import check_prior, moved_frame, prior_basis, prior_constant, scaled_profile, time_scale
 from sapptk.config import PipelineConfig
 from sapptk.errors import CalibrationError
-from sapptk.plan import Plan, from_mindformers
+from sapptk.plan import Plan, load_plan
 from sapptk.profile import DEFAULT_COEFS, MAX_MS, MODES, LayerGroup, ModeCost, Profile
 from sapptk.simulation import WEIGHT_HOLDS, simulate
 
@@ -277,8 +277,8 @@ class Calibration:
         constant = 0.0 if fold_constant else self.constant_mb
         config = PipelineConfig(dry.stages, dry.micro_batches, dry.chunks, dry.schedule, dry.splits,
                                 constant_memory=constant)
-        return from_mindformers(self.to_profile(fold_constant=fold_constant), config,
-                                {k: v for k, v in dry.lists.items() if v is not None})
+        return load_plan({k: v for k, v in dry.lists.items() if v is not None}, "mindformers",
+                         profile=self.to_profile(fold_constant=fold_constant), config=config)
 
     # ------------------------------------------------------------------ reports
     def stages(self) -> pd.DataFrame:

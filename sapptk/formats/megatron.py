@@ -44,7 +44,11 @@ different chunks, select on some layers only, select next to full, sapptk's ``co
 ``both`` modes (MindSpore's communication-operator recompute), or the uniform method with
 groups of more than one layer (its memory lies between sapptk's modes). A plan using any of
 these is exported with the closest setting Megatron has (:func:`recompute_candidates`;
-:meth:`sapptk.plan.Plan.to_megatron` picks the fastest that fits and reports the cost).
+``plan.export("megatron")`` picks the fastest that fits and reports the cost).
+
+Plan level: :func:`plan_export` (``plan.export("megatron", path)``) and :func:`read_plan`
+(``sapptk.load_plan(source, "megatron", profile=..., config=...)``; a file written by the
+export is read back: its ``#`` comment lines are skipped).
 
 (About 500 lines: the layout grammar, the uniform flags and the recompute flags are the
 three parts of one set of arguments, written and read back together.)
@@ -52,18 +56,34 @@ three parts of one set of arguments, written and read back together.)
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sapptk import checks
 from sapptk.errors import ConfigError
+from sapptk.files import read_text
+from sapptk.formats.base import (
+    Export,
+    check_inputs,
+    check_path,
+    make_export,
+    need_solution,
+    refuse_offload,
+    refuse_per_micro_batch,
+    refuse_slices,
+    write_files,
+)
 from sapptk.formats.expressible import FIT_TOLERANCE_MB, ExpressedCost, closest, counts_from_layers, modes_used
 from sapptk.profile import MAX_LAYERS, MODES
+
+if TYPE_CHECKING:
+    from sapptk.plan import Plan
 
 __all__ = [
     "MegatronExport",
@@ -72,6 +92,8 @@ __all__ = [
     "format_layout",
     "parse_args",
     "parse_layout",
+    "plan_export",
+    "read_plan",
     "recompute_args",
     "recompute_candidates",
     "recompute_counts",
@@ -504,7 +526,7 @@ def _flag_int(flags: Mapping[str, Any], name: str, default: int | None) -> int |
     return checks.integer(value, f"--{name}", error=ConfigError, low=0, high=MAX_LAYERS, text=True)
 
 
-def decode(profile: Any, config: Any, source: Any) -> np.ndarray:
+def decode(source: Any, profile: Any, config: Any) -> np.ndarray:
     """The counts Megatron-LM arguments describe on ``config`` (stages and chunks must agree).
 
     ``source``: a layout string, a command line, a list of arguments or a mapping of flags.
@@ -541,3 +563,60 @@ def decode(profile: Any, config: Any, source: Any) -> np.ndarray:
         return recompute_counts(profile, layers, flags)
     except ValueError as exc:  # ConfigError is a ValueError too
         raise ConfigError(f"Megatron arguments: {exc}") from None
+
+
+# --------------------------------------------------------------------- plan level
+def plan_export(plan: Plan, path: str | os.PathLike[str] | None = None) -> Export:
+    """The plan as Megatron-LM arguments (:func:`export`): ``text`` (``texts["text"]``) is the
+    command line with the uniform alternative and what is lost as ``#`` comments; ``data`` the
+    :class:`MegatronExport` (``args``, ``layout``, ``uniform``, ``recompute``, ...). Written to
+    ``path`` when given. Refused (ConfigError, saying why): no assignment, activation offload,
+    sequence slices, recompute per micro-batch, V placements."""
+    out = check_path(path, "export('megatron')")
+    need_solution(plan, "Megatron-LM arguments")
+    refuse_offload(plan, "Megatron-LM's arguments (its layer-level --cpu-offloading refuses pipeline parallelism "
+                   "and recompute; --fine-grained-activation-offloading with --offload-modules offloads the same "
+                   "submodules' inputs in every layer of every stage, with no per-stage layer count; see "
+                   "docs/offload.md)")
+    refuse_slices(plan, "Megatron-LM arguments", "Megatron-LM's pipeline schedules move whole micro-batches; its "
+                  "context parallelism splits the sequence across devices, not along the pipeline")
+    refuse_per_micro_batch(plan, "Megatron-LM arguments", " (--recompute-num-layers holds for every micro-batch; "
+                           "FlagScale's --recompute-num-layers-per-stage-micro-batch can vary full recompute "
+                           "per pipeline rank and micro-batch, not per chunk or group)")
+    data = export(plan.profile, plan.config, plan.counts, plan.simulation)
+    text = data.text()
+    written = {} if out is None else write_files("megatron", {"text": (out, text)})
+    return make_export("megatron", text, {"text": text}, written, notes=data.notes, step_time_ms=data.step_time_ms,
+                       expressed_step_time_ms=data.expressed_step_time_ms, data=data)
+
+
+_LAYOUT_TEXT = re.compile(r"[EtLm|,()*0-9 ]+")
+
+
+def read_plan(source: Any, profile: Any, config: Any) -> dict[str, Any]:
+    """The :func:`sapptk.plan.make_plan` arguments (plus ``where``) of Megatron-LM arguments.
+
+    ``source``: a file (an ``os.PathLike``, or a str that is neither a command line nor a
+    layout) holding a command line (``#`` comment lines skipped, as :func:`plan_export`
+    writes it), or what :func:`decode` takes: a layout string, a command line, a list of
+    arguments, a mapping of flags. ``config`` gives the setup (stages and chunks must agree).
+    """
+    check_inputs(profile, config, "load_plan(format='megatron')")
+    where = "Megatron arguments"
+    is_text = isinstance(source, str) and (source.lstrip().startswith("--") or _LAYOUT_TEXT.fullmatch(source.strip()))
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and not is_text):
+        where = os.fspath(source)
+        text = read_text(where, what="Megatron arguments file", error=ConfigError)
+        lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        if not lines:
+            raise ConfigError(f"{where}: no arguments (only comments or blank lines): expected a Megatron-LM command "
+                              "line or a layout string")
+        source = " ".join(lines)
+        try:
+            counts = decode(source, profile, config)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    else:
+        counts = decode(source, profile, config)
+    return {"where": where, "profile": profile, "config": config, "counts": counts, "status": "given",
+            "source": "megatron"}

@@ -46,8 +46,13 @@ names, or when it is a training YAML; otherwise each of its entries is a named c
 Every problem raises :class:`~sapptk.errors.ConfigError` naming the file, the config, the
 key, the cell ``[c][s]``, the value and what was expected. Input data is never modified.
 
-(About 500 lines: the four lists, their accepted spellings, and the reading of a training
-YAML are one format; the encoder and the decoder share the cell grid.)
+Plan level: :func:`plan_export` (``plan.export("mindformers", path)``) writes the lists as YAML
+with a comment header; :func:`read_plan` and :func:`read_plans` (``sapptk.load_plan`` /
+``sapptk.load_plans`` with ``format="mindformers"``) read one or every config of a file.
+
+(Over 500 lines: the four lists, their accepted spellings, the reading of a training
+YAML and the plan-level reader and writer are one format; the encoder and the decoder share
+the cell grid.)
 """
 
 from __future__ import annotations
@@ -59,12 +64,25 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
+import yaml
 
 from sapptk.errors import ConfigError
 from sapptk.files import load_document
+from sapptk.formats.base import (
+    Export,
+    check_inputs,
+    check_path,
+    make_export,
+    need_solution,
+    refuse_offload,
+    refuse_per_micro_batch,
+    write_files,
+)
 from sapptk.profile import MODES
 
 if TYPE_CHECKING:
+    from sapptk.config import PipelineConfig
+    from sapptk.plan import Plan
     from sapptk.profile import LayerGroup, Profile
     from sapptk.schedules import Program
 
@@ -76,6 +94,9 @@ __all__ = [
     "decode_cell",
     "encode",
     "load",
+    "plan_export",
+    "read_plan",
+    "read_plans",
     "split_configs",
 ]
 
@@ -507,3 +528,114 @@ def split_configs(profile: Profile, data: Any, file: str | None = None) -> tuple
                 f"(a mapping with those keys)"
             )
     return True, dict(data)
+
+
+# --------------------------------------------------------------------- plan level
+def plan_export(plan: Plan, path: str | os.PathLike[str] | None = None) -> Export:
+    """The plan's MindFormers lists as YAML (``texts["yaml"]``; ``data`` is :func:`encode`'s
+    ``{group: {offset, recompute, select_recompute, select_comm_recompute}}``, always keyed by
+    group), written to ``path`` when given.
+
+    One body group: the four keys at the top level, ready to paste into MindFormers. Several:
+    one mapping per group. A comment header records the setup and status; ``load_plan(...,
+    format="mindformers")`` reads the text back to the same counts. Refused (ConfigError, saying
+    why): no assignment, activation offload, recompute per micro-batch, unequal slice lengths.
+    """
+    out = check_path(path, "export('mindformers')")
+    need_solution(plan, "a MindFormers config")
+    refuse_offload(plan, "MindFormers' offset and recompute lists")
+    refuse_per_micro_batch(plan, "a MindFormers config", " (its recompute lists are per (chunk, stage), for every "
+                           "micro-batch)")
+    c = plan.config
+    lengths = c.slice_lengths
+    if lengths is not None and len(set(lengths)) > 1:
+        raise ConfigError(
+            f"a MindFormers config cannot express unequal slice lengths {list(lengths)}: MindFormers cuts the "
+            f"sequence into parallel_config.seq_split_num = {c.splits} equal slices (seq_length // "
+            "seq_split_num); export the plan with equal slices (plan.config.replace(splits=k)) or keep it as a "
+            "sapptk plan (plan.export('sapptk'))"
+        )
+    data = encode(plan.profile, c.program(), plan.counts)
+    body = plan.profile.body
+    step = "n/a" if plan.step_time is None else f"{plan.step_time:.1f} ms"
+    header = [
+        f"# sapptk plan for MindFormers: profile {plan.profile.name!r}, schedule {c.schedule!r}",
+        f"# pipeline_stage (p) = {c.stages}, pp_interleave_num (v) = {c.chunks}, micro_batch_num = "
+        f"{c.micro_batches}",
+        f"# status {plan.status}, step time {step}, source {plan.source}",
+        "# lists are [chunk][stage]; offset = layers in the cell - floor(N / (p*v));",
+        "# select_recompute / select_comm_recompute count layers with select / comm, both or full",
+    ]
+    if c.splits > 1:
+        header.insert(2, f"# sequence pipeline: parallel_config: {{seq_split_num: {c.splits}}} ({c.splits} equal "
+                         "slices per micro-batch)")
+    if len(body) == 1:
+        payload: dict[str, Any] = data[body[0].name]
+        header.append(f"# body group {body[0].name!r}: N = {body[0].count}")
+    else:
+        payload = data
+        header.append("# one mapping per body group, offsets relative to floor(N_g / (p*v)): "
+                      + ", ".join(f"{g.name} N = {g.count}" for g in body))
+    text = "\n".join(header) + "\n" + yaml.safe_dump(payload, sort_keys=False, default_flow_style=None, width=1000)
+    written = {} if out is None else write_files("mindformers", {"yaml": (out, text)})
+    step_ms = plan.simulation.step_time
+    return make_export("mindformers", text, {"yaml": text}, written, step_time_ms=step_ms,
+                       expressed_step_time_ms=step_ms, data=data)
+
+
+def _configs(source: Any, profile: Profile) -> tuple[str | None, bool, dict[Any, Any]]:
+    file: str | None = None
+    data = source
+    if isinstance(source, (str, os.PathLike)):
+        file = os.fspath(source)
+        data = load(file)
+    named, configs = split_configs(profile, data, file)
+    return file, named, configs
+
+
+def _one(profile: Profile, config: PipelineConfig, key: Any, cfg: Any, file: str | None) -> dict[str, Any]:
+    from pathlib import Path
+
+    from sapptk.costs import check_counts
+
+    label = str(key) if key is not None else (Path(file).stem if file else "config")
+    counts = decode(profile, config.program(), cfg, file=file, name=None if key is None else str(key))
+    where = (file or "<data>") + (f", config {str(key)!r}" if key is not None else "")
+    try:
+        check_counts(profile, config, counts)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return {"where": where, "profile": profile, "config": config, "counts": counts, "status": "given",
+            "source": f"mindformers:{label}"}
+
+
+def read_plan(source: Any, profile: Profile, config: PipelineConfig, *, name: str | None = None) -> dict[str, Any]:
+    """One plan's :func:`sapptk.plan.make_plan` arguments (plus ``where``) from a MindFormers config.
+
+    ``source`` is a path to a YAML/JSON file or a parsed mapping (never modified). A file
+    holding one config gives its plan; a file of named configs needs ``name`` to pick one (a
+    ConfigError lists the names otherwise; :func:`read_plans` reads them all). Source
+    ``"mindformers:<name>"``, the file's stem for an unnamed config, ``config`` for parsed data.
+    """
+    check_inputs(profile, config, "load_plan(format='mindformers')")
+    file, named, configs = _configs(source, profile)
+    where = file or "<data>"
+    if name is not None:
+        if not named:
+            raise ConfigError(f"{where}: holds one unnamed config, not named configs: cannot select {name!r}")
+        if name not in configs:
+            raise ConfigError(f"{where}: no config named {name!r}: expected one of {', '.join(map(str, configs))}")
+        return _one(profile, config, name, configs[name], file)
+    if named:
+        raise ConfigError(
+            f"{where}: holds {len(configs)} named configs ({', '.join(map(str, configs))}): pass name= to pick "
+            "one, or read them all with sapptk.load_plans"
+        )
+    return _one(profile, config, None, configs[None], file)
+
+
+def read_plans(source: Any, profile: Profile, config: PipelineConfig) -> list[dict[str, Any]]:
+    """Every config of a MindFormers file or mapping, in file order, as :func:`read_plan` gives one."""
+    check_inputs(profile, config, "load_plans(format='mindformers')")
+    file, _, configs = _configs(source, profile)
+    return [_one(profile, config, key, cfg, file) for key, cfg in configs.items()]

@@ -12,8 +12,8 @@ virtual_stage, layers}`` per virtual stage offloading mode-``none`` layers); ``a
 form as ``layout``, and ``micro_batches``, one list per virtual stage of the micro-batches
 that run it); ``profile`` (the profile in
 ``sapptk-profile/1`` form, so the file stands alone). :func:`dumps` writes it, :func:`load`
-reads and checks every field; :meth:`sapptk.plan.Plan.save` and :func:`sapptk.plan.load_plan`
-are the plan-level calls.
+reads and checks every field; ``plan.export("sapptk", path)`` (:func:`plan_export`) and
+``sapptk.load_plan(path)`` (:func:`read_plan`, then :func:`check_evidence`) are the plan-level calls.
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ from sapptk import checks
 from sapptk.costs import MAX_UNITS, TIME_UNIT_MS
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.formats import mindformers
+from sapptk.formats.base import Export, check_path, make_export, write_files
 from sapptk.profile import MAX_LAYERS, MODES, Profile
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
+    from sapptk.plan import Plan
 
-__all__ = ["FORMAT", "dumps", "load"]
+__all__ = ["FORMAT", "check_evidence", "dumps", "load", "plan_export", "read_plan"]
 
 FORMAT = "sapptk-plan/1"
 MAX_MS = MAX_UNITS * TIME_UNIT_MS
@@ -130,7 +132,7 @@ def load(source: str | os.PathLike[str] | Any) -> dict[str, Any]:
     if not isinstance(data, dict):
         fail(f"expected a sapptk plan (a mapping with format: {FORMAT}), got {type(data).__name__}")
     if data.get("format") != FORMAT:
-        fail(f"format = {data.get('format')!r}: expected {FORMAT!r} (a file written by Plan.save)")
+        fail(f"format = {data.get('format')!r}: expected {FORMAT!r} (a file written by plan.export('sapptk'))")
     unknown = [k for k in data if k not in _KEYS]
     if unknown:
         fail(f"unknown key {unknown[0]!r}: expected {', '.join(_KEYS)}")
@@ -264,3 +266,58 @@ def _offload(entries: Any, profile: Profile, virtual_stages: int, fail: Any) -> 
         _checked(fail, checks.integer, n, f"{label}.layers", low=1, high=MAX_LAYERS)
         out[groups[cell["group"]], vs] += n
     return out
+
+
+# --------------------------------------------------------------------- plan level
+def plan_export(plan: Plan, path: str | os.PathLike[str] | None = None) -> Export:
+    """The plan as a plan file (``texts["yaml"]``; ``data`` its mapping), written to ``path`` when
+    given. Every plan can be saved (offload, per-micro-batch, no assignment): nothing is lost."""
+    out = check_path(path, "export('sapptk')")
+    meta = {"status": plan.status, "step_time": plan.step_time, "bound": plan.bound, "gap": plan.gap,
+            "solve_seconds": plan.solve_seconds, "message": plan.message, "source": plan.source,
+            "offload": plan.offload, "alternative": plan.alternative}
+    text = dumps(plan.profile, plan.config, plan.counts, **meta)
+    written = {} if out is None else write_files("sapptk", {"yaml": (out, text)})
+    return make_export("sapptk", text, {"yaml": text}, written, step_time_ms=plan.step_time,
+                       expressed_step_time_ms=plan.step_time, data=to_dict(plan.profile, plan.config, plan.counts,
+                                                                            **meta))
+
+
+def read_plan(source: Any, profile: Any = None, config: Any = None) -> dict[str, Any]:
+    """:func:`load` for :func:`sapptk.load_plan`: the file carries its own profile and setup, so
+    ``profile`` and ``config`` must be None (a ConfigError otherwise, rather than ignoring them)."""
+    for name, value in (("profile", profile), ("config", config)):
+        if value is not None:
+            checks.fail(ConfigError, f"load_plan(format='sapptk'): {name}", value,
+                        f"None: a sapptk plan file carries its own {name}")
+    return load(source)
+
+
+_AGREE_MS = 1e-6
+"""How far a plan file's step time and bound may be from what sapptk recomputes (ms, plus 1e-9 relative)."""
+
+
+def check_evidence(plan: Plan, where: str) -> None:
+    """A plan file is evidence, not truth: its step time must be the simulated one, a solved
+    plan (optimal, feasible) must fit its budget, its bound may not exceed its step time and
+    its gap must be (step - bound) / step."""
+    if not plan.solved:
+        return
+    step = plan.simulation.step_time
+    tolerance = _AGREE_MS + 1e-9 * abs(step)
+    if plan.step_time is not None and abs(plan.step_time - step) > tolerance:
+        raise ConfigError(f"{where}: step_time_ms = {plan.step_time!r}: the plan simulates to {step:.6f} ms: expected "
+                          "the simulated step time (was the file edited?)")
+    if plan.status in ("optimal", "feasible") and not plan.fits:
+        peak = float(plan.simulation.peak_memory.max())
+        raise ConfigError(f"{where}: status = {plan.status!r}, but the plan's peak of {peak:.6g} MB exceeds its "
+                          f"memory_budget_mb = {plan.config.memory_budget:.6g}: expected a plan that fits (status "
+                          "'given' for a hand-made plan)")
+    if plan.bound is not None and plan.bound > step + tolerance:
+        raise ConfigError(f"{where}: bound_ms = {plan.bound!r} exceeds the plan's step time {step:.6f} ms: expected a "
+                          "lower bound on the optimum, at most the step time")
+    if plan.gap is not None and plan.bound is not None and step > 0:
+        gap = max(0.0, (step - plan.bound) / step)
+        if abs(plan.gap - gap) > 1e-6:
+            raise ConfigError(f"{where}: gap = {plan.gap!r}: the step time and bound give {gap:.6g}: expected "
+                              "(step - bound) / step")

@@ -32,10 +32,15 @@ same pipeline fields, the module lists (the output layer is ``lm_head`` there) a
 
 A schedule CSV is named by an absolute path in the TOML (torchtitan checks it with
 ``os.path.isfile`` against the launch directory) and by its place next to the module in the
-Python form; :meth:`TorchtitanExport.save` writes the three files into one folder.
+Python form. ``plan.export("torchtitan", "run/job.toml")`` (:func:`plan_export`) writes the
+three files side by side: ``run/job.toml``, ``run/job.py`` and, when the schedule needs one,
+``run/job_schedule.csv``; ``sapptk.load_plan`` (:func:`read_plan`) reads the TOML back.
 
 Reading (:func:`read`) uses ``tomllib`` and checks every key it uses; other keys of a full
 job file are ignored.
+
+(Over 500 lines: the three tables, the 0.3 Python form, the reader and the plan-level writer
+are one format; they share the module lists and the schedule names.)
 """
 
 from __future__ import annotations
@@ -45,18 +50,33 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sapptk import checks
 from sapptk.errors import ConfigError
 from sapptk.files import load_toml_text, read_text
+from sapptk.formats.base import (
+    Export,
+    check_inputs,
+    check_path,
+    make_export,
+    need_solution,
+    refuse_offload,
+    refuse_per_micro_batch,
+    refuse_slices,
+    write_files,
+)
 from sapptk.formats.expressible import FIT_TOLERANCE_MB, ExpressedCost, closest, counts_from_layers, modes_used
 from sapptk.profile import MODES
 
+if TYPE_CHECKING:
+    from sapptk.plan import Plan
+
 __all__ = ["AC_SETTINGS", "PYTHON_AC", "TORCH_SCHEDULES", "TorchtitanConfig", "TorchtitanExport", "ac_counts", "decode",
-           "export", "fqns", "read", "render", "render_python", "sapptk_schedule", "torch_schedule"]
+           "export", "fqns", "plan_export", "read", "read_plan", "render", "render_python", "sapptk_schedule",
+           "torch_schedule"]
 
 _NONE, _SELECT, _FULL = (MODES.index(m) for m in ("none", "select", "full"))
 
@@ -104,7 +124,7 @@ class TorchtitanConfig:
 @dataclass(frozen=True)
 class TorchtitanExport(ExpressedCost):
     """A plan as torchtitan settings: ``toml`` to paste into the job file (torchtitan <= 0.2.2;
-    ``python`` the config module for >= 0.3; :meth:`save` writes both); ``csv`` the schedule
+    ``python`` the config module for >= 0.3; :func:`plan_export` writes both); ``csv`` the schedule
     CSV to save as ``csv_name`` (an absolute path) when the schedule needs one (else None); ``notes``
     what torchtitan cannot express; step times and peaks as in
     :class:`~sapptk.formats.megatron.MegatronExport`."""
@@ -132,28 +152,6 @@ class TorchtitanExport(ExpressedCost):
                          f"{self.expressed_step_time_ms:.1f} ms ({self.cost_ms:+.1f} ms); peak {self.peak_mb:.0f} -> "
                          f"{self.expressed_peak_mb:.0f} MB" + ("" if self.expressed_fits else " (over the budget)"))
         return self.toml + ("\n" + "\n".join(extra) + "\n" if extra else "")
-
-    def save(self, directory: str | os.PathLike[str], *, stem: str = "sapptk_torchtitan") -> dict[str, Path]:
-        """Write ``<stem>.toml`` (torchtitan <= 0.2.2), ``<stem>.py`` (>= 0.3) and, when the
-        schedule needs one, the schedule CSV (``csv_name``'s file name) into ``directory``.
-
-        The TOML names the CSV by its absolute path there and the module by its place next to
-        itself, so torchtitan finds it from any launch directory. Returns the paths written.
-        """
-        from sapptk.files import writable_dir, write_text
-
-        folder = Path(writable_dir(directory, error=ConfigError)).resolve()
-        out = {"toml": folder / f"{stem}.toml", "python": folder / f"{stem}.py"}
-        csv_path = None
-        if self.csv is not None:
-            csv_path = out["csv"] = folder / Path(str(self.csv_name)).name
-            write_text(csv_path, self.csv)
-        s = self.settings
-        toml = render(**s["toml"], schedule_csv=None if csv_path is None else str(csv_path))
-        python = render_python(**s["python"], schedule_csv=None if csv_path is None else csv_path.name)
-        write_text(out["toml"], self.text().replace(self.toml, toml))
-        write_text(out["python"], python)
-        return out
 
 
 def torch_schedule(schedule: str, stages: int, micro_batches: int, chunks: int) -> str | None:
@@ -418,7 +416,8 @@ def export(profile: Any, config: Any, counts: np.ndarray, simulation: Any, *, st
     comments = [head, f"for {TOML_VERSIONS}; torchtitan >= 0.3 reads the Python form (TorchtitanExport.python)"]
     if csv is not None:
         comments.append(f"no PyTorch class runs {c.schedule!r}: its order is the schedule CSV named below (written "
-                        "by TorchtitanExport.save or sapptk export; an absolute path, so any launch directory works)")
+                        "by plan.export('torchtitan', path) or sapptk export; an absolute path, so any launch "
+                        "directory works)")
     settings = {
         "toml": {"degree": c.stages, "schedule": named, "parts": fqns(layers), "ac": AC_SETTINGS[mode],
                  "micro_batches": c.micro_batches, "comments": comments},
@@ -440,7 +439,7 @@ def export(profile: Any, config: Any, counts: np.ndarray, simulation: Any, *, st
     )
 
 
-def decode(profile: Any, source: Any, config: Any = None, *,
+def decode(source: Any, profile: Any, config: Any = None, *,
            csv: str | os.PathLike[str] | None = None) -> tuple[Any, np.ndarray, str]:
     """``(setup, counts, where)`` from torchtitan settings: a TOML file or its text.
 
@@ -492,3 +491,59 @@ def decode(profile: Any, source: Any, config: Any = None, *,
         message = str(exc)
         raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
     return setup, counts, where
+
+
+# --------------------------------------------------------------------- plan level
+_SUFFIXES = (".toml", ".py", "")
+
+
+def plan_export(plan: Plan, path: str | os.PathLike[str] | None = None, *, base_config: str = DEFAULT_BASE_CONFIG,
+                csv_name: str | os.PathLike[str] | None = None) -> Export:
+    """The plan as torchtitan settings (:func:`export`): ``texts`` holds ``"toml"`` (torchtitan
+    <= 0.2.2, what is lost as comments; also ``text``), ``"python"`` (the config module for >= 0.3,
+    starting from ``base_config``) and, when no PyTorch class runs the schedule, ``"csv"``;
+    ``data`` the :class:`TorchtitanExport`.
+
+    ``path`` names the files' stem (``job``, ``job.toml`` or ``job.py``): ``job.toml``, ``job.py``
+    and ``job_schedule.csv`` are written side by side (the module is imported by its stem, so
+    make it a Python identifier). ``csv_name`` overrides the CSV's path; without a ``path`` it
+    defaults to ``schedule.csv``, resolved against the current directory (the TOML names the
+    CSV by its absolute path). Refused (ConfigError, saying why): no assignment, activation
+    offload, sequence slices, recompute per micro-batch.
+    """
+    out = check_path(path, "export('torchtitan')")
+    if out is not None and out.suffix.lower() not in _SUFFIXES:
+        raise ConfigError(f"export('torchtitan'): path = {os.fspath(out)!r}: expected a name ending in .toml or .py "
+                          "(or none): the TOML and the Python config are written side by side with that stem")
+    need_solution(plan, "torchtitan settings")
+    refuse_offload(plan, "torchtitan's settings (activation checkpointing only)")
+    refuse_slices(plan, "torchtitan settings", "torch.distributed.pipelining's schedules and schedule CSV move whole "
+                  "micro-batches")
+    refuse_per_micro_batch(plan, "torchtitan settings", " (activation checkpointing is set per model, for every "
+                           "micro-batch)")
+    files: dict[str, Path] = {}
+    if out is not None:
+        stem = out.with_suffix("") if out.suffix.lower() in (".toml", ".py") else out
+        files = {"toml": stem.with_name(stem.name + ".toml"), "python": stem.with_name(stem.name + ".py"),
+                 "csv": stem.with_name(stem.name + "_schedule.csv")}
+    csv_path = Path(csv_name) if csv_name is not None else files.get("csv", Path("schedule.csv"))
+    data = export(plan.profile, plan.config, plan.counts, plan.simulation, status=plan.status,
+                  csv_name=csv_path.resolve(), base_config=base_config)
+    texts = {"toml": data.text(), "python": data.python}
+    if data.csv is not None:
+        texts["csv"] = data.csv
+        files["csv"] = csv_path
+    written = {} if out is None else write_files("torchtitan", {r: (files[r], t) for r, t in texts.items()})
+    return make_export("torchtitan", texts["toml"], texts, written, notes=data.notes, step_time_ms=data.step_time_ms,
+                       expressed_step_time_ms=data.expressed_step_time_ms, data=data)
+
+
+def read_plan(source: Any, profile: Any, config: Any = None, *,
+              csv: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The :func:`sapptk.plan.make_plan` arguments (plus ``where``) of torchtitan settings: a
+    TOML file or its text (:func:`decode`). Stages, chunks, schedule and micro-batches come from
+    the file; ``config`` gives the other fields and must agree where both speak."""
+    check_inputs(profile, config, "load_plan(format='torchtitan')", optional_config=True)
+    setup, counts, where = decode(source, profile, config, csv=csv)
+    return {"where": where, "profile": profile, "config": setup, "counts": counts, "status": "given",
+            "source": "torchtitan"}

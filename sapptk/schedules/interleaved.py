@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sapptk.errors import ScheduleError
 from sapptk.schedules.basic import one_f_one_b, place
 from sapptk.schedules.ops import B_CODE, F_CODE, Op
 from sapptk.schedules.program import Program, make_program, program_from_arrays
@@ -65,7 +66,7 @@ def micro_batch_groups(stages: int, micro_batches: int, rule: str = "equal") -> 
         g = megatron_group_size(p, m)
         sizes = [g] * (m // g) + ([m % g] if m % g else [])
     else:
-        raise ValueError(f"grouping rule {rule!r}: expected one of {', '.join(GROUPING_RULES)}")
+        raise ScheduleError(f"grouping rule {rule!r}: expected one of {', '.join(GROUPING_RULES)}")
     starts = [0]
     for size in sizes:
         starts.append(starts[-1] + size)

@@ -83,9 +83,9 @@ _REGISTRY: dict[str, ScheduleSpec] = {}
 
 
 def register(spec: ScheduleSpec) -> ScheduleSpec:
-    """Add a schedule family to the registry (names are unique)."""
+    """Add a schedule family to the registry (names are unique: a taken name is a ScheduleError)."""
     if spec.name in _REGISTRY:
-        raise ValueError(f"schedule {spec.name!r} is already registered")
+        raise ScheduleError(f"register: schedule {spec.name!r} is already registered: expected a new name")
     _REGISTRY[spec.name] = spec
     return spec
 

@@ -188,7 +188,7 @@ def test_the_plans_cover_the_shapes():
 @pytest.mark.parametrize(("seed", "plan", "layers"), MEGATRON_CASES, ids=[f"plan{c[0]}" for c in MEGATRON_CASES])
 def test_megatron_builds_the_exported_layout(seed, plan, layers, monkeypatch):
     c = plan.config
-    out = plan.to_megatron()
+    out = plan.export("megatron").data
     n = plan.profile.num_body_layers
     parsed = PipelineParallelLayerLayout(out.layout, c.stages)
     parsed.validate_layer_layout(num_layers=n, mtp_num_layers=None)
@@ -239,7 +239,7 @@ def test_megatron_and_sapptk_read_layout_strings_alike():
 def _torchtitan_split(release: str, tmp_path: Path) -> dict:
     items = []
     for plan, _ in PLAN_CASES:
-        out = plan.to_torchtitan()
+        out = plan.export("torchtitan").data
         parts = out.settings["python" if release == "0.3.0" else "toml"]["parts"]
         items.append({"schedule": out.schedule, "degree": plan.config.stages, "parts": parts})
     source, result = tmp_path / f"plans_{release}.json", tmp_path / f"split_{release}.json"

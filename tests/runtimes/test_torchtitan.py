@@ -99,12 +99,16 @@ def loaded(tmp_path_factory):
     elsewhere = tmp_path_factory.mktemp("launch_dir")  # neither the export's folder nor the repository
     paths = {}
     for i, case in enumerate(CASES):
-        out = _plan(case).to_torchtitan(base_config=BASE_0_3)
-        paths[_id(case)] = out.save(exports / f"case{i}", stem=f"sapptk_case{i}")
+        folder = exports / f"case{i}"
+        folder.mkdir()
+        paths[_id(case)] = dict(_plan(case).export("torchtitan", folder / f"sapptk_case{i}.toml",
+                                                   base_config=BASE_0_3).written)
     wrong = _plan(CASES[0])
     bad = profile(LAYERS + 2)
     wrong = make_plan(bad, wrong.config, counts_from_layers(bad, (2, 6), lambda vs, pos: 0), status="given")
-    wrong_path = wrong.to_torchtitan(base_config=BASE_0_3).save(exports / "wrong", stem="sapptk_wrong")["python"]
+    (exports / "wrong").mkdir()
+    wrong_path = wrong.export("torchtitan", exports / "wrong" / "sapptk_wrong.toml",
+                              base_config=BASE_0_3).written["python"]
     old = _probe([p["toml"] for p in paths.values()], exports / "0.2.2.json", elsewhere, None)
     new = _probe([p["python"] for p in paths.values()] + [wrong_path], exports / "0.3.0.json", elsewhere,
                  str(TORCHTITAN_0_3))
@@ -135,7 +139,7 @@ def test_torchtitan_0_2_2_builds_the_plan_from_the_toml(case, loaded):
     program = build(name, stages=2, micro_batches=m, chunks=v)
     params = _expected_params(layers)
     rows = [[cell for cell in row if cell] for row in csv.reader(io.StringIO(program.to_csv()))]
-    export = plan.to_torchtitan()
+    export = plan.export("torchtitan").data
     for rank, built in enumerate(got["ranks"]):
         assert sorted(i for i, _ in built["stages"]) == [vs for vs, d in enumerate(program.placement) if d == rank]
         for vs, names in built["stages"]:
