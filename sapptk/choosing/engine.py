@@ -42,20 +42,20 @@ from typing import Any
 import numpy as np
 
 from sapptk.choosing.bounds import SetupBound, integer_bound, pipeline_bound
+from sapptk.choosing.cards import hardware_bandwidth, is_model_card
 from sapptk.choosing.layout_bound import layout_bound
+from sapptk.choosing.records import all_infeasible, candidate_of, record, record_retry, sync_floor, twin_key
 from sapptk.choosing.result import Choice, typed_choice
 from sapptk.choosing.setups import (
     DEFAULT_GRADIENT_SHARE,
     Candidate,
-    dp_sync_ms,
     enumerate_setups,
-    program_digest,
 )
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.profile import resolve_profile
 from sapptk.sweeps.cache import LAYOUT_COLUMN, Cache
 from sapptk.sweeps.executors import check_executor, default_workers, open_executor
-from sapptk.sweeps.frame import SOLVED, input_row
+from sapptk.sweeps.frame import input_row
 from sapptk.sweeps.grid import CONFIG_FIELDS, point_key, profile_digest
 from sapptk.sweeps.solving import COUNTS_KEY, solve_point
 
@@ -154,7 +154,7 @@ def choose(
              "schedules": schedules, "stages": stages, "chunks": chunks, "memory_budget": memory_budget,
              "constant_memory": constant_memory, "comm": comm, "recompute": recompute, "max_chunks": max_chunks}
     notes: list[str] = []
-    if _is_model_card(source):
+    if is_model_card(source):
         from sapptk.choosing.cards import card_candidates
 
         candidates, card_notes = card_candidates(source, hardware, shape, parallel)
@@ -162,7 +162,7 @@ def choose(
         if sequence_length is None:
             sequence_length = int(parallel.get("seq_length", 4096))
         if bw is None and hardware is not None:
-            bw = _hardware_bandwidth(hardware)
+            bw = hardware_bandwidth(hardware)
     else:
         if parallel:
             name = next(iter(parallel))
@@ -181,35 +181,6 @@ def choose(
                              workers=workers,
                              cache=cache, progress=progress, seed=seed, deterministic=deterministic,
                              notes=notes, began=began)
-
-
-def _is_model_card(source: Any) -> bool:
-    return type(source).__name__ == "ModelCard" and type(source).__module__.startswith("sapptk.models")
-
-
-def _hardware_bandwidth(hardware: Any) -> float | None:
-    """The inter-node link of a hardware card (or bundled name) in MB/ms (= GB/s)."""
-    if isinstance(hardware, str):
-        from sapptk.models import hardware as hardware_card
-
-        hardware = hardware_card(hardware)
-    value = getattr(hardware, "inter_node_gbps", None)
-    return float(value) if isinstance(value, Real) and value > 0 else None
-
-
-def _twin_key(c: Candidate, digest: str) -> tuple[Any, ...]:
-    cfg = c.setup.config
-    return (program_digest(cfg), digest, cfg.memory_budget, cfg.constant_memory, cfg.comm, cfg.recompute,
-            cfg.splits)
-
-
-def _sync_floor(c: Candidate, bw: float | None) -> float:
-    """The least DP synchronisation any plan of the candidate has: its fullest device holds at
-    least the average parameter MB."""
-    prof, cfg = c.profile, c.setup.config
-    total = sum(g.count * g.params for g in prof.body)
-    total += sum(g.count * g.params for g in (prof.head, prof.tail) if g is not None)
-    return dp_sync_ms(total / cfg.stages, c.setup.dp, bw, c.gradient_share)
 
 
 def choose_candidates(
@@ -263,7 +234,7 @@ def choose_candidates(
             t0 = time.perf_counter()
             try:
                 cfg.check(c.profile)
-                c.twin = _twin_key(c, digests.setdefault(id(c.profile), profile_digest(c.profile)))
+                c.twin = twin_key(c, digests.setdefault(id(c.profile), profile_digest(c.profile)))
                 if c.twin not in twins:
                     twins[c.twin] = (pipeline_bound(c.profile, cfg, max_rounds=1, deterministic=deterministic), 0)
                 c.bound, c.level = twins[c.twin]
@@ -277,12 +248,12 @@ def choose_candidates(
                 c.row["excess_mb"] = c.bound.excess_mb
                 done(c, "infeasible")
                 continue
-            c.sync_floor_ms = _sync_floor(c, dp_bandwidth)
+            c.sync_floor_ms = sync_floor(c, dp_bandwidth)
             c.lower_ms = float(c.bound.bound_ms) + c.sync_floor_ms
             heapq.heappush(heap, (c.lower_ms, i))
 
         if not heap:
-            _all_infeasible(candidates)
+            all_infeasible(candidates)
 
         store = Cache(cache) if cache is not None else None
         cached: dict[str, dict[str, Any]] = {}
@@ -440,7 +411,7 @@ def choose_candidates(
                         results[res["key"]] = res
                         if store is not None and res.get("status") != "error":
                             layout = res.get(COUNTS_KEY)
-                            owner = _candidate_of(candidates, chosen, res["key"])
+                            owner = candidate_of(candidates, chosen, res["key"])
                             row = {**input_row(owner.profile.name,
                                                {f: getattr(owner.setup.config, f) for f in CONFIG_FIELDS},
                                                time_limit),
@@ -456,9 +427,9 @@ def choose_candidates(
                 if c.twin not in done_twins and res.get("status") != "error":
                     done_twins[c.twin] = res
                 if c.retry:
-                    _record_retry(c, res, dp_bandwidth)
+                    record_retry(c, res, dp_bandwidth)
                 else:
-                    _record(c, res, dp_bandwidth)
+                    record(c, res, dp_bandwidth)
                 if c.row.get("step_time_ms") is not None and math.isfinite(c.row["step_time_ms"]):
                     cfg = c.setup.config
                     shape_key = (cfg.stages, cfg.chunks, len(c.profile.body))
@@ -523,71 +494,3 @@ def choose_candidates(
     best_plan = plans[int(frame.index[0])]
     return Choice(frame=frame, best=best_plan, proven=proven, plans=plans,
                   seconds=time.perf_counter() - began, notes=notes)
-
-
-def _candidate_of(candidates: list[Candidate], chosen: list[int], key: str) -> Candidate:
-    for i in chosen:
-        if candidates[i].row.get("key") == key:
-            return candidates[i]
-    raise KeyError(key)  # pragma: no cover - every result answers a task of the batch
-
-
-def _record(c: Candidate, res: dict[str, Any], bw: float | None) -> None:
-    """A balanced setup's row from its sweep result."""
-    status = str(res.get("status"))
-    c.row["solver_status"] = status if status in ("optimal", "feasible", "unknown", "infeasible") else None
-    c.row["solve_seconds"] = res.get("solve_seconds")
-    counts = res.get(COUNTS_KEY)
-    if isinstance(counts, dict):
-        counts = counts.get("counts")
-    if status not in SOLVED or counts is None:
-        c.row["reason"] = str(res.get("error") or f"solver status {status}")
-        c.row["status"] = "infeasible" if status == "infeasible" else "unsolved"
-        if status == "infeasible":
-            c.lower_ms = math.inf
-        return
-    c.counts = counts
-    from sapptk.costs import stage_costs
-
-    cfg = c.setup.config
-    sc = stage_costs(c.profile, cfg, np.asarray(counts, dtype=np.int64))
-    params = np.asarray(sc.params, dtype=float)
-    device_params = [float(params[list(st)].sum()) for st in cfg.program().device_stages]
-    sync = dp_sync_ms(max(device_params), c.setup.dp, bw, c.gradient_share)
-    pipeline = float(res["step_time_ms"])
-    c.row.update(status="balanced", pipeline_ms=pipeline, dp_sync_ms=sync, step_time_ms=pipeline + sync,
-                 peak_mb_max=res.get("peak_mb_max"), bubble_of_step=res.get("bubble_of_step"),
-                 solver_bound_ms=res.get("bound_ms"), solver_gap=res.get("gap"))
-    solver_lower = pipeline if status == "optimal" else res.get("bound_ms")
-    if solver_lower is not None and math.isfinite(float(solver_lower)):
-        c.lower_ms = max(c.lower_ms, float(solver_lower) + c.sync_floor_ms)
-    c.row["bound_ms"] = c.lower_ms
-
-
-def _record_retry(c: Candidate, res: dict[str, Any], bw: float | None) -> None:
-    """A second, longer balance of a balanced setup: its plan replaces the first when faster;
-    its bound raises the setup's either way."""
-    first = {k: c.row.get(k) for k in c.row}
-    counts, lower = c.counts, c.lower_ms
-    _record(c, res, bw)
-    if c.row.get("status") != "balanced" or c.row["step_time_ms"] >= first["step_time_ms"]:
-        raised = max(lower, c.lower_ms)
-        c.row.clear()
-        c.row.update(first)
-        c.counts, c.lower_ms = counts, raised
-        c.row["bound_ms"] = raised
-    c.row["solve_seconds"] = (first.get("solve_seconds") or 0.0) + (res.get("solve_seconds") or 0.0)
-
-
-def _all_infeasible(candidates: list[Candidate]) -> None:
-    """Raise the error for a choice where no setup can fit: the nearest one and what binds."""
-    infeasible = [c for c in candidates if c.row.get("status") == "infeasible"]
-    if not infeasible:
-        reasons = sorted({str(c.row.get("reason")) for c in candidates})
-        raise ConfigError(f"choose: no valid setup among {len(candidates)} ({'; '.join(reasons[:3])})")
-    nearest = min(infeasible, key=lambda c: c.row.get("excess_mb", math.inf))
-    budget = nearest.setup.config.memory_budget
-    raise ConfigError(
-        f"memory_budget = {budget!r}: no setup fits (all {len(candidates)} infeasible); the nearest is "
-        f"{nearest.setup.label}: {nearest.row.get('reason')}"
-    )
