@@ -180,6 +180,8 @@ def test_enumeration_and_boundary_errors() -> None:
         enumerate_setups(devices=4, global_batch=7, stages=[1, 2], memory_budget=None)
     with pytest.raises(ConfigError, match="chunks = \\[\\]: an empty list"):
         enumerate_setups(devices=4, global_batch=8, chunks=[], memory_budget=None)
+    with pytest.raises(ConfigError, match="stages = \\[\\]: an empty list"):
+        enumerate_setups(devices=4, global_batch=8, stages=[], memory_budget=None)
     with pytest.raises(ConfigError, match="schedules = \\[\\]"):
         enumerate_setups(devices=4, global_batch=8, schedules=[], memory_budget=None)
     with pytest.raises(ConfigError, match="zb-v-greedy"):
