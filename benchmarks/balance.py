@@ -46,9 +46,10 @@ import time
 
 import numpy as np
 
+from sapptk.baselines import distinct_recomputes
 from sapptk.config import PipelineConfig
 from sapptk.costs import simulate_counts
-from sapptk.plan import even_splits
+from sapptk.plan import even_split
 from sapptk.profile import LayerGroup, ModeCost, Profile, bundled_profile
 from sapptk.solver.search import search
 
@@ -216,7 +217,8 @@ def curve(time_limit: float, workers: int) -> None:
 
 def best_even(profile, config) -> tuple[str, float] | None:
     """The fastest even split (one mode for every layer) that fits the budget."""
-    fitting = [plan for plan in even_splits(profile, config) if plan.fits]
+    fitting = [plan for plan in (even_split(profile, config, m) for m in distinct_recomputes(profile, config))
+               if plan.fits]
     if not fitting:
         return None
     fastest = min(fitting, key=lambda plan: plan.step_time)

@@ -122,7 +122,7 @@ def hand_vs_plan(time_limit: float) -> pd.DataFrame:
     rows = []
     for layout, what in LAYOUTS.items():
         hand = sapptk.load_plan(layout, "megatron", profile=profile, config=base)
-        peak = float(hand.simulate().peak_memory.max())
+        peak = float(hand.simulation.peak_memory.max())
         plan = sapptk.balance(profile, base.replace(memory_budget=peak), time_limit=time_limit)
         choice = sapptk.choose(profile, devices=16, global_batch=32, memory_budget=peak, stages=[8, 16],
                                time_limit=time_limit)
@@ -130,9 +130,9 @@ def hand_vs_plan(time_limit: float) -> pd.DataFrame:
         rows += [
             {"layout": layout, "plan": what, "step_ms": hand.step_time, "peak_mb": peak},
             {"layout": layout, "plan": "sapptk balance, same shape and budget", "step_ms": plan.step_time,
-             "peak_mb": float(plan.simulate().peak_memory.max())},
+             "peak_mb": float(plan.simulation.peak_memory.max())},
             {"layout": layout, "plan": f"sapptk choose: {best.config.schedule} p{best.config.stages} "
-             f"v{best.config.chunks}", "step_ms": best.step_time, "peak_mb": float(best.simulate().peak_memory.max())},
+             f"v{best.config.chunks}", "step_ms": best.step_time, "peak_mb": float(best.simulation.peak_memory.max())},
         ]
     table = pd.DataFrame(rows)
     hand = table.groupby("layout")["step_ms"].transform("first")

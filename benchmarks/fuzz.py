@@ -389,11 +389,11 @@ def check_profile(profile: Any) -> None:
 
 def simulate_even(profile: Any) -> None:
     from sapptk.config import PipelineConfig
-    from sapptk.plan import even_baseline
+    from sapptk.plan import even_split
 
     config = PipelineConfig(2, 4, memory_budget=1e6)
     config.check(profile)
-    check_plan(even_baseline(profile, config))
+    check_plan(even_split(profile, config, "auto"))
 
 
 # ================================================================================ worker
@@ -544,9 +544,9 @@ def run_case(case: dict[str, Any]) -> None:  # noqa: C901 - one branch per categ
             expect(int((program.ops["kind"] == "F").sum()) == config.stages * config.chunks * config.micro_batches
                    * config.splits, "wrong number of forwards")
             config.check(bundled_profile("llama2_70b"))
-            from sapptk.plan import even_baseline
+            from sapptk.plan import even_split
 
-            check_plan(even_baseline(bundled_profile("llama2_70b"), config))
+            check_plan(even_split(bundled_profile("llama2_70b"), config, "auto"))
         elif cat == "calibration":
             from sapptk.calibration import calibrate
 

@@ -2,8 +2,10 @@
 
 Run: python benchmarks/offload.py [--quick] [--base-seconds S] [--offload-seconds S]
 
-1. Speed of the copy-stream simulation (:func:`sapptk.offload.simulate_offload`) against
-   :func:`sapptk.simulate` on the same plan, as ratios measured in this process (load cancels).
+1. Speed of the copy-stream simulation (:func:`sapptk.simulate` with ``host_bandwidth``) against
+   the plain run on the same plan, and of its pass (the longest-path kernel on units and
+   transfers) against the unit-by-unit Python pass it replaced (``tests/offload_reference.py``),
+   as ratios measured in this process (load cancels); also at 4x the micro-batches.
 2. llama2_70b, interleaved, 16 stages x 32 micro-batches x 2 chunks, at 56000 MB and a tighter
    48000 MB, with the layers' times scaled (0.5x, 1x, 2x: shorter or longer layers, the same
    activations): the recompute-only plan (``balance`` without "offload"), then the same plan
@@ -20,7 +22,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
+from pathlib import Path
+
+import numpy as np
 
 import sapptk
 from sapptk.balancer import with_offload
@@ -46,8 +52,6 @@ def speed(profile: Profile) -> None:
     plan = sapptk.even_split(profile, cfg, "none")
     off = plan.counts[:, 0, :].copy()
     with_off = sapptk.plan.make_plan(profile, cfg, plan.counts, status="given", offload=off)
-    from sapptk.offload import simulate_offload
-
     c = plan.costs
     program = cfg.program()
     args = {"forward": c.forward, "backward": c.backward, "weight": c.weight, "activation": c.activation,
@@ -61,13 +65,37 @@ def speed(profile: Profile) -> None:
         return (time.perf_counter() - t) / n
 
     base = per_call(lambda: sapptk.simulate(program, **args))
-    none = per_call(lambda: simulate_offload(program, **args))
+    none = per_call(lambda: sapptk.simulate(program, **args, host_bandwidth=25.0))
     full = per_call(lambda: with_off.simulate())
     print(f"simulation of llama2_70b 16 x 32 x 2 interleaved ({program.num_ops} ops), per call:")
     print(f"  sapptk.simulate                          {base * 1e3:7.2f} ms  1.00")
-    print(f"  simulate_offload, nothing offloaded      {none * 1e3:7.2f} ms  {none / base:.2f}")
+    print(f"  copy streams, nothing offloaded          {none * 1e3:7.2f} ms  {none / base:.2f}")
     print(f"  plan with every layer offloaded          {full * 1e3:7.2f} ms  {full / base:.2f}"
           f"  ({len(with_off.simulation.transfers)} transfers)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from offload_reference import reference_stream_times
+
+    from sapptk.schedules import copy_stream
+    from sapptk.simulation import op_durations, unit_durations
+
+    print("the copy stream's pass: the longest-path kernel on units and transfers against the plain Python pass "
+          "(same times, checked)")
+    for m in (32, 128):
+        setup = cfg.replace(micro_batches=m)
+        prog = setup.program()
+        costs = sapptk.even_split(profile, setup, "none").costs
+        size = costs.activation  # every layer offloaded
+        pairs = copy_stream.pairs(prog)
+        stream = copy_stream.stream(pairs, size, 25.0, 1)
+        dur = unit_durations(prog, op_durations(prog, costs.forward, costs.backward, costs.weight))
+        run = (prog, pairs, stream, dur, costs.comm)
+        kernel = per_call(lambda r=run: copy_stream.run(*r), n=10)
+        plain = per_call(lambda r=run: reference_stream_times(*r), n=10)
+        got = copy_stream.run(prog, pairs, stream, dur, costs.comm)
+        want = reference_stream_times(prog, pairs, stream, dur, costs.comm)
+        assert np.array_equal(got.end, want[1]) and np.array_equal(got.c_end, want[3])
+        print(f"  m = {m:3d} ({prog.num_ops:5d} ops, {len(stream.pair):5d} transfers): kernel {kernel * 1e3:7.2f} ms, "
+              f"plain pass {plain * 1e3:7.2f} ms, plain / kernel {plain / kernel:.2f}")
 
 
 def sweep(profile: Profile, scales: tuple[float, ...], budgets: tuple[float, ...], base_seconds: float,

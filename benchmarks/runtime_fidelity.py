@@ -4,19 +4,33 @@ Needs the ``runtimes`` extra (torch). For every schedule PyTorch runs (sapptk's 
 ``SCHEDULES``, exported as schedule CSVs and loaded by ``_PipelineScheduleRuntime``) at p = 2
 and m in {4, 8, 16}, two gloo processes on 127.0.0.1 (one thread each) run a compute-bound
 float32 model (one 512-wide linear layer + tanh per virtual stage, 128 rows per
-micro-batch) for ``--warmup`` steps, then ``--steps`` profiled steps. Each rank records its own
-``torch.profiler`` trace with a range around every stage call (``sapptk:F:<stage>:<mb>``, ...)
-and every wait for a neighbour (``sapptk:wait``). The measured step is the median over the
-profiled steps of the slower rank's wall time. The costs come from that run's own trace
-(:mod:`sapptk.calibration.runtime_ops`): medians per op kind and virtual stage, and the
-runtime's per-op overhead fitted from the gaps between ops that are not waits. sapptk
-simulates the same program with those costs (``comm=0``: p2p on one machine is negligible),
-without and with the overhead::
+micro-batch) for ``--warmup`` steps, ``--steps`` steps without the profiler, then ``--steps``
+profiled steps. Each rank records its own ``torch.profiler`` trace with a range around every
+stage call (``sapptk:F:<stage>:<mb>``, ...) and every wait for a neighbour (``sapptk:wait``).
+The ranks run with ``MALLOC_MMAP_THRESHOLD_`` at 32 MiB (``--malloc heap``; glibc's ceiling):
+under glibc's default every weight-gradient buffer above the threshold is a fresh ``mmap``
+that page-faults on first touch; ``--malloc default`` leaves the environment alone.
 
-    python benchmarks/runtime_fidelity.py [--steps 10] [--out DIR]
+The measured step is the median over the profiled steps of the slower rank's wall time. The
+costs come from that run's own trace (:mod:`sapptk.calibration.runtime_ops`), two ways:
 
-It prints one row per run and the mean and worst |simulated − measured| / measured. Timings
-on a shared machine are noisy: say so where you record them.
+* ``ops only``: the median duration per op kind and virtual stage, nothing else (what a
+  profile of the layers alone gives);
+* ``fitted``: the mean per op kind and virtual stage, plus the runtime's terms fitted from
+  the trace's gaps (:func:`~sapptk.calibration.runtime_ops.fit_runtime`): a per-op
+  ``overhead`` in every op's cost, ``comm`` (the lag across devices beyond it) and the step's
+  work outside its ops (``step_ms``, added to the simulated step);
+* ``replay``: each profiled step simulated with its own op durations and the fitted terms
+  (the median over steps): what is left is the time model's own error.
+
+::
+
+    python benchmarks/runtime_fidelity.py [--steps 10] [--out DIR] [--schedules gpipe,1f1b] [--malloc heap]
+    python benchmarks/runtime_fidelity.py --analyse DIR   # the tables again from a kept run, no new run
+
+It prints one row per run and the mean and worst |simulated − measured| / measured, and writes
+``summary.csv`` in the output folder. Timings on a shared machine are noisy: say so (and the
+load average, printed) where you record them.
 """
 
 from __future__ import annotations
@@ -36,6 +50,7 @@ SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved-zb", 2
 MICRO_BATCHES = (4, 8, 16)
 STAGES = 2
 WIDTH, ROWS = 512, 128
+MMAP_THRESHOLD = str(32 * 1024 * 1024)  # glibc takes at most HEAP_MAX_SIZE / 2 = 32 MiB on 64-bit
 
 
 # ------------------------------------------------------------------------------ worker
@@ -90,21 +105,26 @@ def _worker(cases_path: str, out_dir: str, rank: int, port: int, warmup: int, st
             else:
                 schedule.step(**kwargs)
 
+        def timed(name=None):
+            dist.barrier()
+            start = time.perf_counter()
+            if name is None:
+                step()
+            else:
+                with record_function(name):
+                    step()
+            elapsed = torch.tensor([time.perf_counter() - start])
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slower rank's step
+            return float(elapsed) * 1e3
+
         for _ in range(warmup):
             step()
-        wall = []
+        plain = [timed() for _ in range(steps)]
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for i in range(steps):
-                dist.barrier()
-                start = time.perf_counter()
-                with record_function(f"ProfilerStep#{i}"):
-                    step()
-                elapsed = torch.tensor([time.perf_counter() - start])
-                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slower rank's step
-                wall.append(float(elapsed) * 1e3)
+            wall = [timed(f"ProfilerStep#{i}") for i in range(steps)]
         trace = out / f"{case['id']}_rank{rank}.json"
         prof.export_chrome_trace(str(trace))
-        results[case["id"]] = {"wall_ms": wall, "trace": str(trace)}
+        results[case["id"]] = {"wall_ms": wall, "unprofiled_ms": plain, "trace": str(trace)}
         dist.barrier()
     (out / f"rank{rank}.json").write_text(json.dumps(results), encoding="utf-8")
     dist.destroy_process_group()
@@ -130,31 +150,12 @@ def _merged_trace(paths: list[str], out: Path):
     return read_trace(out)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None, help="keep the traces there")
-    parser.add_argument("--timeout", type=float, default=1200.0)
-    args = parser.parse_args()
-
-    from sapptk.calibration.runtime_ops import op_overhead, op_samples, stage_costs
-    from sapptk.schedules import build
-    from sapptk.simulation import simulate
-
-    out = args.out or Path(tempfile.mkdtemp(prefix="sapptk_fidelity_"))
-    out.mkdir(parents=True, exist_ok=True)
-    cases = []
-    for name, v in SCHEDULES:
-        for m in MICRO_BATCHES:
-            program = build(name, stages=STAGES, micro_batches=m, chunks=v)
-            path = out / f"{name}_m{m}.csv"
-            program.to_csv(path)
-            cases.append({"id": f"{name}_m{m}", "name": name, "m": m, "v": v, "csv": str(path),
-                          "placement": [int(d) for d in program.placement]})
-    (out / "cases.json").write_text(json.dumps(cases), encoding="utf-8")
+def _run(out: Path, cases: list[dict], args: argparse.Namespace) -> None:
+    """Run the two workers over ``cases``; their results land in ``out/rank<r>.json``."""
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if args.malloc == "heap":
+        env["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(out / "cases.json"), str(out), str(r),
                                str(port), str(args.warmup), str(args.steps)], env=env) for r in range(STAGES)]
     deadline = time.monotonic() + args.timeout
@@ -168,30 +169,112 @@ def main() -> None:
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def _median(values: list[float]) -> float:
+    import numpy as np
+
+    return float(np.median(values))
+
+
+def analyse(out: Path) -> list[dict]:
+    """One row per run of a kept output folder: measured and simulated steps, the fitted terms."""
+    import numpy as np
+
+    from sapptk.calibration.runtime_ops import fit_runtime, op_costs, op_samples, stage_costs, step_costs
+    from sapptk.schedules import build
+    from sapptk.simulation import simulate
+
+    cases = json.loads((out / "cases.json").read_text(encoding="utf-8"))
     ranks = [json.loads((out / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(STAGES)]
-    print(f"{'schedule':<16}{'m':>4}{'measured ms':>13}{'simulated':>11}{'error':>8}{'overhead ms/op':>16}"
-          f"{'with overhead':>15}{'error':>8}")
-    errors, errors_overhead = [], []
+    rows = []
     for case in cases:
         key = case["id"]
-        wall = sorted(ranks[0][key]["wall_ms"])
-        measured = wall[len(wall) // 2]
-        trace = _merged_trace([ranks[r][key]["trace"] for r in range(STAGES)], out / f"{key}_merged.json")
+        if key not in ranks[0]:
+            continue
+        merged = out / f"{key}_merged.json"
+        trace = _merged_trace([str(out / f"{key}_rank{r}.json") for r in range(STAGES)], merged)
         ops = op_samples(trace)
-        overhead, _ = op_overhead(trace, ops)
         program = build(case["name"], stages=STAGES, micro_batches=case["m"], chunks=case["v"])
-        sims = []
-        for extra in (0.0, max(overhead, 0.0)):
-            costs = stage_costs(ops, program.num_virtual_stages, overhead=extra)
-            sims.append(simulate(program, **costs).step_time)
-        e0, e1 = (sims[0] - measured) / measured, (sims[1] - measured) / measured
-        errors.append(abs(e0))
-        errors_overhead.append(abs(e1))
-        print(f"{case['name']:<16}{case['m']:>4}{measured:>13.1f}{sims[0]:>11.1f}{e0:>+8.1%}{overhead:>16.3f}"
-              f"{sims[1]:>15.1f}{e1:>+8.1%}")
-    print(f"mean |error|: {sum(errors) / len(errors):.1%} (worst {max(errors):.1%}) with the ops' own durations; "
-          f"{sum(errors_overhead) / len(errors_overhead):.1%} (worst {max(errors_overhead):.1%}) with the fitted "
-          f"per-op overhead; {len(cases)} runs, {args.steps} steps each; traces in {out}")
+        fit = fit_runtime(program, ops, trace)
+        measured = _median(ranks[0][key]["wall_ms"])
+        ops_only = simulate(program, **stage_costs(ops, program.num_virtual_stages)).step_time
+        fitted = simulate(program, **op_costs(program, ops, overhead=fit.overhead), comm=fit.comm).step_time
+        replay = [simulate(program, **step_costs(program, ops, s, overhead=fit.overhead), comm=fit.comm).step_time
+                  for s in sorted(int(x) for x in ops["step"].unique())]
+        row = {"schedule": case["name"], "m": case["m"], "measured_ms": measured,
+               "unprofiled_ms": _median(ranks[0][key].get("unprofiled_ms") or [np.nan]),
+               "ops_only_ms": ops_only, "overhead_ms": fit.overhead, "comm_ms": fit.comm, "step_ms": fit.step_ms,
+               "fitted_ms": fitted + fit.step_ms, "replay_ms": _median(replay) + fit.step_ms}
+        for name in ("ops_only", "fitted", "replay"):
+            row[f"{name}_error"] = (row[f"{name}_ms"] - measured) / measured
+        for kind in "FBIW":
+            row[f"gap_after_{kind}_ms"] = fit.overhead_by_kind.get(kind, np.nan)
+        rows.append(row)
+    return rows
+
+
+def _report(rows: list[dict], out: Path) -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    frame.to_csv(out / "summary.csv", index=False)
+    print(f"{'schedule':<16}{'m':>4}{'measured':>10}{'unprof.':>9}{'ops only':>10}{'error':>8}{'overhead':>10}"
+          f"{'comm':>7}{'step':>7}{'fitted':>9}{'error':>8}{'replay':>9}{'error':>8}   (ms)")
+    for r in rows:
+        print(f"{r['schedule']:<16}{r['m']:>4}{r['measured_ms']:>10.1f}{r['unprofiled_ms']:>9.1f}"
+              f"{r['ops_only_ms']:>10.1f}{r['ops_only_error']:>+8.1%}{r['overhead_ms']:>10.3f}{r['comm_ms']:>7.3f}"
+              f"{r['step_ms']:>7.2f}{r['fitted_ms']:>9.1f}{r['fitted_error']:>+8.1%}{r['replay_ms']:>9.1f}"
+              f"{r['replay_error']:>+8.1%}")
+    for name, label in (("ops_only", "the ops' median durations alone"),
+                        ("fitted", "mean op costs + fitted overhead, comm and step work"),
+                        ("replay", "each step replayed with its own op durations + the fitted terms")):
+        err = frame[f"{name}_error"].abs()
+        print(f"mean |error| {err.mean():.1%} (worst {err.max():.1%}): {label}")
+    print(f"{len(rows)} runs; summary.csv and the traces in {out}; load average now {os.getloadavg()[0]:.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="keep the traces there")
+    parser.add_argument("--timeout", type=float, default=1200.0)
+    parser.add_argument("--schedules", default=",".join(name for name, _ in SCHEDULES),
+                        help="comma-separated subset of the schedules")
+    parser.add_argument("--micro-batches", default=",".join(map(str, MICRO_BATCHES)), help="comma-separated m")
+    parser.add_argument("--malloc", choices=("heap", "default"), default="heap",
+                        help="heap: MALLOC_MMAP_THRESHOLD_=32 MiB in the ranks; default: glibc's own")
+    parser.add_argument("--analyse", type=Path, default=None, metavar="DIR",
+                        help="print the tables of a kept output folder again, without running")
+    args = parser.parse_args()
+
+    from sapptk.schedules import build
+
+    if args.analyse is not None:
+        _report(analyse(args.analyse), args.analyse)
+        return
+    chunks = dict(SCHEDULES)
+    names = [n.strip() for n in args.schedules.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(chunks))
+    if unknown:
+        raise SystemExit(f"--schedules: unknown {unknown}; expected some of {sorted(chunks)}")
+    counts = [int(m) for m in args.micro_batches.split(",") if m.strip()]
+    out = args.out or Path(tempfile.mkdtemp(prefix="sapptk_fidelity_"))
+    out.mkdir(parents=True, exist_ok=True)
+    cases = []
+    for name in names:
+        for m in counts:
+            program = build(name, stages=STAGES, micro_batches=m, chunks=chunks[name])
+            path = out / f"{name}_m{m}.csv"
+            program.to_csv(path)
+            cases.append({"id": f"{name}_m{m}", "name": name, "m": m, "v": chunks[name], "csv": str(path),
+                          "placement": [int(d) for d in program.placement]})
+    (out / "cases.json").write_text(json.dumps(cases), encoding="utf-8")
+    print(f"load average before the run: {os.getloadavg()[0]:.1f}; MALLOC_MMAP_THRESHOLD_ "
+          f"{MMAP_THRESHOLD if args.malloc == 'heap' else 'unset'}", flush=True)
+    _run(out, cases, args)
+    _report(analyse(out), out)
 
 
 if __name__ == "__main__":

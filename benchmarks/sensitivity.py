@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from sapptk.config import PipelineConfig
-from sapptk.plan import even_baseline
+from sapptk.plan import even_split
 from sapptk.profile import bundled_profile
 from sapptk.sensitivity import perturbed_costs
 from sapptk.simulation import simulate
@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     profile = bundled_profile("llama2_70b")
     config = PipelineConfig(16, 32, 2, "interleaved", memory_budget=56000)
-    plan = even_baseline(profile, config)
+    plan = even_split(profile, config, "auto")
     plan.simulation  # noqa: B018 - build and compile the program outside the timings
     t0 = time.perf_counter()
     res = plan.sensitivity(samples=args.samples)

@@ -44,7 +44,7 @@ from bokeh.plotting import figure
 
 from sapptk import viz
 from sapptk.config import PipelineConfig
-from sapptk.plan import even_baseline, even_split, make_plan
+from sapptk.plan import even_split, make_plan
 from sapptk.profile import bundled_profile
 from sapptk.schedules import build
 from sapptk.simulation import simulate
@@ -72,7 +72,7 @@ def explorer_case():
     split = even_split(profile, config, "select")
     plan = make_plan(profile, config, split.counts, status="optimal", step_time=split.step_time,
                      bound=split.step_time, gap=0.0)
-    baseline = even_baseline(profile, config)
+    baseline = even_split(profile, config, "auto")
     plan.simulation, baseline.simulation, plan.devices  # noqa: B018  (computed before timing)
     return profile, config, plan, baseline
 
@@ -101,8 +101,8 @@ def explorer_draw_seconds(profile, config, plan) -> float:
     import sapptk.balancer as balancer
     from sapptk.widgets import Explorer
 
-    real = balancer.balance
-    balancer.balance = lambda *args, **kwargs: plan
+    real = balancer.solve
+    balancer.solve = lambda request: plan
     try:
         times = []
         for _ in range(5):
@@ -112,7 +112,7 @@ def explorer_draw_seconds(profile, config, plan) -> float:
             times.append(ex.draw_seconds)
         return min(times)
     finally:
-        balancer.balance = real
+        balancer.solve = real
 
 
 def models(layouts) -> int:

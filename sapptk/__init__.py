@@ -34,18 +34,18 @@ _EXPORTS: dict[str, str] = {
     "Bubble": "sapptk.simulation",
     "Simulation": "sapptk.simulation",
     "simulate": "sapptk.simulation",
-    "OffloadSimulation": "sapptk.offload",
-    "simulate_offload": "sapptk.offload",
+    "OffloadSimulation": "sapptk.simulation",
     "PipelineConfig": "sapptk.config",
     "AlternativeLayout": "sapptk.costs",
     "Plan": "sapptk.plan",
-    "even_baseline": "sapptk.plan",
     "even_split": "sapptk.plan",
     "load_plan": "sapptk.plan",
     "load_plans": "sapptk.plan",
     "Export": "sapptk.formats.base",
     "make_plan": "sapptk.plan",
     "balance": "sapptk.balancer",
+    "solve": "sapptk.balancer",
+    "SolveRequest": "sapptk.request",
     "Calibration": "sapptk.calibration.fitting",
     "calibrate": "sapptk.calibration.fitting",
     "validate": "sapptk.calibration.validation",
@@ -85,6 +85,7 @@ __all__ = [
     "SearchOptions",
     "Simulation",
     "SliceChoice",
+    "SolveRequest",
     "TraceError",
     "balance",
     "bundled_profile",
@@ -93,7 +94,6 @@ __all__ = [
     "bundled_profiles",
     "choose",
     "choose_slices",
-    "even_baseline",
     "even_split",
     "estimate_profile",
     "load_plan",
@@ -103,14 +103,14 @@ __all__ = [
     "models",
     "schedules",
     "simulate",
-    "simulate_offload",
+    "solve",
     "sweep",
     "validate",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from sapptk import calibration, models, schedules
-    from sapptk.balancer import balance
+    from sapptk.balancer import balance, solve
     from sapptk.calibration.fitting import Calibration, calibrate
     from sapptk.calibration.validation import validate
     from sapptk.choosing import Choice, choose
@@ -128,17 +128,16 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     )
     from sapptk.formats.base import Export
     from sapptk.models.estimate import estimate_profile
-    from sapptk.offload import OffloadSimulation, simulate_offload
     from sapptk.plan import (
         Plan,
-        even_baseline,
         even_split,
         load_plan,
         load_plans,
         make_plan,
     )
     from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile, bundled_profiles, load_profile
-    from sapptk.simulation import Bubble, Simulation, simulate
+    from sapptk.request import SolveRequest
+    from sapptk.simulation import Bubble, OffloadSimulation, Simulation, simulate
     from sapptk.solver.settings import SearchOptions
     from sapptk.solver.slices import SliceChoice, choose_slices
     from sapptk.sweeps import sweep

@@ -3,8 +3,13 @@
 Every reader and entry point checks a user's value through these helpers, so a value is
 judged the same way everywhere (type, sign, magnitude *before* any conversion, so a
 400-digit integer is refused instead of overflowing) and every message has one shape:
-``<where> = <value>: expected <what>``. The limits here are the ones of ``docs/limits.md``
-that several readers share; a reader's own limits stay next to it and are listed there too.
+``<where> = <value>: expected <what>``, the value rendered by :func:`show` (the one way to
+show a bad value). Every limit of the package is defined here, once (``docs/limits.md``
+lists them); a module that names a limit of its own (``sapptk.profile.MAX_LAYERS``) binds
+it to the constant here, and ``tests/test_limits.py`` refuses a limit literal elsewhere.
+The solver's arguments (``workers``, ``seed``, ``time_limit``, flags) are checked by
+:func:`solver_arguments`, the one check behind ``balance``, ``SolveRequest``, ``sweep``,
+``choose`` and the command line.
 
 The error type is the caller's (``TraceError`` for a trace, ``ConfigError`` for a plan,
 ...): each helper takes it as ``error``.
@@ -20,24 +25,174 @@ import stat
 from pathlib import Path
 from typing import Any, NoReturn
 
-from sapptk.errors import SapptkError
+from sapptk.errors import ConfigError, SapptkError
 
 __all__ = [
+    "MAX_INT64",
+    "MAX_LAYOUT_CHARS",
+    "MAX_NUMPY_SEED",
+    "MAX_FIT_ROUNDS",
+    "MAX_SOLVER_INTEGER",
+    "MAX_ATTEMPTS",
+    "MAX_BANDWIDTH",
+    "MAX_BUDGET_MB",
+    "MAX_CALIBRATION_BYTES",
+    "MAX_COEF",
+    "MAX_COMM_MS",
+    "MAX_DESIGN_PEAKS",
     "MAX_DESIGN_ROUNDS",
+    "MAX_DIMENSION",
+    "MAX_EXPLORER_CHUNKS",
+    "MAX_EXPLORER_MICRO_BATCHES",
+    "MAX_EXPLORER_SPLITS",
+    "MAX_EXPLORER_STAGES",
+    "MAX_FILE_BYTES",
+    "MAX_LABELS",
+    "MAX_LAYERS",
+    "MAX_MB",
+    "MAX_MS",
+    "MAX_PARALLEL",
+    "MAX_POINTS",
+    "MAX_SCHEDULE_CSV_BYTES",
+    "MAX_SEED",
+    "MAX_SEQ_LENGTH",
+    "MAX_SOLVER_WORKERS",
+    "MAX_TRACE_BYTES",
+    "MAX_UNITS",
+    "MAX_WORKERS",
+    "MAX_YAML_ALIASES",
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_NODES",
     "MAX_INDEX",
     "MAX_PROGRAM_OPS",
     "MAX_REGEX_CHARS",
     "MAX_STAGES",
     "MAX_TRACE_US",
     "fail",
+    "flag",
     "integer",
     "number",
     "output_file",
     "regex",
+    "seed",
     "show",
     "size",
+    "solver_arguments",
+    "time_limit",
+    "workers",
 ]
 
+# ------------------------------------------------------------------ the solver's arguments
+MAX_WORKERS = 64
+"""Most CP-SAT worker threads one solve may ask for (``balance``, ``sweep``, ``choose``, the
+command line): far beyond the cores of any machine this runs on."""
+
+MAX_SEED = 2**31 - 1
+"""Largest random seed (CP-SAT's seed is a 32-bit signed integer)."""
+
+MAX_SOLVER_WORKERS = 8
+"""Cap on the *default* CP-SAT workers per solve of a sweep (more rarely help models of this
+size); a sweep may still ask for up to :data:`MAX_WORKERS`."""
+
+MAX_ATTEMPTS = 3
+"""Times a sweep point is run before it is recorded as failed (a worker process that died)."""
+
+MAX_POINTS = 1_000_000
+"""Most points one sweep may have (its rows, keys and tasks live in memory)."""
+
+# ------------------------------------------------------------------ the Explorer's sliders
+MAX_EXPLORER_STAGES = 64
+"""Largest pipeline stage count on the Explorer's slider."""
+
+MAX_EXPLORER_MICRO_BATCHES = 512
+"""Largest micro-batch count on the Explorer's slider."""
+
+MAX_EXPLORER_CHUNKS = 8
+"""Largest chunk count on the Explorer's slider."""
+
+MAX_EXPLORER_SPLITS = 8
+"""Largest sequence-slice count on the Explorer's slider."""
+
+# ------------------------------------------------------------------ profiles, setups, units
+MAX_MS = 1e7
+"""A time in a profile, ms."""
+
+MAX_MB = 1e9
+"""A memory figure in a profile, MB."""
+
+MAX_COEF = 1e3
+"""A backward coefficient in a profile."""
+
+MAX_LAYERS = 1_000_000
+"""Layers of one group of a profile."""
+
+MAX_SEQ_LENGTH = 1 << 24
+"""A profile's sequence length, tokens."""
+
+MAX_BUDGET_MB = 1e12
+"""A memory budget or constant per device, MB."""
+
+MAX_COMM_MS = 1e7
+"""A point-to-point latency, ms."""
+
+MAX_BANDWIDTH = 1e9
+"""A host link's bandwidth, MB per ms."""
+
+MAX_UNITS = 2**53
+"""Largest integer time or memory figure (float64 holds every integer up to it exactly)."""
+
+MAX_DIMENSION = 10**9
+"""A model card's single dimension (hidden size, vocabulary, ...)."""
+
+MAX_PARALLEL = 1_000_000
+"""A parallel layout's degree (tensor, data, expert, ...)."""
+
+MAX_DESIGN_PEAKS = 100_000
+"""Peaks (stages × rounds) one dry-run design may ask for."""
+
+MAX_LABELS = 4000
+"""Op labels drawn on a timeline (beyond it they would cover each other)."""
+
+MAX_SOLVER_INTEGER = 2**52
+"""Largest integer the solver's models hold (CP-SAT's domains, its step-time variable): every
+figure of a plan in integer units stays below it, and float64 holds it exactly."""
+
+MAX_FIT_ROUNDS = 100
+"""Rounds of the calibration's fixed-point iteration (it converges in a handful)."""
+
+MAX_INT64 = 2**63 - 1
+"""Largest value of an int64 column (a sweep's cached inputs)."""
+
+MAX_NUMPY_SEED = 2**64 - 1
+"""Largest seed NumPy's generators take (a dry-run design's random draws)."""
+
+# ------------------------------------------------------------------ files
+MAX_FILE_BYTES = 8 * 2**20
+"""A profile, plan, calibration or config file read whole (``sapptk.files``)."""
+
+MAX_YAML_DEPTH = 100
+"""Nesting of a JSON or YAML document."""
+
+MAX_YAML_NODES = 200_000
+"""Nodes of one YAML document."""
+
+MAX_YAML_ALIASES = 100
+"""Aliases of one YAML document (a billion-laughs document is refused)."""
+
+MAX_SCHEDULE_CSV_BYTES = 16 * 2**20
+"""A schedule CSV file."""
+
+MAX_CALIBRATION_BYTES = 16 * 2**20
+"""A dry-run calibration file."""
+
+MAX_TRACE_BYTES = 2 * 2**30
+"""A profiler trace (Chrome trace JSON)."""
+
+MAX_LAYOUT_CHARS = 2 * MAX_LAYERS + 1_000
+"""A Megatron ``--pipeline-model-parallel-layout`` string (two characters per layer at most,
+plus the stage marks)."""
+
+# ------------------------------------------------------------------ dry runs, programs, traces
 MAX_STAGES = 10_000
 """Pipeline stages of a dry run, a calibration file or a ``design``: far beyond any real
 pipeline; keeps their tables (stages × rounds × modes) small."""
@@ -106,6 +261,41 @@ def number(value: Any, where: str, *, error: type[SapptkError], low: float | Non
             or (above is not None and result <= above)):
         fail(error, where, value, expected)
     return result
+
+
+def flag(value: Any, where: str, *, error: type[SapptkError] = ConfigError) -> bool:
+    """``value`` as a ``bool``: True or False only (NumPy's booleans too; not 0, 1 or text)."""
+    if type(value).__name__ == "bool_" or isinstance(value, bool):
+        return bool(value)
+    fail(error, where, value, "True or False")
+
+
+def workers(value: Any, where: str = "workers", *, error: type[SapptkError] = ConfigError,
+            text: bool = False) -> int:
+    """CP-SAT worker threads: an integer from 1 to :data:`MAX_WORKERS`."""
+    return integer(value, where, error=error, low=1, high=MAX_WORKERS, text=text)
+
+
+def seed(value: Any, where: str = "seed", *, error: type[SapptkError] = ConfigError, text: bool = False) -> int:
+    """A random seed: an integer from 0 to :data:`MAX_SEED`."""
+    return integer(value, where, error=error, low=0, high=MAX_SEED, text=text)
+
+
+def time_limit(value: Any, where: str = "time_limit", *, error: type[SapptkError] = ConfigError) -> float:
+    """Wall-clock seconds: a finite number > 0."""
+    return number(value, where, error=error, above=0.0)
+
+
+def solver_arguments(*, time_limit: Any = 1.0, workers: Any = 1, seed: Any = 0, deterministic: Any = False,
+                     error: type[SapptkError] = ConfigError) -> tuple[float, int | None, int, bool]:
+    """The solver's arguments checked as every entry point checks them (``workers`` may be None:
+    "choose for me", as ``sweep`` and ``choose`` allow); returned converted."""
+    limit = _time_limit(time_limit, error=error)
+    threads = None if workers is None else _workers(workers, error=error)
+    return limit, threads, _seed(seed, error=error), flag(deterministic, "deterministic", error=error)
+
+
+_time_limit, _workers, _seed = time_limit, workers, seed  # solver_arguments' parameters shadow them
 
 
 def size(count: int, where: str, *, error: type[SapptkError], limit: int, what: str, constant: str) -> int:

@@ -30,14 +30,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from sapptk import checks
 from sapptk.errors import ConfigError, FileError, SapptkError
 from sapptk.files import writable_dir, write_text
 from sapptk.profile import MODES, Profile, resolve_profile
 
 __all__ = ["add_pipeline_args", "build_parser", "main", "pipeline_config"]
-
-_MAX_SEED = 2**31 - 1  # OR-Tools takes a 32-bit seed
-_MAX_WORKERS = 1024  # solver threads: far beyond any machine's cores, within OR-Tools' 32-bit field
 
 
 # ------------------------------------------------------------------- argument types
@@ -56,29 +54,51 @@ def _float_type(name: str, *, zero: bool) -> Callable[[str], float]:
     return parse
 
 
-_positive_seconds = _float_type("time limit (seconds > 0)", zero=False)
+def _positive_seconds(text: str) -> float:
+    """``--time-limit``: the library's check and message (``sapptk.checks.time_limit``)."""
+    value: int | float | str = text
+    for kind in (int, float):  # as the library would be given it, so the message is the library's
+        try:
+            value = kind(text)
+            break
+        except ValueError:
+            continue
+    try:
+        return checks.time_limit(value)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_positive_seconds.__name__ = "time_limit"
 _finite_nonnegative = _float_type("number (finite, >= 0)", zero=True)
 _positive_bandwidth = _float_type("bandwidth (MB per ms > 0)", zero=False)
 
 
-def _workers(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= _MAX_WORKERS:
-        raise ValueError(text)
-    return value
+def _checked(check: Callable[..., int], what: str) -> Callable[[str], int]:
+    """An argparse type from a :mod:`sapptk.checks` function: the library's limit and its message."""
+
+    def parse(text: str) -> int:
+        try:
+            return check(text, what, text=True)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = what
+    return parse
 
 
-_workers.__name__ = f"worker count (1 to {_MAX_WORKERS})"
+_workers = _checked(checks.workers, "workers")  # the same limit and message as balance(workers=...)
+_seed = _checked(checks.seed, "seed")
 
 
-def _seed(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= _MAX_SEED:
-        raise ValueError(text)
-    return value
+def _optional(parse: Callable[[str], float]) -> Callable[[str], float | None]:
+    """``parse``, or None for 'none' (a lever left off in a sweep's list)."""
 
+    def parse_optional(text: str) -> float | None:
+        return None if text.lower() == "none" else parse(text)
 
-_seed.__name__ = f"seed (0 to {_MAX_SEED})"
+    parse_optional.__name__ = getattr(parse, "__name__", "value")
+    return parse_optional
 
 
 def _budget(text: str) -> float | None:
@@ -208,23 +228,27 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
 
 
 def _balance(args: argparse.Namespace) -> int:
-    from sapptk.plan import even_splits
+    from sapptk.baselines import distinct_recomputes
+    from sapptk.plan import even_split
 
     profile = _balance_profile(args)
     config = pipeline_config(args, profile)
     if args.out is not None:  # before solving: a bad folder must not cost a solve
         writable_dir(args.out, what="output folder (--out)")
-    from sapptk.balancer import balance, safe_budget_config  # after validation: OR-Tools loads only with work
+    from sapptk.request import SolveRequest
 
-    safety = {"memory_margin": args.memory_margin, "oom_risk": args.oom_risk, "memory_error": args.memory_error}
-    safe_budget_config(config, **safety)  # a bad safety argument is refused before the setup line
+    # checked before the setup line is printed; OR-Tools loads only with the solve
+    request = SolveRequest(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed,
+                           per_micro_batch=args.per_micro_batch, choose_splits=args.choose_splits,
+                           memory_margin=args.memory_margin, oom_risk=args.oom_risk, memory_error=args.memory_error)
     print(_setup_line(profile, config))
-    plan = balance(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed,
-                   per_micro_batch=args.per_micro_batch, choose_splits=args.choose_splits, **safety)
+    from sapptk.balancer import solve
+
+    plan = solve(request)
     print(plan.summary())
     print()
     print("compared with the even splits (ratio = baseline step time / plan step time; > 1: the plan is faster):")
-    for base in even_splits(profile, config):
+    for base in (even_split(profile, config, mode) for mode in distinct_recomputes(profile, config)):
         ratio = f"{base.step_time / plan.step_time:.2f}" if plan.solved and plan.step_time else "n/a"
         print(f"  {base.source:<22} step {base.step_time:10.1f} ms  fits {_yes(base.fits):<3}  ratio {ratio}")
     if not plan.solved:
@@ -348,7 +372,8 @@ def _csv_config(args: argparse.Namespace, profile: Profile):  # -> PipelineConfi
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from sapptk.plan import even_splits, load_plan, load_plans
+    from sapptk.baselines import distinct_recomputes
+    from sapptk.plan import even_split, load_plan, load_plans
 
     profile = resolve_profile(args.profile)
     if args.schedule_csv is not None:
@@ -360,7 +385,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.config is None and args.schedule_csv is None:
         raise ConfigError("nothing to simulate: give --config (MindFormers configs) and/or --schedule-csv")
     if args.config is None:
-        plans = {plan.source: plan for plan in even_splits(profile, config)}
+        plans = {f"even_split({mode})": even_split(profile, config, mode)
+                 for mode in distinct_recomputes(profile, config)}
     elif args.name is not None:
         plan = load_plan(args.config, "mindformers", profile=profile, config=config, name=args.name)
         plans = {plan.source.removeprefix("mindformers:"): plan}
@@ -463,8 +489,20 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
                        help="memory budgets per device, MB ('none': unlimited; default none)")
     group.add_argument("--constant", type=float, nargs="+", default=[0.0], metavar="MB", help="constant MB")
     group.add_argument("--comm", type=float, nargs="+", default=[0.0], metavar="MS", help="latency, ms")
-    group.add_argument("--recompute", nargs="+", choices=MODES, default=list(MODES), metavar="MODE",
-                       help=f"modes the solver may use, one set for every point (default all: {' '.join(MODES)})")
+    group.add_argument("--recompute", nargs="+", choices=(*MODES, "offload"), default=list(MODES), metavar="MODE",
+                       help=f"modes the solver may use, one set for every point (default all: {' '.join(MODES)}; "
+                       "'offload' allows activation offload, with --host-bandwidth)")
+    group.add_argument("--host-bandwidth", type=_positive_bandwidth, nargs="+", default=[None], metavar="MB_PER_MS",
+                       help="host links per device, MB/ms (default none)")
+    group.add_argument("--per-micro-batch", nargs="+", choices=("off", "on"), default=["off"],
+                       help="recompute per micro-batch: off, on, or 'off on' to sweep both (off)")
+    group.add_argument("--memory-margin", type=_optional(_finite_nonnegative), nargs="+", default=[None], metavar="MB",
+                       help="MB kept free per device (< 1: a fraction of the budget; 'none', the default)")
+    group.add_argument("--oom-risk", type=_optional(_finite_nonnegative), nargs="+", default=[None], metavar="P",
+                       help="largest accepted chance of exceeding the budget ('none', the default; with "
+                       "--memory-error)")
+    group.add_argument("--memory-error", type=_optional(_finite_nonnegative), nargs="+", default=[None],
+                       metavar="E", help="relative error of the memory figures, e.g. 0.02 ('none', the default)")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR",
                         help="Parquet dataset directory (also the cache: finished points are skipped)")
     parser.add_argument("--executor", default="serial",
@@ -487,6 +525,8 @@ def _sweep(args: argparse.Namespace) -> int:
         "stages": args.stages, "micro_batches": args.micro_batches, "chunks": args.chunks,
         "schedule": args.schedule, "splits": args.splits, "memory_budget": args.memory,
         "constant_memory": args.constant, "comm": args.comm, "recompute": tuple(args.recompute),
+        "host_bandwidth": args.host_bandwidth, "per_micro_batch": [v == "on" for v in args.per_micro_batch],
+        "memory_margin": args.memory_margin, "oom_risk": args.oom_risk, "memory_error": args.memory_error,
     }
     frame = sweep(profile, grid, executor=args.executor, time_limit=args.time_limit, workers=args.workers,
                   cache=args.out, progress=not args.no_progress, seed=args.seed, deterministic=args.deterministic)
@@ -497,7 +537,9 @@ def _sweep(args: argparse.Namespace) -> int:
     if top.empty:
         print("no plan for any point")
         return 1
-    cols = ["memory_budget_mb", "schedule", "stages", "micro_batches", "chunks", "splits", "step_time_ms",
+    swept = [c for c in ("host_bandwidth", "per_micro_batch", "memory_margin", "oom_risk", "memory_error")
+             if frame[c].nunique(dropna=False) > 1]  # the levers that differ between points
+    cols = ["memory_budget_mb", "schedule", "stages", "micro_batches", "chunks", "splits", *swept, "step_time_ms",
             "bubble_of_compute", "peak_mb_max", "status", "gap"]
     table = top[cols].rename(columns={"memory_budget_mb": "budget_mb", "bubble_of_compute": "bubble"})
     table["budget_mb"] = table["budget_mb"].map(lambda b: "none" if pd.isna(b) else f"{b:g}")

@@ -19,6 +19,7 @@ from numbers import Real
 from typing import TYPE_CHECKING, Any
 
 from sapptk import checks
+from sapptk.checks import show
 from sapptk.errors import ConfigError, ScheduleError
 from sapptk.profile import MODES, mode_set
 from sapptk.schedules import Program, build, get, names
@@ -36,13 +37,13 @@ MAX_PROGRAM_OPS = checks.MAX_PROGRAM_OPS
 with an estimate of the time and memory they would need (``docs/limits.md`` gives the
 measured cost per op)."""
 
-MAX_BUDGET_MB = 1e12
+MAX_BUDGET_MB = checks.MAX_BUDGET_MB
 """Largest memory budget or constant memory accepted, in MB (1 EB)."""
 
-MAX_COMM_MS = 1e7
+MAX_COMM_MS = checks.MAX_COMM_MS
 """Largest point-to-point latency accepted, in ms."""
 
-MAX_BANDWIDTH = 1e9
+MAX_BANDWIDTH = checks.MAX_BANDWIDTH
 """Largest host-link bandwidth accepted, in MB per ms (an exabyte per second)."""
 
 OFFLOAD = "offload"
@@ -103,11 +104,6 @@ def _large(n: int) -> str:
     return f"{n:,}" if n < 10**15 else f"about 10^{len(str(n)) - 1}"
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:40] + f"... ({len(text)} characters)"
-
-
 @dataclass(frozen=True)
 class PipelineConfig:
     """One pipeline setup.
@@ -133,7 +129,7 @@ class PipelineConfig:
         :meth:`from_program` or :meth:`with_program`.
     host_bandwidth: MB per ms of each device's link to host memory, for activation offload
         (``None``: no host link). Listing ``"offload"`` in ``recompute`` lets the balancer
-        send mode-``"none"`` layers' activations to the host (:mod:`sapptk.offload`); it
+        send mode-``"none"`` layers' activations to the host (``docs/offload.md``); it
         needs a bandwidth > 0.
     """
 
@@ -155,7 +151,7 @@ class PipelineConfig:
         object.__setattr__(self, "recompute", mode_set(self.recompute))
         if isinstance(self.splits, list | tuple):  # splits=[lengths]: k = their number
             if self.slice_lengths is not None:
-                raise ConfigError(f"splits = {_show(self.splits)}: slice lengths given twice (splits and "
+                raise ConfigError(f"splits = {show(self.splits)}: slice lengths given twice (splits and "
                                   "slice_lengths); give one")
             object.__setattr__(self, "slice_lengths", tuple(self.splits))
             object.__setattr__(self, "splits", len(self.splits))
@@ -217,29 +213,29 @@ class PipelineConfig:
         for name in ("stages", "micro_batches", "chunks", "splits"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
-                raise ConfigError(f"{name} = {_show(value)}: expected an integer >= 1")
+                raise ConfigError(f"{name} = {show(value)}: expected an integer >= 1")
         lengths = self.slice_lengths
         if lengths is not None:
             if not isinstance(lengths, tuple) or not lengths:
-                raise ConfigError(f"splits = {_show(lengths)}: expected k or a non-empty list of slice lengths "
+                raise ConfigError(f"splits = {show(lengths)}: expected k or a non-empty list of slice lengths "
                                   "(tokens)")
             for j, n in enumerate(lengths):
                 if not _is_int(n) or n < 1:
-                    raise ConfigError(f"splits[{j}] = {_show(n)}: expected a slice length in tokens, an integer >= 1 "
-                                      f"(in splits = {_show(list(lengths))})")
+                    raise ConfigError(f"splits[{j}] = {show(n)}: expected a slice length in tokens, an integer >= 1 "
+                                      f"(in splits = {show(list(lengths))})")
             if len(lengths) != self.splits:
-                raise ConfigError(f"slice_lengths = {_show(lengths)}: {len(lengths)} lengths for splits = "
+                raise ConfigError(f"slice_lengths = {show(lengths)}: {len(lengths)} lengths for splits = "
                                   f"{self.splits}: expected one per slice")
         if self.custom_program is not None:
             self._check_program()
         else:
             if not isinstance(self.schedule, str) or self.schedule not in names():
-                raise ConfigError(f"schedule = {_show(self.schedule)}: unknown schedule; available: "
+                raise ConfigError(f"schedule = {show(self.schedule)}: unknown schedule; available: "
                                   f"{', '.join(names())}")
             ops = program_ops(self.schedule, self.stages, self.micro_batches, self.chunks, self.splits)
             if ops > MAX_PROGRAM_OPS:
                 sizes = ("stages", "micro_batches", "chunks", "splits")
-                setup = ", ".join(f"{n} = {_show(getattr(self, n))}" for n in sizes)
+                setup = ", ".join(f"{n} = {show(getattr(self, n))}" for n in sizes)
                 raise ConfigError(
                     f"{setup}: the {self.schedule} program would have {_large(ops)} ops, which would need "
                     f"{_estimate(ops)} to build and simulate: expected at most {MAX_PROGRAM_OPS:,} ops "
@@ -257,13 +253,13 @@ class PipelineConfig:
         if self.memory_budget is not None and (
             not _is_number(self.memory_budget) or not 0 < self.memory_budget <= MAX_BUDGET_MB
         ):
-            raise ConfigError(f"memory_budget = {_show(self.memory_budget)}: expected MB > 0 and at most "
+            raise ConfigError(f"memory_budget = {show(self.memory_budget)}: expected MB > 0 and at most "
                               f"{MAX_BUDGET_MB:g}, or None for unlimited")
         if not _is_number(self.constant_memory) or not 0 <= self.constant_memory <= MAX_BUDGET_MB:
-            raise ConfigError(f"constant_memory = {_show(self.constant_memory)}: expected MB >= 0 and at most "
+            raise ConfigError(f"constant_memory = {show(self.constant_memory)}: expected MB >= 0 and at most "
                               f"{MAX_BUDGET_MB:g}")
         if not _is_number(self.comm) or not 0 <= self.comm <= MAX_COMM_MS:
-            raise ConfigError(f"comm = {_show(self.comm)}: expected a latency in ms >= 0 and at most {MAX_COMM_MS:g}")
+            raise ConfigError(f"comm = {show(self.comm)}: expected a latency in ms >= 0 and at most {MAX_COMM_MS:g}")
         rec = self.recompute
         if not isinstance(rec, tuple) or not rec or not all(isinstance(r, str) for r in rec):
             raise ConfigError(f"recompute = {rec!r}: expected a non-empty tuple of mode names from {MODES}")
@@ -275,7 +271,7 @@ class PipelineConfig:
             raise ConfigError(f"recompute = {rec!r}: a mode is listed twice")
         bw = self.host_bandwidth
         if bw is not None and (not _is_number(bw) or not 0 < bw <= MAX_BANDWIDTH):
-            raise ConfigError(f"host_bandwidth = {_show(bw)}: expected MB per ms > 0 and at most {MAX_BANDWIDTH:g}, "
+            raise ConfigError(f"host_bandwidth = {show(bw)}: expected MB per ms > 0 and at most {MAX_BANDWIDTH:g}, "
                               "or None for no host link")
         if OFFLOAD in rec and bw is None:
             raise ConfigError(f"recompute = {rec!r}: {OFFLOAD!r} needs the host link's bandwidth: expected "

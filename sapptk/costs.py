@@ -29,9 +29,12 @@ layer's backward total is the same either way.
 
 Sequence slices (long context, :mod:`sapptk.seq`): on a sliced setup :func:`slice_costs`
 splits each stage's totals over the slices (causal attention, slice lengths) and adds the K/V
-term; :func:`simulate_counts` and :func:`peak_memory` use it. (Just over 500 lines: the
-per-stage, per-micro-batch and per-slice forms of one assignment's costs share the rounded
-figures and belong together.)
+term; :func:`simulate_counts` and :func:`peak_memory` use it.
+
+Activation offload: :func:`check_offload` checks a plan's offload array against its layout and
+:func:`offloaded_mb` turns it into the MB each virtual stage sends to the host.
+(Over 500 lines: the per-stage, per-micro-batch, per-slice and offload forms of one
+assignment's costs share the rounded figures and belong together.)
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sapptk import checks
 from sapptk.errors import ConfigError
 from sapptk.profile import MODES
 from sapptk.schedules.memory import device_peaks
@@ -62,9 +66,11 @@ __all__ = [
     "StageCosts",
     "check_alternative",
     "check_counts",
+    "check_offload",
     "layer_coefficients",
     "memory_units",
     "micro_batch_costs",
+    "offloaded_mb",
     "peak_memory",
     "simulate_counts",
     "slice_costs",
@@ -75,13 +81,15 @@ __all__ = [
 TIME_UNIT_MS = 1e-3
 """The integer time unit, in ms (1 µs)."""
 
+_NONE = MODES.index("none")
+
 MEMORY_UNIT_MB = 1e-3
 """The integer memory unit, in MB (0.001 MB)."""
 
 WEIGHT_SHARE = 0.5
 """Share of a layer's no-recompute backward that is weight-gradient work (``W`` ops)."""
 
-MAX_UNITS = 2**53
+MAX_UNITS = checks.MAX_UNITS
 """Bound on any total in integer units (a step time in µs, a device's memory in 0.001 MB):
 below it int64 sums cannot overflow and float64 holds every value exactly, so the solver's
 prediction and the simulation stay equal. :func:`layer_coefficients` refuses a profile and
@@ -374,34 +382,16 @@ class StageCosts:
     constant: float
     kv: np.ndarray | float = 0.0
 
-    def simulate(self, config: PipelineConfig, **kw: Any) -> Simulation:
-        """Run the config's program with these costs, measured against the config's budget.
-
-        ``kw`` may set the simulator's other arguments (``comm``, ``constant``,
-        ``weight_holds``, ``overlap``, ``memory_budget``), overriding these costs' ``comm``
-        and ``constant`` and the config's budget; the per-stage costs are these.
-        """
-        own = sorted(set(kw) & _STAGE_COST_ARGS)
-        if own:
-            raise ConfigError(
-                f"simulate: {', '.join(own)}: these come from the plan's layout; to try other per-stage costs "
-                "call sapptk.simulate(config.program(), forward=..., backward=..., ...)"
-            )
-        args: dict[str, Any] = {"comm": self.comm, "constant": self.constant, "memory_budget": config.memory_budget}
-        args.update(kw)
-        return simulate(
-            config.program(),
-            forward=self.forward,
-            backward=self.backward,
-            weight=self.weight,
-            activation=self.activation,
-            params=self.params,
-            kv=self.kv,
-            **args,
-        )
+    def simulate_args(self) -> dict[str, Any]:
+        """These costs as :func:`sapptk.simulate`'s keyword arguments (``forward`` to ``kv``, ``comm``,
+        ``constant``)."""
+        return {"forward": self.forward, "backward": self.backward, "weight": self.weight,
+                "activation": self.activation, "params": self.params, "kv": self.kv, "comm": self.comm,
+                "constant": self.constant}
 
 
-_STAGE_COST_ARGS = frozenset({"forward", "backward", "weight", "activation", "params"})
+_STAGE_COST_ARGS = frozenset({"forward", "backward", "weight", "activation", "params", "kv", "offloaded",
+                              "host_bandwidth"})
 
 
 def check_counts(profile: Profile, config: PipelineConfig, counts: Any) -> np.ndarray:
@@ -488,18 +478,103 @@ def micro_batch_costs(
 
 
 def simulate_counts(
-    profile: Profile, config: PipelineConfig, counts: Any, alternative: AlternativeLayout | None = None, **kw: Any
+    profile: Profile,
+    config: PipelineConfig,
+    counts: Any,
+    alternative: AlternativeLayout | None = None,
+    *,
+    offload: Any = None,
+    **options: Any,
 ) -> Simulation:
-    """Simulate ``counts`` on the config's program (costs from :func:`stage_costs`, its comm and constant);
-    with ``alternative``, its micro-batches run that layout (:func:`micro_batch_costs`)."""
+    """The simulation of an assignment on the config's program (what :meth:`sapptk.plan.Plan.simulate` runs).
+
+    The costs are the layout's (:func:`stage_costs`; per micro-batch with ``alternative``,
+    :func:`micro_batch_costs`; per slice on a sliced setup, :func:`slice_costs`), with the
+    config's budget, and with ``offload`` (:func:`check_offload`) the offloaded MB and the
+    config's host bandwidth. ``options`` set :func:`sapptk.simulate`'s other arguments
+    (``weight_holds``, ``overlap``, ``memory_budget``, ``comm``, ``constant``); the costs
+    themselves come from the layout.
+    """
+    own = sorted(set(options) & _STAGE_COST_ARGS)
+    if own:
+        raise ConfigError(
+            f"simulate: {', '.join(own)}: these come from the plan's layout; to try other per-stage costs "
+            "call sapptk.simulate(config.program(), forward=..., backward=..., ...)"
+        )
     if is_sliced(profile, config):
-        if alternative is not None:
-            raise ConfigError("alternative: recompute per micro-batch is not modelled with sequence slices of a "
-                              "long-context profile (seq_length); vary the recompute per stage")
-        return slice_costs(profile, config, counts).simulate(config, **kw)
-    if alternative is None:
-        return stage_costs(profile, config, counts).simulate(config, **kw)
-    return micro_batch_costs(profile, config, counts, alternative).simulate(config, **kw)
+        if alternative is not None or offload is not None:
+            lever = ("alternative: recompute per micro-batch" if alternative is not None
+                     else "offload: activation offload")
+            raise ConfigError(f"{lever} is not modelled with sequence slices of a long-context profile "
+                              "(seq_length); vary the recompute per stage")
+        costs = slice_costs(profile, config, counts)
+    elif alternative is not None:
+        if offload is not None:
+            raise ConfigError("alternative: recompute per micro-batch cannot be combined with activation offload")
+        costs = micro_batch_costs(profile, config, counts, alternative)
+    else:
+        costs = stage_costs(profile, config, counts)
+    args = {**costs.simulate_args(), "memory_budget": config.memory_budget}
+    off = check_offload(profile, config, counts, offload)
+    if off is not None:
+        args.update(offloaded=offloaded_mb(profile, config, off), host_bandwidth=config.host_bandwidth)
+    args.update(options)
+    return simulate(config.program(), **args)
+
+
+def check_offload(profile: Profile, config: PipelineConfig, counts: Any, offload: Any) -> np.ndarray | None:
+    """Validate an offload array against a layer assignment; return it as int64 (None when all zero or None).
+
+    ``offload[g, vs]`` layers of body group ``g`` on virtual stage ``vs`` offload their
+    activations to host memory: whole numbers, at least 0 and at most the group's
+    mode-``"none"`` layers there (``counts[g, "none", vs]``); an offloaded layer computes like
+    ``"none"``. Nonzero offload needs ``config.host_bandwidth``. Raises
+    :class:`~sapptk.errors.ConfigError` naming the entry.
+    """
+    if offload is None:
+        return None
+    arr_counts = check_counts(profile, config, counts)
+    shape = (len(profile.body), config.num_virtual_stages)
+    try:
+        raw = np.asarray(offload)
+    except Exception:  # noqa: BLE001 - ragged lists: one clear message
+        raise ConfigError(f"offload: expected an integer array of shape {shape} (groups, virtual stages)") from None
+    if raw.shape != shape:
+        raise ConfigError(f"offload: expected shape {shape} (body groups, virtual stages), got {raw.shape}")
+    if raw.dtype.kind not in "iu" and (
+        raw.dtype.kind != "f" or not np.all(np.isfinite(raw)) or np.any(raw != np.round(raw))
+    ):
+        raise ConfigError("offload: expected whole numbers of layers")
+    arr = raw.astype(np.int64)
+    if (arr < 0).any():
+        g, vs = (int(i) for i in np.argwhere(arr < 0)[0])
+        raise ConfigError(f"offload: negative layer count {arr[g, vs]} for group {profile.body[g].name!r}, "
+                          f"virtual stage {vs}")
+    resident = arr_counts[:, _NONE, :]
+    if (arr > resident).any():
+        g, vs = (int(i) for i in np.argwhere(arr > resident)[0])
+        raise ConfigError(
+            f"offload: group {profile.body[g].name!r}, virtual stage {vs}: {arr[g, vs]} layers offloaded, but only "
+            f"{resident[g, vs]} run in mode 'none' there: expected at most that many (an offloaded layer is a "
+            "mode-'none' layer whose activation goes to the host)"
+        )
+    if not arr.any():
+        return None
+    if config.host_bandwidth is None:
+        raise ConfigError("offload: the plan offloads activations but host_bandwidth = None: expected the host "
+                          "link's bandwidth in MB per ms (PipelineConfig(host_bandwidth=...))")
+    arr.setflags(write=False)
+    return arr
+
+
+def offloaded_mb(profile: Profile, config: PipelineConfig, offload: np.ndarray | None) -> np.ndarray:
+    """MB per micro-batch each virtual stage sends to the host (the rounded mode-``"none"`` figures)."""
+    nvs = config.num_virtual_stages
+    if offload is None:
+        return np.zeros(nvs)
+    coef = layer_coefficients(profile, config)
+    units = np.einsum("gv,g->v", np.asarray(offload, dtype=np.int64), coef.activation[:, _NONE])
+    return units * MEMORY_UNIT_MB
 
 
 def slice_costs(profile: Profile, config: PipelineConfig, counts: Any, lengths: Any = None) -> StageCosts:

@@ -42,6 +42,8 @@ from typing import Any, NoReturn
 
 import yaml
 
+from sapptk import checks
+from sapptk.checks import show
 from sapptk.errors import FileError, SapptkError
 
 __all__ = [
@@ -61,17 +63,17 @@ __all__ = [
     "write_text",
 ]
 
-MAX_FILE_BYTES = 8 * 1024 * 1024
+MAX_FILE_BYTES = checks.MAX_FILE_BYTES
 """Default size limit of a file read here (8 MiB): profiles and configs are a few KB."""
 
-MAX_DEPTH = 100
+MAX_DEPTH = checks.MAX_YAML_DEPTH
 """Deepest nesting of lists and mappings accepted (real files nest fewer than 10 levels)."""
 
-MAX_YAML_NODES = 200_000
+MAX_YAML_NODES = checks.MAX_YAML_NODES
 """Most YAML nodes (scalars, lists, mappings) in one document: YAML is parsed in pure Python,
 so this bounds the parsing time of a file that is small in bytes but huge in items."""
 
-MAX_YAML_ALIASES = 100
+MAX_YAML_ALIASES = checks.MAX_YAML_ALIASES
 """YAML alias (``*name``) uses allowed per document; nested aliases are always refused."""
 
 SUFFIXES: Mapping[str, str] = {".json": "json", ".yaml": "yaml", ".yml": "yaml", ".toml": "toml"}
@@ -90,7 +92,7 @@ def _source(path: Any, error: ErrorType, what: str) -> tuple[str, Path]:
         text = os.fspath(path)
     except TypeError:
         raise error(f"{what}: expected a file path (str or os.PathLike), got {type(path).__name__} "
-                    f"{_show(path)}") from None
+                    f"{show(path)}") from None
     if isinstance(text, bytes):
         text = os.fsdecode(text)
     if "\x00" in text:
@@ -98,11 +100,6 @@ def _source(path: Any, error: ErrorType, what: str) -> tuple[str, Path]:
     if not text:
         raise error(f"{what}: expected a file path, got an empty string")
     return text, Path(text)
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _os_reason(exc: OSError) -> str:
@@ -164,7 +161,8 @@ def read_bytes(
 
 
 def _size(n: int) -> str:
-    return f"{n // (1024 * 1024)} MB" if n >= 1024 * 1024 and n % (1024 * 1024) == 0 else f"{n} bytes"
+    mb = 2**20  # bytes per MB (a unit, not a limit)
+    return f"{n // mb} MB" if n >= mb and n % mb == 0 else f"{n} bytes"
 
 
 def _line_col(text: str, index: int) -> str:
@@ -236,7 +234,7 @@ def _check_string(text: str, source: str, error: ErrorType, fmt: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise error(f"{source}: invalid {fmt}: string {_show(text)} holds an unpaired surrogate "
+        raise error(f"{source}: invalid {fmt}: string {show(text)} holds an unpaired surrogate "
                     f"(U+{ord(text[exc.start]):04X}): expected valid Unicode text") from None
 
 

@@ -4,17 +4,18 @@ A plan holds ``counts``, an int array ``(body groups, len(MODES), virtual stages
 many layers of each body group run in each recompute mode on each virtual stage (the head
 sits on virtual stage 0, the tail on the last one). Plans come from the balancer
 (:func:`sapptk.balancer.balance`, through :func:`make_plan`), from a naive baseline
-(:func:`even_split`) or from a file (:func:`load_plan`: a sapptk plan file, MindFormers lists,
-Megatron-LM arguments, torchtitan settings). Exporters and readers live in
-:mod:`sapptk.formats`, one module per format; here are only the two entry points,
-:meth:`Plan.export` and :func:`load_plan`. (Over 500 lines: the Plan class, its frames, the
-even-split baselines and those entry points are one public surface.)
+(:func:`even_split`, the plan of :func:`sapptk.baselines.even_split`) or from a file
+(:func:`load_plan`: a sapptk plan file, MindFormers lists, Megatron-LM arguments, torchtitan
+settings). A plan's simulation is :attr:`Plan.simulation` (computed once) or
+:meth:`Plan.simulate` with other options, both :func:`sapptk.simulate` on the plan's own costs.
+Exporters and readers live in :mod:`sapptk.formats`, one module per format; here are only the
+two entry points, :meth:`Plan.export` and :func:`load_plan`. (Over 500 lines: the Plan class,
+its frames and those entry points are one public surface.)
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -23,20 +24,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from sapptk.config import MAX_PROGRAM_OPS
+from sapptk import baselines
 from sapptk.costs import (
     AlternativeLayout,
     StageCosts,
     check_alternative,
     check_counts,
+    check_offload,
     micro_batch_costs,
     simulate_counts,
     stage_costs,
 )
 from sapptk.errors import ConfigError, SapptkError
-from sapptk.formats import mindformers, plan_file, registry
+from sapptk.formats import plan_file, registry
 from sapptk.formats.base import refuse_offload, refuse_per_micro_batch
-from sapptk.offload import check_offload, simulate_plan_offload
 from sapptk.profile import MODES
 from sapptk.sensitivity import Sensitivity, critical_path, sensitivity
 from sapptk.seq import is_sliced
@@ -47,15 +48,13 @@ if TYPE_CHECKING:
     from sapptk.profile import Profile
     from sapptk.simulation import Simulation
 
-__all__ = ["PLAN_STATUSES", "Plan", "even_baseline", "even_layers", "even_split", "even_split_counts",
-           "even_split_modes", "even_splits", "load_plan", "load_plans", "make_plan"]
+__all__ = ["PLAN_STATUSES", "Plan", "even_split", "load_plan", "load_plans", "make_plan"]
 
 PLAN_STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown", "given")
 """``optimal``/``feasible``: solver results; ``infeasible``/``unknown``: no assignment
 (proved impossible / none found in time); ``given``: fixed by the user or a baseline."""
 
 _SOLVED = ("optimal", "feasible", "given")
-_MAX_EVEN = 2**53  # even_layers: every cell count stays exact
 _FIT_TOLERANCE_MB = 1e-6
 
 
@@ -76,7 +75,7 @@ class Plan:
     message: free text from whoever made the plan (solver notes, warnings).
     source: ``"balance"``, ``"even_split(none)"``, ``"mindformers:<name>"``, ...
     offload: read-only int array (body groups, virtual stages): how many of the mode-``"none"``
-        layers there send their activations to host memory (:mod:`sapptk.offload`), or None.
+        layers there send their activations to host memory (``docs/offload.md``), or None.
     alternative: recompute per micro-batch (:class:`~sapptk.costs.AlternativeLayout`): a second
         layout with the same layers and other recompute modes, and the (virtual stage,
         micro-batch) cells that run it; None (the default): every micro-batch runs ``counts``.
@@ -124,7 +123,7 @@ class Plan:
         if is_sliced(self.profile, self.config):
             raise ConfigError(f"{what}: not modelled for the sequence slices of a long-context profile (seq_length = "
                               f"{self.profile.seq_length}): it re-times per-stage costs with equal, linear slices; "
-                              "simulate the plan (plan.simulate()) for its causal slice costs and K/V")
+                              "simulate the plan (plan.simulation) for its causal slice costs and K/V")
 
     def per_stage_plan(self) -> Plan:
         """The plan without its per-micro-batch choice: every micro-batch runs ``counts`` (simulated
@@ -144,21 +143,23 @@ class Plan:
             return micro_batch_costs(self.profile, self.config, self.counts, self.alternative)
         return stage_costs(self.profile, self.config, self.counts)
 
-    def simulate(self, **kw: Any) -> Simulation:
-        """Simulate the plan on its program (:func:`sapptk.costs.simulate_counts`; with offload
-        :func:`sapptk.offload.simulate_plan_offload`, a copy stream per device); ``kw`` go to the simulator.
-        A plan with an alternative layout runs it on its micro-batches."""
+    def simulate(self, **options: Any) -> Simulation:
+        """The plan simulated anew with other options for :func:`sapptk.simulate` (``weight_holds``,
+        ``overlap``, ``memory_budget``, ``comm``, ``constant``); :attr:`simulation` is the run with
+        the defaults, computed once. The costs are the plan's own: its layout's, per micro-batch
+        with an alternative layout, per slice on a sliced setup, with a copy stream per device when
+        it offloads (:func:`sapptk.costs.simulate_counts`)."""
         self._need_solution("a simulation")
-        if self.offload is not None:
-            return simulate_plan_offload(self.profile, self.config, self.counts, self.offload, **kw)
-        return simulate_counts(self.profile, self.config, self.counts, self.alternative, **kw)
+        return simulate_counts(self.profile, self.config, self.counts, self.alternative, offload=self.offload,
+                               **options)
 
     def _no_offload(self, what: str) -> None:
         refuse_offload(self, what)
 
     @cached_property
     def simulation(self) -> Simulation:
-        """The simulation with default options, computed once."""
+        """The simulation with default options, computed once (an
+        :class:`~sapptk.simulation.OffloadSimulation` for a plan that offloads)."""
         return self.simulate()
 
     @property
@@ -420,7 +421,7 @@ def make_plan(
 
     With status ``infeasible`` or ``unknown``, ``counts`` may be ``None`` (stored as zeros).
     A ``given`` plan without ``step_time`` is simulated for it. ``offload`` (body groups,
-    virtual stages) is checked by :func:`sapptk.offload.check_offload`; all zeros is stored as None.
+    virtual stages) is checked by :func:`sapptk.costs.check_offload`; all zeros is stored as None.
     ``alternative`` (recompute per micro-batch) is validated against ``counts``
     (:func:`sapptk.costs.check_alternative`); only a plan with an assignment and without
     offload may carry one.
@@ -457,8 +458,7 @@ def make_plan(
         alt = check_alternative(profile, config, arr, alternative)
     sim = None
     if status == "given" and step_time is None:
-        sim = (simulate_counts(profile, config, arr, alt) if off is None
-               else simulate_plan_offload(profile, config, arr, off))
+        sim = simulate_counts(profile, config, arr, alt, offload=off)
         step_time = sim.step_time
     plan = Plan(
         profile=profile,
@@ -479,101 +479,18 @@ def make_plan(
     return plan
 
 
-def even_layers(total: int, stages: int, chunks: int) -> np.ndarray:
-    """Layers per cell ``[chunk][device]`` of the naive even split, shape (chunks, stages).
-
-    Every cell gets ⌊N/(p·v)⌋; the ``N mod (p·v)`` extra layers go one each to the devices
-    nearest the middle of the pipeline (ties to the lower device), on the last chunk first,
-    then the one before. For one chunk this is MindFormers' documented example (48 layers
-    on 5 stages: ``offset: [0, 1, 1, 1, 0]``). The ends are avoided because they carry the
-    head and the tail, and the last chunk because it keeps the fewest micro-batches live.
-    """
-    for name, value, low in (("total", total, 0), ("stages", stages, 1), ("chunks", chunks, 1)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= _MAX_EVEN:
-            raise ConfigError(f"even_layers: {name} = {value!r}: expected an integer from {low} to {_MAX_EVEN:,}")
-    if stages * chunks > MAX_PROGRAM_OPS:
-        raise ConfigError(f"even_layers: stages × chunks = {stages * chunks:,} cells: expected at most "
-                          f"{MAX_PROGRAM_OPS:,} (sapptk.config.MAX_PROGRAM_OPS)")
-    cells = np.full((chunks, stages), total // (stages * chunks), dtype=np.int64)
-    extra = total % (stages * chunks)
-    centre = (stages - 1) / 2
-    devices = sorted(range(stages), key=lambda s: (abs(s - centre), s))
-    for c in reversed(range(chunks)):
-        take = min(extra, stages)
-        cells[c, devices[:take]] += 1
-        extra -= take
-    return cells
-
-
-def even_split_counts(profile: Profile, config: PipelineConfig, recompute: str = "none") -> np.ndarray:
-    """The layer assignment of :func:`even_split` (not simulated, not validated as a plan)."""
-    body = tuple(profile.body)
-    if recompute != "strongest" and recompute not in MODES:
-        raise ConfigError(f"even_split: recompute = {recompute!r}: expected one of {', '.join(MODES)} or 'strongest'")
-    modes = []
-    for group in body:
-        mode = group.strongest_mode if recompute == "strongest" else recompute
-        if mode not in group.modes:
-            raise ConfigError(
-                f"even_split: recompute = {recompute!r}: profile {profile.name!r} group {group.name!r} has no "
-                f"{mode!r} mode: expected one of its modes {', '.join(group.modes)}"
-            )
-        modes.append(MODES.index(mode))
-    program = config.program()
-    grid = mindformers.cell_grid(program)
-    cells = even_layers(profile.num_body_layers, config.stages, config.chunks)
-    per_vs = np.zeros(program.num_virtual_stages, dtype=np.int64)
-    per_vs[grid] = cells
-    bounds = np.concatenate([[0], np.cumsum(per_vs)])  # layer range of each virtual stage, model order
-    counts = np.zeros((len(body), len(MODES), program.num_virtual_stages), dtype=np.int64)
-    start = 0
-    for g, group in enumerate(body):
-        lo, hi = start, start + group.count
-        counts[g, modes[g]] = np.clip(np.minimum(bounds[1:], hi) - np.maximum(bounds[:-1], lo), 0, None)
-        start = hi
-    return counts
-
-
 def even_split(profile: Profile, config: PipelineConfig, recompute: str = "none") -> Plan:
-    """The naive baseline: layers spread evenly (see :func:`even_layers`), every layer in one mode.
+    """The naive baseline as a plan: layers spread evenly, every layer in one mode
+    (:func:`sapptk.baselines.even_split`, whose module docstring states the rule).
 
-    ``recompute`` is a mode name, or ``"strongest"`` for each group's
-    :attr:`~sapptk.profile.LayerGroup.strongest_mode`. Body groups follow each other in
-    model order over the virtual stages. The step time is simulated; status ``"given"``.
+    ``recompute`` is a mode name, ``"strongest"`` for each group's
+    :attr:`~sapptk.profile.LayerGroup.strongest_mode`, or ``"auto"``: the weakest mode allowed by
+    ``config.recompute`` that fits the budget, else the strongest such mode. The step time is
+    simulated; status ``"given"``, source ``"even_split(<mode>)"`` (the mode ``"auto"`` picked).
     """
-    counts = even_split_counts(profile, config, recompute)
-    return make_plan(profile, config, counts, status="given", source=f"even_split({recompute})")
-
-
-def even_split_modes(profile: Profile) -> list[str]:
-    """The ``recompute`` arguments of :func:`even_splits`: every mode that every body group
-    offers (in :data:`MODES` order, weakest first), then ``"strongest"``."""
-    return [m for m in MODES if all(m in g.modes for g in profile.body)] + ["strongest"]
-
-
-def even_splits(profile: Profile, config: PipelineConfig) -> list[Plan]:
-    """Every distinct even split: one per recompute mode that every body group offers (in
-    :data:`MODES` order, weakest first), then each group's strongest mode if that differs."""
-    plans: list[Plan] = []
-    for mode in even_split_modes(profile):
-        counts = even_split_counts(profile, config, mode)
-        if not any(np.array_equal(counts, other.counts) for other in plans):
-            plans.append(make_plan(profile, config, counts, status="given", source=f"even_split({mode})"))
-    return plans
-
-
-def even_baseline(profile: Profile, config: PipelineConfig) -> Plan:
-    """The even split a person would try first: the weakest recompute mode allowed by
-    ``config.recompute`` (and offered by every body group) that fits the budget, else the
-    strongest such mode (each group's strongest mode when no allowed mode is common)."""
-    allowed = [m for m in MODES if m in config.recompute] or list(MODES)
-    usable = [m for m in allowed if all(m in g.modes for g in profile.body)] or ["strongest"]
-    plan = even_split(profile, config, usable[0])
-    for mode in usable:
-        plan = even_split(profile, config, mode)
-        if plan.fits:
-            return plan
-    return plan
+    mode = baselines.resolve_recompute(profile, config, recompute)
+    counts = baselines.even_split(profile, config, mode)
+    return make_plan(profile, config, counts, status="given", source=f"even_split({mode})")
 
 
 # --------------------------------------------------------------------------- loading

@@ -38,6 +38,8 @@ from typing import Any, NoReturn
 
 import yaml
 
+from sapptk import checks
+from sapptk.checks import show
 from sapptk.errors import ProfileError
 from sapptk.files import load_document, write_text
 
@@ -75,19 +77,19 @@ DEFAULT_COEFS: Mapping[str, float] = MappingProxyType(
 )
 """SAPP defaults: backward of mode r is (1 + coef_r) * 2 * time unless given explicitly."""
 
-MAX_MS = 1e7
+MAX_MS = checks.MAX_MS
 """Largest time accepted for one layer and one micro-batch, in ms (about 2.8 hours)."""
 
-MAX_MB = 1e9
+MAX_MB = checks.MAX_MB
 """Largest memory accepted for one layer, in MB (1 PB)."""
 
-MAX_COEF = 1e3
+MAX_COEF = checks.MAX_COEF
 """Largest SAPP backward coefficient (``*_coef``) accepted."""
 
-MAX_LAYERS = 1_000_000
+MAX_LAYERS = checks.MAX_LAYERS
 """Most layers accepted in one layer group."""
 
-MAX_SEQ_LENGTH = 1 << 24
+MAX_SEQ_LENGTH = checks.MAX_SEQ_LENGTH
 """Longest sequence accepted (``Profile.seq_length``), in tokens (16 M)."""
 
 # --- SAPP layer JSON vocabulary ---------------------------------------------------------
@@ -131,21 +133,13 @@ _MISSING: Any = object()
 
 
 # --- small validation helpers ------------------------------------------------------------
-def _show(value: Any) -> str:
-    """A short, unambiguous rendering of a user value for error messages."""
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return text
-
-
 def _fail(where: str, field_name: str | None, value: Any, expected: str) -> NoReturn:
     """Raise the one error shape: ``<where>: field '<f>' = <value>: expected <what>``."""
     if field_name is None:
-        raise ProfileError(f"{where} = {_show(value)}: expected {expected}")
+        raise ProfileError(f"{where} = {show(value)}: expected {expected}")
     if value is _MISSING:
         raise ProfileError(f"{where}: field {field_name!r} is missing: expected {expected}")
-    raise ProfileError(f"{where}: field {field_name!r} = {_show(value)}: expected {expected}")
+    raise ProfileError(f"{where}: field {field_name!r} = {show(value)}: expected {expected}")
 
 
 def _number(
@@ -309,7 +303,7 @@ class ModeTable(Mapping[str, ModeCost]):
         unknown = [m for m in given if m not in MODES]
         if unknown:
             raise ProfileError(
-                f"ModeTable: unknown mode {_show(unknown[0])}: expected one of {', '.join(MODES)}"
+                f"ModeTable: unknown mode {show(unknown[0])}: expected one of {', '.join(MODES)}"
             )
         for mode, cost in given.items():
             if not isinstance(cost, ModeCost):
@@ -381,7 +375,7 @@ class LayerGroup:
         for mode, cost in self.modes.items():
             if mode not in MODES:
                 raise ProfileError(
-                    f"{where}: field 'modes': unknown mode {_show(mode)}: expected one of "
+                    f"{where}: field 'modes': unknown mode {show(mode)}: expected one of "
                     f"{', '.join(MODES)}"
                 )
             if not isinstance(cost, ModeCost):
@@ -656,7 +650,7 @@ def _entry_where(entry: Any, source: str, base: str, label: str) -> str:
 
 def _unknown(where: str, key: Any, known: Sequence[str]) -> NoReturn:
     """Raise for a field name we do not know, listing the ones we do."""
-    raise ProfileError(f"{where}: unknown field {_show(key)}: expected one of {', '.join(known)}")
+    raise ProfileError(f"{where}: unknown field {show(key)}: expected one of {', '.join(known)}")
 
 
 def _list_of_entries(data: Mapping[str, Any], key: str, source: str) -> list[Any]:
@@ -865,7 +859,7 @@ def _own_group(entry: Any, base: str, where: str) -> LayerGroup:
         for mode, cost in raw_modes.items():
             if mode not in MODES:
                 raise ProfileError(
-                    f"{where}: field 'modes': unknown mode {_show(mode)}: expected one of "
+                    f"{where}: field 'modes': unknown mode {show(mode)}: expected one of "
                     f"{', '.join(MODES)}"
                 )
             mode_where = f"{where}: mode {mode!r}"
@@ -922,7 +916,7 @@ def _path_text(path: Any) -> str:
     try:
         return os.fsdecode(os.fspath(path))
     except TypeError:
-        raise ProfileError(f"profile: expected a file path, got {type(path).__name__} {_show(path)}") from None
+        raise ProfileError(f"profile: expected a file path, got {type(path).__name__} {show(path)}") from None
 
 
 # --- bundled profiles ---------------------------------------------------------------------
@@ -987,7 +981,7 @@ def resolve_profile(source: Profile | str | os.PathLike[str]) -> Profile:
     if not isinstance(source, str):
         raise ProfileError(
             f"profile: expected a Profile, a profile file or a bundled name ({', '.join(bundled_profiles())}), "
-            f"got {type(source).__name__} {_show(source)}"
+            f"got {type(source).__name__} {show(source)}"
         )
     if Path(source).suffix or os.sep in source or "/" in source or Path(source).is_file():
         return load_profile(source)

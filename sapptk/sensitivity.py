@@ -61,6 +61,13 @@ PERTURBATIONS: tuple[str, ...] = ("independent", "shared")
 QUANTILES: tuple[float, ...] = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
 
+def _need_assignment(plan: Plan, what: str) -> None:
+    """A plan with a layer assignment (:attr:`Plan.solved`), else a ConfigError saying why ``what`` cannot be had."""
+    if not plan.solved:
+        raise ConfigError(f"plan from {plan.source!r} has status {plan.status!r} and no layer assignment: "
+                          f"cannot compute {what}")
+
+
 def _relative_error(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         raise ConfigError(f"{name} = {value!r}: expected a relative error >= 0 (0.05 means 5 %)")
@@ -194,7 +201,7 @@ def sensitivity(
     plan: Plan, *, time_error: float = 0.05, memory_error: float = 0.02, samples: int = 1000, seed: int = 0
 ) -> Sensitivity:
     """Re-time and re-measure ``plan`` under ``samples`` perturbed profiles per error model."""
-    plan._need_solution("its sensitivity")
+    _need_assignment(plan, "its sensitivity")
     time_error = _relative_error("time_error", time_error)
     memory_error = _relative_error("memory_error", memory_error)
     if isinstance(samples, bool) or not isinstance(samples, int) or not 1 <= samples <= 1_000_000:
@@ -253,7 +260,7 @@ def critical_path(plan: Plan) -> pd.DataFrame:
     stays critical, i.e. for small changes when the critical path is unique (``unique``
     says whether it is: no op off this path lies on a path as long).
     """
-    plan._need_solution("its critical path")
+    _need_assignment(plan, "its critical path")
     config = plan.config
     program = config.program()
     graph = program.graph

@@ -22,8 +22,14 @@ works small cases by hand):
   of sequence slices: allocated when an ``F`` of slice j starts, freed when the backward of
   slice 0 of its micro-batch on its virtual stage ends (:func:`sapptk.schedules.memory.kv_events`).
 
-Times come from the longest-path kernel (:mod:`sapptk.schedules.timing`), memory from the
-program's events (:mod:`sapptk.schedules.memory`): no recursion, linear in the ops.
+* **Activation offload** (``offloaded``, ``host_bandwidth``): a copy stream per device moves
+  activations to host memory and back (:mod:`sapptk.schedules.copy_stream` states the model).
+
+Times come from the longest-path kernel (:mod:`sapptk.schedules.timing`; with copy streams on
+the graph of units and transfers), memory from the program's events
+(:mod:`sapptk.schedules.memory`): no recursion, linear in the ops. :func:`simulate` is the one
+simulator: per-micro-batch, per-slice and offload runs are forms of its arguments.
+(Over 500 lines: its validation, its two passes and the frames they share are one contract.)
 """
 
 from __future__ import annotations
@@ -40,7 +46,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sapptk.checks import show
 from sapptk.errors import SapptkError
+from sapptk.schedules import copy_stream
 from sapptk.schedules.memory import kv_events, memory_steps, memory_steps_kv
 from sapptk.schedules.program import Program, kind_dtype
 from sapptk.schedules.timing import longest_path, unit_starts
@@ -48,6 +56,7 @@ from sapptk.schedules.timing import longest_path, unit_starts
 __all__ = [
     "WEIGHT_HOLDS",
     "Bubble",
+    "OffloadSimulation",
     "Simulation",
     "op_durations",
     "op_durations_batch",
@@ -126,19 +135,43 @@ class Simulation:
         )
 
 
+@dataclass(frozen=True, eq=False)
+class OffloadSimulation(Simulation):
+    """A :class:`Simulation` with a copy stream per device (:func:`simulate` given ``host_bandwidth``).
+
+    Extra fields: ``transfers``, one row per transfer: ``device``, ``kind`` (categorical
+    offload / fetch), ``micro_batch``, ``virtual_stage``, ``slice``, ``issue_ms``,
+    ``start_ms``, ``end_ms``, ``size_mb``, ``wait_ms`` (for a fetch: how long its backward
+    waited for it beyond its other inputs; 0 for an offload); ``host_bandwidth`` (MB per ms);
+    ``offloaded_mb`` (per virtual stage, MB per micro-batch sent to the host).
+    """
+
+    transfers: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    host_bandwidth: float | None = None
+    offloaded_mb: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+
+    def __repr__(self) -> str:
+        base = super().__repr__()
+        bw = "None" if self.host_bandwidth is None else f"{self.host_bandwidth:g} MB/ms"
+        return (f"Offload{base[:-1]}, host_bandwidth={bw}, transfers={len(self.transfers)}, "
+                f"fetch_wait={self.fetch_wait_ms:.6g} ms)")
+
+    @property
+    def fetch_wait_ms(self) -> float:
+        """Total ms backwards waited for late fetches (summed over devices)."""
+        if self.transfers.empty:
+            return 0.0
+        return float(self.transfers["wait_ms"].sum())
+
+
 # ---------------------------------------------------------------- validation
-def _describe(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _number(name: str, value: Any, *, upper: float | None = None, what: str = "a number >= 0") -> float:
     """A finite real number >= 0 (and <= ``upper``), else a :class:`SapptkError` naming it."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, Real | np.integer | np.floating):
-        raise SapptkError(f"{name}: expected {what}, got {type(value).__name__} {_describe(value)}")
+        raise SapptkError(f"{name}: expected {what}, got {type(value).__name__} {show(value)}")
     x = float(value)
     if not math.isfinite(x) or x < 0 or (upper is not None and x > upper):
-        raise SapptkError(f"{name}: expected {what}, got {_describe(value)}")
+        raise SapptkError(f"{name}: expected {what}, got {show(value)}")
     return x
 
 
@@ -150,23 +183,23 @@ def per_stage(name: str, value: Costs, n: int) -> np.ndarray:
     """
     if isinstance(value, bool | np.bool_ | str | bytes):
         raise SapptkError(f"{name}: expected a number or {n} numbers >= 0 (one per virtual stage), "
-                          f"got {type(value).__name__} {_describe(value)}")
+                          f"got {type(value).__name__} {show(value)}")
     if isinstance(value, list | tuple) and any(isinstance(x, bool | np.bool_) for x in value):
-        raise SapptkError(f"{name}: expected numbers, got a bool in {_describe(value)}")
+        raise SapptkError(f"{name}: expected numbers, got a bool in {show(value)}")
     try:
         raw = np.asarray(value)
     except Exception as exc:  # noqa: BLE001 - ragged lists and odd objects: one clear message
-        raise SapptkError(f"{name}: expected a number or {n} numbers, got {_describe(value)} ({exc})") from None
+        raise SapptkError(f"{name}: expected a number or {n} numbers, got {show(value)} ({exc})") from None
     if raw.dtype.kind not in "iuf":
         raise SapptkError(f"{name}: expected a number or {n} numbers >= 0 (one per virtual stage), "
-                          f"got {_describe(value)} (dtype {raw.dtype})")
+                          f"got {show(value)} (dtype {raw.dtype})")
     arr = raw.astype(float)
     if arr.ndim == 0:
         arr = np.full(n, float(arr))
     if arr.shape != (n,):
         raise SapptkError(f"{name}: expected a number or {n} values (one per virtual stage), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)) or (arr < 0).any():
-        raise SapptkError(f"{name}: expected finite values >= 0, got {_describe(arr.tolist())}")
+        raise SapptkError(f"{name}: expected finite values >= 0, got {show(arr.tolist())}")
     return arr
 
 
@@ -183,22 +216,22 @@ def per_op_costs(name: str, value: Costs, n: int, micro_batches: int) -> np.ndar
         isinstance(row, list | tuple | np.ndarray) for row in value
     ):
         if any(isinstance(x, bool | np.bool_) for row in value for x in np.ravel(np.asarray(row, dtype=object))):
-            raise SapptkError(f"{name}: expected numbers, got a bool in {_describe(value)}")
+            raise SapptkError(f"{name}: expected numbers, got a bool in {show(value)}")
         try:
             raw = np.asarray(value)
         except Exception as exc:  # noqa: BLE001 - ragged lists: one clear message
-            raise SapptkError(f"{name}: expected {n} rows of {micro_batches} numbers, got {_describe(value)} "
+            raise SapptkError(f"{name}: expected {n} rows of {micro_batches} numbers, got {show(value)} "
                               f"({exc})") from None
     if not (isinstance(raw, np.ndarray) and raw.ndim == 2):
         return per_stage(name, value, n)
     if raw.dtype.kind not in "iuf":
-        raise SapptkError(f"{name}: expected numbers >= 0, got {_describe(value)} (dtype {raw.dtype})")
+        raise SapptkError(f"{name}: expected numbers >= 0, got {show(value)} (dtype {raw.dtype})")
     arr = raw.astype(float)
     if arr.shape != (n, micro_batches):
         raise SapptkError(f"{name}: expected a number or {n} values (one per virtual stage) or shape "
                           f"({n}, {micro_batches}) (virtual stages, micro-batches), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)) or (arr < 0).any():
-        raise SapptkError(f"{name}: expected finite values >= 0, got {_describe(arr.tolist())}")
+        raise SapptkError(f"{name}: expected finite values >= 0, got {show(arr.tolist())}")
     if micro_batches == 0 or (arr == arr[:, :1]).all():
         return arr[:, 0].copy() if micro_batches else np.zeros(n)
     return arr
@@ -216,13 +249,13 @@ def per_slice_costs(name: str, value: Costs, n: int, micro_batches: int, splits:
     if not (isinstance(raw, np.ndarray) and raw.ndim == 3):
         return per_op_costs(name, value, n, micro_batches)
     if raw.dtype.kind not in "iuf":
-        raise SapptkError(f"{name}: expected numbers >= 0, got {_describe(value)} (dtype {raw.dtype})")
+        raise SapptkError(f"{name}: expected numbers >= 0, got {show(value)} (dtype {raw.dtype})")
     arr = raw.astype(float)
     if arr.shape != (n, micro_batches, splits):
         raise SapptkError(f"{name}: expected shape ({n}, {micro_batches}, {splits}) (virtual stages, micro-batches, "
                           f"slices), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)) or (arr < 0).any():
-        raise SapptkError(f"{name}: expected finite values >= 0, got {_describe(arr.tolist())}")
+        raise SapptkError(f"{name}: expected finite values >= 0, got {show(arr.tolist())}")
     return arr
 
 
@@ -237,10 +270,11 @@ def _as_slices(cost: np.ndarray, micro_batches: int, splits: int) -> np.ndarray:
 def _check_program(program: Any) -> Program:
     if isinstance(program, Program):
         return program
-    hint = " (a Plan simulates itself: plan.simulate())" if type(program).__name__ == "Plan" else ""
+    hint = (" (a Plan simulates itself: plan.simulation, or plan.simulate(...) with other options)"
+            if type(program).__name__ == "Plan" else "")
     raise SapptkError(
         "simulate: program: expected a Program (sapptk.schedules.build(...) or PipelineConfig.program()), "
-        f"got {type(program).__name__} {_describe(program)}{hint}"
+        f"got {type(program).__name__} {show(program)}{hint}"
     )
 
 
@@ -307,7 +341,7 @@ def unit_durations(program: Program, op_duration: np.ndarray, overlap: str = "su
     """Duration of every unit: ``overlap`` ("sum" or "max") of its ops' durations."""
     fn = _OVERLAPS.get(overlap) if isinstance(overlap, str) else None
     if fn is None:
-        raise SapptkError(f"overlap: expected one of {sorted(_OVERLAPS)}, got {_describe(overlap)}")
+        raise SapptkError(f"overlap: expected one of {sorted(_OVERLAPS)}, got {show(overlap)}")
     g = program.graph
     if g.n_units == g.n_ops:  # one op per unit
         return np.asarray(op_duration, dtype=float).copy()
@@ -336,8 +370,12 @@ def simulate(
     overlap: str = "sum",
     memory_budget: float | None = None,
     kv: Costs = 0.0,
+    offloaded: Costs = 0.0,
+    host_bandwidth: float | None = None,
 ) -> Simulation:
-    """Run ``program`` with the given per-virtual-stage costs; see the module docstring.
+    """Run ``program`` with the given costs; see the module docstring. The one simulator: what a
+    plan may carry (recompute per micro-batch, sequence slices, activation offload) is a form of
+    its arguments, and it picks the pass.
 
     Every argument after the program is keyword-only.
 
@@ -345,7 +383,8 @@ def simulate(
     ----------
     program: the schedule instance (:func:`sapptk.schedules.build`, ``config.program()``).
     forward, backward, weight: ms per micro-batch for each virtual stage (or one number), or
-        an array of shape (virtual stages, micro-batches): the cost of each micro-batch.
+        an array of shape (virtual stages, micro-batches): the cost of each micro-batch
+        (a plan that recomputes per micro-batch).
     activation: MB an in-flight micro-batch keeps on each virtual stage; like the times, also
         per (virtual stage, micro-batch): each ``F`` then allocates its own micro-batch's amount.
     params: static MB of each virtual stage (weights, gradients, optimizer share).
@@ -356,10 +395,16 @@ def simulate(
     memory_budget: MB per device, kept on the result for figures (None: no budget).
     kv: MB of K/V a micro-batch's slices keep on each virtual stage (sequence slices: from the
         ``F`` of each slice to the end of the backward of slice 0); ``sim.memory["kv_mb"]``.
+    offloaded: MB per micro-batch each virtual stage sends to host memory (at most its
+        ``activation``; activation offload, :mod:`sapptk.schedules.copy_stream`).
+    host_bandwidth: MB per ms of the host link. Given (needed when anything is offloaded), the
+        run has a copy stream per device and returns an :class:`OffloadSimulation` (with
+        nothing offloaded its times, memory and frames equal the run without it).
 
     ``forward``, ``backward``, ``weight``, ``activation`` and ``kv`` may also be arrays of shape
     (virtual stages, micro-batches, slices): the cost of each slice op itself (unequal slices,
-    causal attention; :mod:`sapptk.seq` builds them from a profile).
+    causal attention; :mod:`sapptk.seq` builds them from a profile). The copy stream takes one
+    cost per virtual stage and no ``kv``.
 
     Raises :class:`~sapptk.errors.SapptkError` naming the argument for a bad value (not a
     program, strings, bools, negative or non-finite numbers, arrays of the wrong length).
@@ -373,7 +418,7 @@ def simulate(
         if memory_budget <= 0:
             raise SapptkError(f"memory_budget: expected MB > 0 per device, or None, got {memory_budget!r}")
     if not isinstance(overlap, str) or overlap not in _OVERLAPS:
-        raise SapptkError(f"overlap: expected one of {sorted(_OVERLAPS)}, got {_describe(overlap)}")
+        raise SapptkError(f"overlap: expected one of {sorted(_OVERLAPS)}, got {show(overlap)}")
     nvs, m = program.num_virtual_stages, program.micro_batches
     k = program.splits
     f = per_slice_costs("forward", forward, nvs, m, k)
@@ -382,6 +427,8 @@ def simulate(
     act = per_slice_costs("activation", activation, nvs, m, k)
     kv_cost = per_slice_costs("kv", kv, nvs, m, k)
     par = per_stage("params", params, nvs)
+    off = per_stage("offloaded", offloaded, nvs)
+    stream_bw = _copy_stream_inputs(f, b, w, act, kv_cost, off, host_bandwidth)
 
     g = program.graph
     # no path is longer than every unit at its longest plus a latency before each: refuse
@@ -397,30 +444,27 @@ def simulate(
     if not worst_mb < _HUGE:
         raise SapptkError("activation/kv/params/constant: too large: the memory could overflow; give MB")
     dur = unit_durations(program, op_durations(program, f, b, w), overlap)
-    start, end = unit_times(program, dur, comm)
-    step_time = float(end.max(initial=0.0))
-
     p = program.stages
     placement = np.asarray(program.placement, dtype=np.int64)
     chunk = np.asarray(program.chunk_of, dtype=np.int64)
     static = np.bincount(placement, weights=par, minlength=p) + constant
-    events_m = program.memory_events
-    if act.ndim == 1:
-        act_by_chunk = np.zeros((p, events_m.width))
+    if stream_bw is not None:  # a copy stream per device
+        pairs = copy_stream.pairs(program)
+        stream = copy_stream.stream(pairs, off, stream_bw, k)
+        run = copy_stream.run(program, pairs, stream, dur, comm)
+        start, end = run.start, run.end
+        act_by_chunk = np.zeros((p, program.memory_events.width))
         act_by_chunk[placement, chunk] = act
-    elif act.ndim == 2:  # a column per (chunk, amount) on each device: live counts stay exact integers
-        events_m, act_by_chunk = events_m.by_amount(act[g.op_virtual_stage, g.op_micro_batch][events_m.op], p)
-    else:  # per slice: the amounts are each slice's own, so the counts are not divided by the slices
-        amount = act[g.op_virtual_stage, g.op_micro_batch, g.op_slice][events_m.op]
-        events_m, act_by_chunk = events_m.by_amount(amount, p)
-        events_m = dataclasses.replace(events_m, splits=1)
-    if kv_cost.any():
-        kv_op = _as_slices(kv_cost, m, k)[g.op_virtual_stage, g.op_micro_batch, g.op_slice]
-        dev_col, time_col, mem_col, kv_col = memory_steps_kv(
-            events_m, kv_events(g), kv_op, start, end, act_by_chunk, static, weight_holds)
-    else:
-        dev_col, time_col, mem_col = memory_steps(events_m, start, end, act_by_chunk, static, weight_holds)
+        off_by_chunk = np.zeros_like(act_by_chunk)
+        off_by_chunk[placement, chunk] = off / k
+        dev_col, time_col, mem_col = copy_stream.memory(program, pairs, stream, run, act_by_chunk, off_by_chunk,
+                                                        static, weight_holds)
         kv_col = np.zeros(len(dev_col))
+    else:
+        start, end = unit_times(program, dur, comm)
+        dev_col, time_col, mem_col, kv_col = _memory(program, act, kv_cost, start, end, static, weight_holds)
+    step_time = float(end.max(initial=0.0))
+
     # the frames own fresh arrays (copied where they are the graph's), so copy=False is safe
     memory = pd.DataFrame({"device": dev_col, "time_ms": time_col, "memory_mb": mem_col, "kv_mb": kv_col},
                           copy=False)
@@ -476,4 +520,79 @@ def simulate(
         "weight_holds": weight_holds,
         "overlap": overlap,
     }
-    return Simulation(program, step_time, events, memory, peak, bubble, summary, costs, memory_budget)
+    if stream_bw is None:
+        return Simulation(program, step_time, events, memory, peak, bubble, summary, costs, memory_budget)
+    return OffloadSimulation(program, step_time, events, memory, peak, bubble, summary, costs, memory_budget,
+                             transfers=_transfers(program, pairs, stream, run, stream_bw),
+                             host_bandwidth=stream_bw, offloaded_mb=off)
+
+
+def _memory(program: Program, act: np.ndarray, kv_cost: np.ndarray, start: np.ndarray, end: np.ndarray,
+            static: np.ndarray, weight_holds: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Memory steps ``(device, time, memory, K/V)`` of a run without a copy stream."""
+    g = program.graph
+    p = program.stages
+    m, k = program.micro_batches, program.splits
+    placement = np.asarray(program.placement, dtype=np.int64)
+    chunk = np.asarray(program.chunk_of, dtype=np.int64)
+    events_m = program.memory_events
+    if act.ndim == 1:
+        act_by_chunk = np.zeros((p, events_m.width))
+        act_by_chunk[placement, chunk] = act
+    elif act.ndim == 2:  # a column per (chunk, amount) on each device: live counts stay exact integers
+        events_m, act_by_chunk = events_m.by_amount(act[g.op_virtual_stage, g.op_micro_batch][events_m.op], p)
+    else:  # per slice: the amounts are each slice's own, so the counts are not divided by the slices
+        amount = act[g.op_virtual_stage, g.op_micro_batch, g.op_slice][events_m.op]
+        events_m, act_by_chunk = events_m.by_amount(amount, p)
+        events_m = dataclasses.replace(events_m, splits=1)
+    if kv_cost.any():
+        kv_op = _as_slices(kv_cost, m, k)[g.op_virtual_stage, g.op_micro_batch, g.op_slice]
+        return memory_steps_kv(events_m, kv_events(g), kv_op, start, end, act_by_chunk, static, weight_holds)
+    dev_col, time_col, mem_col = memory_steps(events_m, start, end, act_by_chunk, static, weight_holds)
+    return dev_col, time_col, mem_col, np.zeros(len(dev_col))
+
+
+def _copy_stream_inputs(f: np.ndarray, b: np.ndarray, w: np.ndarray, act: np.ndarray, kv_cost: np.ndarray,
+                        off: np.ndarray, host_bandwidth: Any) -> float | None:
+    """The link's MB per ms when the run has copy streams (``host_bandwidth`` given or anything
+    offloaded), else None; a :class:`SapptkError` naming the argument for what the copy stream cannot run."""
+    if host_bandwidth is None and not off.any():
+        return None
+    if host_bandwidth is None or isinstance(host_bandwidth, bool | np.bool_) \
+            or not isinstance(host_bandwidth, Real | np.integer | np.floating) \
+            or not math.isfinite(float(host_bandwidth)) or host_bandwidth <= 0:
+        raise SapptkError(f"host_bandwidth = {show(host_bandwidth)}: expected the host link's MB per ms > 0"
+                          + (" (activations are offloaded)" if off.any() else ""))
+    shaped = [name for name, x in (("forward", f), ("backward", b), ("weight", w), ("activation", act))
+              if x.ndim != 1]
+    if shaped or kv_cost.any():
+        what = ", ".join(shaped) or "kv"
+        raise SapptkError(f"{what}: the copy stream of activation offload (host_bandwidth) is modelled with one cost "
+                          "per virtual stage and no K/V: expected per-stage costs (no per-micro-batch or per-slice "
+                          "arrays, kv = 0)")
+    if (off > act).any():
+        vs = int(np.flatnonzero(off > act)[0])
+        raise SapptkError(f"offloaded: virtual stage {vs} offloads {off[vs]:g} MB of an activation of "
+                          f"{act[vs]:g} MB: expected at most the activation")
+    return float(host_bandwidth)
+
+
+def _transfers(program: Program, pairs: copy_stream.Pairs, stream: copy_stream.Stream, run: copy_stream.StreamRun,
+               host_bandwidth: float) -> pd.DataFrame:
+    """The transfers frame of :class:`OffloadSimulation`."""
+    g = program.graph
+    f_op = pairs.f_op[stream.pair]
+    issue = np.where(stream.fetch, run.start[stream.issue_unit], run.end[stream.issue_unit])
+    return pd.DataFrame({
+        "device": stream.device.astype(np.int64),
+        "kind": pd.Categorical.from_codes(stream.fetch.astype(np.int8),
+                                          dtype=pd.CategoricalDtype(list(copy_stream.TRANSFER_KINDS))),
+        "micro_batch": g.op_micro_batch[f_op],
+        "virtual_stage": g.op_virtual_stage[f_op],
+        "slice": g.op_slice[f_op],
+        "issue_ms": issue,
+        "start_ms": run.c_start,
+        "end_ms": run.c_end,
+        "size_mb": stream.duration * host_bandwidth,
+        "wait_ms": run.wait,
+    })

@@ -1,22 +1,22 @@
-"""An ipywidgets explorer: pick a schedule and a pipeline setup, solve, look at the plan.
+"""An ipywidgets explorer: pick a schedule, a pipeline setup and the solver's levers, solve,
+look at the plan.
 
-``Explorer(profile)`` shows the controls (schedule, stages, micro-batches, chunks, splits,
-memory budget, recompute modes, time limit, Solve and Cancel), a status line, and after
-solving the plan in tabs: its timeline next to the even split, its per-device table, its
-MindFormers YAML, its memory and time per device (Bokeh inside the widgets through
-``jupyter_bokeh``), and the plan in every export format (:data:`EXPORT_FORMATS`). Options
-the chosen schedule does not allow are disabled.
+``Explorer(profile)`` shows the controls (:mod:`sapptk.explorer_controls`: schedule,
+stages, micro-batches, chunks, splits on the left; memory budget, recompute modes,
+activation offload with its host bandwidth, recompute per micro-batch, memory margin, OOM
+risk with its memory error and time limit on the right; Solve and Cancel), a status line,
+and after solving the plan in tabs (:mod:`sapptk.explorer_tabs`): its timeline next to the
+even split, its per-device table, its MindFormers YAML, its memory and time per device, and
+the plan in every export format (:data:`EXPORT_FORMATS`). Options the chosen schedule does
+not allow are disabled.
 
 Solve runs the search and draws the figures on a background thread, so the kernel stays
 free; Cancel asks the search to stop and show its best plan so far. The status line goes
 ``solving…`` → ``drawing…`` → the result, and Solve is enabled again only once the
 figures in view are in the tabs (the memory & time tab is drawn when it is first opened).
-When the controls no longer describe the plan shown (another setup, or an invalid one), a
-note above the tabs says the tabs are stale. Tests drive it
-without a kernel: set ``.value``, call ``.click()``, then :meth:`Explorer.wait`.
-
-(Over 500 lines: the controls, the background solve and the tabs are the state of one
-widget; the pure helpers at the end are tested on their own.)
+When the controls no longer describe the plan shown (another setup, other levers, or an
+invalid one), a note above the tabs says the tabs are stale. Tests drive it without a
+kernel: set ``.value``, call ``.click()``, then :meth:`Explorer.wait`.
 """
 
 from __future__ import annotations
@@ -24,17 +24,15 @@ from __future__ import annotations
 import html
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
 from sapptk.config import PipelineConfig
-from sapptk.errors import SapptkError
-from sapptk.explorer_inputs import HOOK, checked_entry
-from sapptk.profile import MODES
-from sapptk.schedules import get, names
+from sapptk.explorer_controls import Controls, Levers
+from sapptk.explorer_inputs import HOOK
+from sapptk.explorer_tabs import EXPORT_FORMATS, ResultTabs, error_text, export_texts, result_text
+from sapptk.request import SolveRequest
 
 if TYPE_CHECKING:
     from sapptk.plan import Plan
@@ -42,68 +40,43 @@ if TYPE_CHECKING:
 
 __all__ = ["EXPORT_FORMATS", "Explorer", "explorer_from_card", "export_texts"]
 
-_MAX_STAGES = 64
-_MAX_MICRO_BATCHES = 512
-_MAX_CHUNKS = 8
-_MAX_SPLITS = 8
-_DESC = {"description_width": "130px"}
-_WIDE = w.Layout(width="420px")
 _COLORS = {"ready": "#555", "solving…": "#3a6ea5", "cancelling…": "#3a6ea5", "drawing…": "#3a6ea5",
            "optimal": "#2e7d32", "feasible": "#b26a00", "infeasible": "#c62828", "invalid": "#c62828",
            "unknown": "#b26a00", "error": "#c62828", "cancelled": "#b26a00"}
 _POLL_S = 0.05  # wait() joins in slices so that a kernel interrupt is seen at once
 
 
-def _error_text(exc: BaseException) -> str:
-    """One line for the status: the message of our own errors, the type and message otherwise."""
-    if isinstance(exc, SapptkError):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:,.0f} ms" if value >= 1000 else f"{value:,.1f} ms"
-
-
-def _setup_text(config: PipelineConfig) -> str:
+def _setup_text(config: PipelineConfig, levers: Levers) -> str:
     budget = "no budget" if config.memory_budget is None else f"{config.memory_budget:,.0f} MB"
     k = f" k={config.splits}" if config.splits != 1 else ""
-    return f"{config.schedule} p={config.stages} v={config.chunks} m={config.micro_batches}{k}, {budget}"
-
-
-@dataclass
-class _Tab:
-    """A result tab: its title, its widget, how to show a plan in it and how to empty it.
-
-    A ``lazy`` tab is filled when it is first opened (or at once if it is open), so figures
-    out of view do not hold back the status line.
-    """
-
-    title: str
-    widget: w.Widget
-    show: Callable[[Plan, Plan | None], None]
-    clear: Callable[[], None]
-    lazy: bool = False
+    offload = f", offload at {config.host_bandwidth:g} MB/ms" if "offload" in config.recompute else ""
+    more = f", {levers.text()}" if levers.text() else ""
+    return f"{config.schedule} p={config.stages} v={config.chunks} m={config.micro_batches}{k}, {budget}{offload}{more}"
 
 
 class Explorer:
     """Interactive planner for one profile (display it, or its ``.widget``, in Jupyter).
 
-    Attributes (all ipywidgets): ``schedule``, ``stages``, ``micro_batches``, ``chunks``,
-    ``splits``, ``budget`` (MB, 0 = no limit), ``recompute`` (``{mode: Checkbox}``),
+    Attributes (all ipywidgets, see :class:`~sapptk.explorer_controls.Controls`):
+    ``schedule``, ``stages``, ``micro_batches``, ``chunks``, ``splits``, ``budget`` (MB, 0 =
+    no limit), ``recompute`` (``{mode: Checkbox}``), ``offload`` and ``host_bandwidth`` (MB
+    per ms), ``per_micro_batch``, ``memory_margin`` (MB when >= 1, a fraction of the budget
+    when < 1; 0 = none), ``oom_risk`` (0 = none) and ``memory_error`` (relative),
     ``time_limit``, ``solve_button``, ``cancel_button``, ``status``, ``stale_note``,
-    ``entries`` (the box beside each control where a value can be typed: ``"stages"``,
-    ``"micro-batches"``, ``"chunks"``, ``"splits"``, ``"memory budget"``, ``"time limit"``;
+    ``entries`` (the box beside each number where a value can be typed: ``"stages"``,
+    ``"micro-batches"``, ``"chunks"``, ``"splits"``, ``"memory budget"``, ``"host
+    bandwidth"``, ``"memory margin"``, ``"OOM risk"``, ``"memory error"``, ``"time limit"``;
     a value out of range is corrected and ``input_note`` says how), ``recompute_note``,
     ``results`` (the Tab) and its pages ``timeline``, ``table``, ``yaml``, ``bars`` (Boxes
     holding a ``jupyter_bokeh.BokehModel`` once drawn; ``bars`` when its tab is opened),
     ``exports`` (``export_format``, a Dropdown, and ``export_text``, that format's text; filled
-    when the tab is opened). After a solve, ``plan`` and
-    ``baseline`` (the even split) hold the :class:`~sapptk.plan.Plan` objects, ``figure``
-    the Bokeh layout of the timeline tab (it belongs to that widget's document: to show it
-    elsewhere, build a new one with :mod:`sapptk.viz`) and ``draw_seconds`` the time the
-    figures took. ``status_text`` is the status line as plain text; ``stale`` says whether
-    the tabs show a plan for other settings than the controls'.
+    when the tab is opened). Every lever is passed to the solve (``sapptk.balance``'s keywords
+    of the same names; offload through the config). After a solve, ``plan`` and ``baseline``
+    (the even split) hold the :class:`~sapptk.plan.Plan` objects, ``figure`` the Bokeh layout
+    of the timeline tab (it belongs to that widget's document: to show it elsewhere, build a
+    new one with :mod:`sapptk.viz`) and ``draw_seconds`` the time the figures took.
+    ``status_text`` is the status line as plain text; ``stale`` says whether the tabs show a
+    plan for other settings than the controls'.
     """
 
     def __init__(
@@ -113,14 +86,17 @@ class Explorer:
         *,
         time_limit: float = 10,
         workers: int = 2,
+        per_micro_batch: bool = False,
+        memory_margin: float | None = None,
+        oom_risk: float | None = None,
+        memory_error: float | None = None,
     ) -> None:
         self.profile = profile
         self.workers = workers
         self.plan: Plan | None = None
         self.baseline: Plan | None = None
-        self.figure: Any = None
         self.draw_seconds: float | None = None
-        self._shown: PipelineConfig | None = None  # the setup of the plan in the tabs
+        self._shown: tuple[PipelineConfig, Levers] | None = None  # the setup of the plan in the tabs
         self._worker: threading.Thread | None = None
         self._stop: threading.Event | None = None
         self._run = 0  # number of the current solve; a thread whose number is older was abandoned
@@ -128,147 +104,44 @@ class Explorer:
         self._lock = threading.Lock()
         self._last_result: tuple[str, str] | None = None  # the status of the last solve (kind, text)
         self._interrupted = False  # the running solve was stopped by Kernel -> Interrupt
-        cfg = config or PipelineConfig(4, 8)
-        body_modes = {m for g in profile.body for m in g.modes}
-
-        self.schedule = w.Dropdown(options=list(names()), value=cfg.schedule, description="schedule",
-                                   style=_DESC, layout=_WIDE)
-        self.schedule_info = w.HTML()
-        self.stages = w.IntSlider(value=cfg.stages, min=1, max=_MAX_STAGES, description="stages (p)",
-                                  style=_DESC, layout=_WIDE, continuous_update=False)
-        self.micro_batches = w.IntSlider(value=cfg.micro_batches, min=1, max=_MAX_MICRO_BATCHES,
-                                         description="micro-batches (m)", style=_DESC, layout=_WIDE,
-                                         continuous_update=False)
-        self.chunks = w.IntSlider(value=cfg.chunks, min=1, max=_MAX_CHUNKS, description="chunks (v)",
-                                  style=_DESC, layout=_WIDE, continuous_update=False)
-        self.splits = w.IntSlider(value=cfg.splits, min=1, max=_MAX_SPLITS, description="splits (k)",
-                                  style=_DESC, layout=_WIDE, continuous_update=False)
-        self.budget = w.BoundedFloatText(value=float(cfg.memory_budget or 0.0), min=0.0, max=1e9, step=1000.0,
-                                         description="memory budget", style=_DESC,
-                                         layout=w.Layout(width="300px"))
-        self.recompute = {
-            mode: w.Checkbox(value=mode in cfg.recompute and mode in body_modes, description=mode, indent=False,
-                             disabled=mode not in body_modes, layout=w.Layout(width="80px"))
-            for mode in MODES
-        }
-        self.time_limit = w.IntSlider(value=int(time_limit), min=1, max=300, description="time limit (s)",
-                                      style=_DESC, layout=_WIDE, continuous_update=False)
-        self.solve_button = w.Button(description="Solve", button_style="primary", icon="play")
-        self.cancel_button = w.Button(description="Cancel", icon="stop", disabled=True,
-                                      tooltip="stop the search and show the best plan found so far")
+        self._status_text = ""
+        levers = Levers(per_micro_batch=per_micro_batch, memory_margin=memory_margin, oom_risk=oom_risk,
+                        memory_error=memory_error)
+        self.controls = Controls(profile, config or PipelineConfig(4, 8), time_limit=time_limit, levers=levers,
+                                 report=self._report_input)
+        c = self.controls
+        self.schedule, self.schedule_info = c.schedule, c.schedule_info
+        self.stages, self.micro_batches, self.chunks, self.splits = c.stages, c.micro_batches, c.chunks, c.splits
+        self.budget, self.recompute, self.recompute_note = c.budget, c.recompute, c.recompute_note
+        self.offload, self.host_bandwidth, self.per_micro_batch = c.offload, c.host_bandwidth, c.per_micro_batch
+        self.memory_margin, self.oom_risk, self.memory_error = c.memory_margin, c.oom_risk, c.memory_error
+        self.time_limit, self.solve_button, self.cancel_button = c.time_limit, c.solve_button, c.cancel_button
+        self.input_note, self.entries = c.input_note, c.entries
         self.status = w.HTML()
         self.stale_note = w.HTML()
-        self.input_note = w.HTML()  # what was changed in a typed value, and why
-        missing = [m for m in MODES if m not in body_modes]
-        for mode in missing:
-            self.recompute[mode].tooltip = f"the profile gives no figures for {mode!r}: it cannot be used"
-        self.recompute_note = w.HTML(
-            f"<small>greyed: {', '.join(missing)} (the profile has no figures for "
-            f"{'it' if len(missing) == 1 else 'them'})</small>" if missing else "")
-        self._status_text = ""
-        self._constant = float(cfg.constant_memory)
-        self._comm = float(cfg.comm)
 
-        self.entries: dict[str, w.Text] = {}  # the typed-value box beside each control, by its name
-
-        def typed(control: w.ValueWidget, name: str, **kw: Any) -> w.Text:
-            self.entries[name] = checked_entry(control, name, self._report_input, **kw)
-            return self.entries[name]
-
-        for slider in (self.stages, self.micro_batches, self.chunks, self.splits, self.time_limit):
-            slider.readout = False  # the box beside it takes typed values, and says what it changed
-        budget_box = typed(self.budget, "memory budget", width="110px")
-        controls = w.VBox([
-            self.schedule, self.schedule_info,
-            w.HBox([self.stages, typed(self.stages, "stages")]),
-            w.HBox([self.micro_batches, typed(self.micro_batches, "micro-batches")]),
-            w.HBox([self.chunks, typed(self.chunks, "chunks")]),
-            w.HBox([self.splits, typed(self.splits, "splits")]),
-            w.HBox([w.Label("memory budget", layout=w.Layout(width="134px")), budget_box,
-                    w.Label("MB per device (0: no limit)")]),
-            w.HBox([w.Label("recompute modes", layout=w.Layout(width="134px")), *self.recompute.values(),
-                    self.recompute_note]),
-            w.HBox([self.time_limit, typed(self.time_limit, "time limit")]),
-            w.HBox([self.solve_button, self.cancel_button]), self.input_note,
-        ])
         from sapptk.choose_panel import ChoosePanel
 
         self.chooser = ChoosePanel(self)  # the "choose" tab: which setup to run
-        self._tabs = self._build_tabs()
-        self.results = w.Tab(children=[tab.widget for tab in self._tabs])
-        for i, tab in enumerate(self._tabs):
-            self.results.set_title(i, tab.title)
-        self.widget = w.VBox([controls, self.status, self.stale_note, self.results])
+        self.tabs = ResultTabs({"choose": self.chooser.widget})
+        t = self.tabs
+        self.results, self._tabs = t.widget, t.tabs
+        self.timeline, self.table, self.yaml, self.bars = t.timeline, t.table, t.yaml, t.bars
+        self.exports, self.export_format, self.export_text = t.exports, t.export_format, t.export_text
+        self.widget = w.VBox([c.widget, self.status, self.stale_note, self.results])
         self.results.observe(self._on_tab, names="selected_index")
 
         self.schedule.observe(self._on_schedule, names="value")
-        for ctl in (self.stages, self.chunks, self.micro_batches, self.splits, self.budget, self.time_limit,
-                    *self.recompute.values()):
+        for ctl in c.value_controls:
             ctl.observe(self._on_change, names="value")
         self.solve_button.on_click(lambda _button: self.start())
         self.cancel_button.on_click(lambda _button: self.cancel())
         self._on_schedule()
 
-    # ------------------------------------------------------------- the tabs
-    def _build_tabs(self) -> list[_Tab]:
-        """The result tabs, in display order (add a tab here: title, widget, show, clear)."""
-        self.timeline = w.Box(layout=w.Layout(width="100%"))
-        self.table = w.HTML()
-        self.yaml = w.Textarea(layout=w.Layout(width="100%", height="320px"))  # editable, so it can be copied
-        self.bars = w.Box(layout=w.Layout(width="100%"))
-
-        def show_timeline(plan: Plan, baseline: Plan | None) -> None:
-            from sapptk import viz
-
-            subjects, labels = [plan], ["balanced plan"]
-            if baseline is not None:
-                subjects.append(baseline)
-                labels.append(baseline.source.replace("even_split(", "even split (").replace("((", "("))
-            self.figure = viz.compare(*subjects, labels=labels, memory=True)  # as wide as the output
-            self.timeline.children = (_bokeh(self.figure),)
-
-        def show_bars(plan: Plan, _baseline: Plan | None) -> None:
-            from sapptk import viz
-
-            self.bars.children = (_bokeh(viz.stage_bars(plan)),)
-
-        def show_yaml(plan: Plan, _baseline: Plan | None) -> None:
-            try:
-                self.yaml.value = plan.export("mindformers").text
-            except Exception as exc:  # e.g. several groups the MindFormers lists cannot express
-                self.yaml.value = f"# no MindFormers config: {_error_text(exc)}"
-
-        def clear_timeline() -> None:
-            self.figure = None
-            self.timeline.children = ()
-
-        self.export_format = w.Dropdown(options=list(EXPORT_FORMATS), description="format", style=_DESC)
-        self.export_text = w.Textarea(layout=w.Layout(width="100%", height="320px"))
-        self.exports = w.VBox([self.export_format, self.export_text])
-        self._exports: dict[str, str] = {}
-
-        def show_export() -> None:
-            self.export_text.value = self._exports.get(self.export_format.value, "")
-
-        def fill_exports(plan: Plan, _baseline: Plan | None) -> None:
-            self._exports = export_texts(plan)
-            show_export()
-
-        def clear_exports() -> None:
-            self._exports = {}
-            show_export()
-
-        self.export_format.observe(lambda _change: show_export(), names="value")
-
-        return [
-            _Tab("timeline", self.timeline, show_timeline, clear_timeline),
-            _Tab("per device", self.table, lambda plan, _b: setattr(self.table, "value", _device_table(plan)),
-                 lambda: setattr(self.table, "value", "")),
-            _Tab("MindFormers YAML", self.yaml, show_yaml, lambda: setattr(self.yaml, "value", "")),
-            _Tab("memory & time", self.bars, show_bars, lambda: setattr(self.bars, "children", ()), lazy=True),
-            _Tab("export", self.exports, fill_exports, clear_exports, lazy=True),
-            _Tab("choose", self.chooser.widget, lambda _plan, _b: None, lambda: None),
-        ]
+    @property
+    def figure(self) -> Any:
+        """The Bokeh layout of the timeline tab (None before a plan is drawn)."""
+        return self.tabs.figure
 
     def _on_tab(self, _change: Any = None) -> None:
         """Fill a lazy tab with the plan shown when it is opened."""
@@ -284,53 +157,35 @@ class Explorer:
     # ---------------------------------------------------------- the setup
     def config(self) -> PipelineConfig:
         """The pipeline setup the controls describe (not yet validated)."""
-        budget = float(self.budget.value)
-        return PipelineConfig(
-            stages=int(self.stages.value),
-            micro_batches=int(self.micro_batches.value),
-            chunks=int(self.chunks.value),
-            schedule=self.schedule.value,
-            splits=int(self.splits.value),
-            memory_budget=budget if budget > 0 else None,
-            constant_memory=self._constant,
-            comm=self._comm,
-            recompute=tuple(m for m, box in self.recompute.items() if box.value),
-        )
+        return self.controls.config()
+
+    def levers(self) -> Levers:
+        """The solver's levers the controls describe."""
+        return self.controls.levers()
 
     def check(self) -> str | None:
-        """Why the current setup cannot be solved, or None when it can."""
+        """Why the current setup cannot be solved, or None when it can (the request's own
+        checks, so the status line says what ``sapptk.solve`` would refuse)."""
         if not any(box.value for box in self.recompute.values()):
             return "pick at least one recompute mode"
         try:
-            self.config().check(self.profile)
+            self.request()
         except Exception as exc:  # a status line, never a traceback
-            return _error_text(exc)
+            return error_text(exc)
         return None
 
+    def request(self, stop: threading.Event | None = None) -> SolveRequest:
+        """The :class:`~sapptk.request.SolveRequest` the controls describe (checked: raises
+        :class:`~sapptk.errors.ConfigError` naming what the solve would refuse)."""
+        return SolveRequest(self.profile, self.config(), time_limit=float(self.time_limit.value),
+                            workers=self.workers, stop=stop, **self.levers().keywords())
+
     def _on_schedule(self, _change: Any = None) -> None:
-        spec = get(self.schedule.value)
-        if spec.chunks is None:
-            self.chunks.min, self.chunks.max = 1, _MAX_CHUNKS
-            self.chunks.disabled = False
-        else:
-            self.chunks.max = max(max(spec.chunks), self.chunks.min)
-            self.chunks.min = min(spec.chunks)
-            self.chunks.max = max(spec.chunks)
-            if self.chunks.value not in spec.chunks:
-                self.chunks.value = spec.chunks[0]
-            self.chunks.disabled = len(spec.chunks) == 1
-        if not spec.splits:
-            self.splits.value = 1
-        self.splits.disabled = not spec.splits
-        self.schedule_info.value = (
-            f"<small>{html.escape(spec.description)}<br>allows {html.escape(spec.constraints)}</small>"
-        )
+        self.controls.on_schedule()
         self._on_change()
 
     def _on_change(self, _change: Any = None) -> None:
-        spec = get(self.schedule.value)
-        need = max(spec.min_micro_batches(int(self.stages.value), int(self.chunks.value)), int(self.stages.value))
-        self.micro_batches.min = min(need, self.micro_batches.max)
+        self.controls.fit_micro_batches()
         self._mark_stale()
         if self.busy:
             return  # the status line belongs to the running solve
@@ -356,7 +211,7 @@ class Explorer:
         if self._shown is None:
             return False
         try:
-            return self.check() is not None or self.config() != self._shown
+            return self.check() is not None or (self.config(), self.levers()) != self._shown
         except Exception:  # settings that do not even make a config
             return True
 
@@ -364,7 +219,7 @@ class Explorer:
         if self.stale:
             self.stale_note.value = (
                 '<div style="padding:2px 6px;background:#fff3cd;color:#664d03">The tabs show the plan for '
-                f"{html.escape(_setup_text(self._shown))}, not for these settings: press Solve.</div>"
+                f"{html.escape(_setup_text(*self._shown))}, not for these settings: press Solve.</div>"
             )
         else:
             self.stale_note.value = ""
@@ -402,19 +257,18 @@ class Explorer:
             if problem:
                 self._set_status("invalid", f": {problem}")
                 return False
-            config = self.config()
-            self._run += 1
             self._stop = threading.Event()
+            config, levers, request = self.config(), self.levers(), self.request(self._stop)
+            self._run += 1
             self.solve_button.disabled = True
             self.cancel_button.disabled = False
-            limit = float(self.time_limit.value)
             self._interrupted = False
             self.input_note.value = ""
             run = self._run
             HOOK.add(id(self), lambda: self._on_interrupt(run))
             how = "Cancel or Kernel → Interrupt stops it" if HOOK.install() else "Cancel stops it"
             self._set_status("solving…", f"(up to {self.time_limit.value} s; {how})")
-            self._worker = threading.Thread(target=self._solve, args=(self._run, config, limit, self._stop),
+            self._worker = threading.Thread(target=self._solve, args=(self._run, request, (config, levers)),
                                             name="sapptk-explorer-solve", daemon=True)
             self._worker.start()
             return True
@@ -491,22 +345,23 @@ class Explorer:
             self._set_status(kind, text)
             return True
 
-    def _solve(self, run: int, config: PipelineConfig, time_limit: float, stop: threading.Event) -> None:
+    def _solve(self, run: int, request: SolveRequest, setup: tuple[PipelineConfig, Levers]) -> None:
         """The background thread: search, then draw, then say so; always leaves the
         controls usable."""
         t0 = time.perf_counter()
         try:
-            from sapptk.balancer import balance
-            from sapptk.plan import even_baseline
+            from sapptk import balancer
+            from sapptk.plan import even_split
 
-            plan = balance(self.profile, config, time_limit=time_limit, workers=self.workers, stop=stop)
-            baseline = even_baseline(self.profile, config) if plan.solved else None
+            stop = request.stop
+            plan = balancer.solve(request)
+            baseline = even_split(self.profile, request.config, "auto") if plan.solved else None
             seconds = plan.solve_seconds or (time.perf_counter() - t0)
             stopped = ("stopped by Kernel → Interrupt" if self._interrupted else "stopped by Cancel"
                        ) if stop.is_set() else None
-            self._show(run, plan, baseline, config, seconds, stopped=stopped)
+            self._show(run, plan, baseline, setup, seconds, stopped=stopped)
         except BaseException as exc:  # the status line says it; the thread never dies silently
-            self._status_of(run, "error", f": {_error_text(exc)}")
+            self._status_of(run, "error", f": {error_text(exc)}")
         finally:
             with self._lock:
                 if self._current(run):
@@ -514,8 +369,8 @@ class Explorer:
                     self.solve_button.disabled = False
                     self.cancel_button.disabled = True
 
-    def _show(self, run: int, plan: Plan, baseline: Plan | None, config: PipelineConfig, seconds: float, *,
-              stopped: str | None) -> None:
+    def _show(self, run: int, plan: Plan, baseline: Plan | None, setup: tuple[PipelineConfig, Levers],
+              seconds: float, *, stopped: str | None) -> None:
         """Put a finished search's plan in the tabs (figures first), then in the status line."""
         if not plan.solved:
             with self._lock:
@@ -549,72 +404,10 @@ class Explorer:
                 return
             self.plan, self.baseline = plan, baseline
             self.draw_seconds = time.perf_counter() - t0
-            self._shown = config
+            self._shown = setup
             self._mark_stale()
-            self._last_result = (plan.status, _result_text(plan, baseline, seconds, stopped=stopped))
+            self._last_result = (plan.status, result_text(plan, baseline, seconds, stopped=stopped))
             self._set_status(*self._last_result)
-
-
-def _result_text(plan: Plan, baseline: Plan | None, seconds: float, *, stopped: str | None) -> str:
-    """``"in 0.8 s: step time ..."``: the status after the word for the plan's status."""
-    text = f"in {seconds:.1f} s: step time {_ms(plan.step_time)}"
-    if plan.status == "feasible":
-        why = stopped or "time limit reached"
-        text += f", bound {_ms(plan.bound)}, gap {100 * (plan.gap or 0.0):.1f}% ({why})"
-    elif plan.gap:
-        text += f", gap {100 * plan.gap:.2f}%"
-    if baseline is not None and baseline.step_time and plan.step_time:
-        fit = "" if baseline.fits else ", over budget"
-        text += (f". Even split ({baseline.source.removeprefix('even_split(').rstrip(')')}{fit}): "
-                 f"{_ms(baseline.step_time)}, {baseline.step_time / plan.step_time:.2f}x the plan")
-    return text
-
-
-EXPORT_FORMATS: tuple[str, ...] = ("sapptk plan file", "MindFormers", "Megatron-LM", "torchtitan",
-                                   "PyTorch schedule CSV")
-"""The formats of the Explorer's export tab."""
-
-
-def export_texts(plan: Plan) -> dict[str, str]:
-    """The plan in every export format, as text; a format that cannot hold the plan says why."""
-    makers = {
-        "sapptk plan file": lambda: plan.export("sapptk").text,
-        "MindFormers": lambda: plan.export("mindformers").text,
-        "Megatron-LM": lambda: plan.export("megatron").text,
-        "torchtitan": lambda: _torchtitan_text(plan),
-        "PyTorch schedule CSV": lambda: plan.export("torch-csv").text,
-    }
-    out = {}
-    for label, make in makers.items():
-        try:
-            out[label] = make()
-        except Exception as exc:  # shown in the tab, never a traceback
-            out[label] = f"# no {label} export: {_error_text(exc)}"
-    return out
-
-
-def _torchtitan_text(plan: Plan) -> str:
-    export = plan.export("torchtitan")
-    text = export.text
-    if "csv" in export.texts:
-        text += f"\n# ---- {export.data.csv_name} ----\n{export.texts['csv']}"
-    return text
-
-
-def _bokeh(fig: Any) -> w.Widget:
-    from jupyter_bokeh.widgets import BokehModel
-
-    return BokehModel(fig)
-
-
-def _device_table(plan: Plan) -> str:
-    frame = plan.devices.copy()
-    for col in frame.columns:
-        if col.endswith("_mb"):
-            frame[col] = frame[col].map(lambda x: "" if x != x else f"{x:,.0f}")
-        elif col.endswith("_ms"):
-            frame[col] = frame[col].map(lambda x: f"{x:,.1f}")
-    return frame.to_html(index=False, border=0, classes="sapptk-devices")
 
 
 def explorer_from_card(card: Any, parallel: Any = None, hardware: Any = "h100",

@@ -23,7 +23,7 @@ def main() -> int:
     from sapptk.balancer import balance
     from sapptk.calibration import calibrate, validate
     from sapptk.config import PipelineConfig
-    from sapptk.plan import even_baseline
+    from sapptk.plan import even_split
     from sapptk.profile import bundled_profile
     from sapptk.sweeps import sweep
 
@@ -31,7 +31,7 @@ def main() -> int:
     profile = bundled_profile("llama2_70b")
     config = PipelineConfig(4, 8, 2, "interleaved", memory_budget=60000)
     plan = balance(profile, config, time_limit=10, stall_time=2, seed=0)
-    even = even_baseline(profile, config)
+    even = even_split(profile, config, "auto")
     frame = sweep(profile, {"stages": [4], "micro_batches": [8], "schedule": ["1f1b", "interleaved"],
                             "chunks": [1, 2], "memory_budget": [50000, 65000, 80000]}, time_limit=2, progress=False)
     frame = frame[~((frame["schedule"] == "interleaved") & (frame["chunks"] == 1))]

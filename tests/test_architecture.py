@@ -21,7 +21,8 @@ PACKAGE = ROOT / "sapptk"
 # lowest first; a module belongs to the layer of the longest prefix that names it
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.errors",),
-    ("sapptk.files", "sapptk.checks", "sapptk.pareto"),  # row 0 of docs/internals.md: they raise the error types
+    ("sapptk.checks",),  # row 0 of docs/internals.md: every limit and the one way to show a bad value
+    ("sapptk.files", "sapptk.pareto"),  # row 0 too: guarded file I/O, the Pareto filter; they raise the error types
     ("sapptk.profile",),
     ("sapptk.models",),  # model cards, layouts, hardware: estimate_profile builds a Profile
     ("sapptk.schedules",),
@@ -31,16 +32,18 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.seq",),
     ("sapptk.costs",),
     ("sapptk.sensitivity",),
-    ("sapptk.offload",),
     ("sapptk.formats",),
+    ("sapptk.baselines",),  # the even splits: below the solver and the plan
     ("sapptk.plan",),
     ("sapptk.solver",),
+    ("sapptk.request",),  # the typed SolveRequest: above the solver (its SearchOptions), below every caller
     ("sapptk.balancer",),
     ("sapptk.calibration",),
     ("sapptk.sweeps",),
     ("sapptk.choosing",),
     ("sapptk.viz",),
     ("sapptk.choose_panel", "sapptk.explorer_inputs"),  # row 13½ of docs/internals.md
+    ("sapptk.explorer_controls", "sapptk.explorer_tabs"),  # row 13¾: the Explorer's controls and tabs
     ("sapptk.widgets",),
     ("sapptk.cli",),
     ("sapptk.__main__",),
@@ -125,6 +128,40 @@ def test_imports_only_go_downward():
             if layer > own or (layer == own and prefix != own_prefix):
                 bad.append(f"{module}:{line} imports {target} (layer {layer} {prefix}) from layer {own} {own_prefix}")
     assert not bad, "\n".join(bad)
+
+
+# pairs (importer prefix, imported prefix) refused even where the rows would allow them
+FORBIDDEN: tuple[tuple[str, str], ...] = (
+    ("sapptk.solver", "sapptk.plan"),  # the search returns counts; the balancer builds the Plan
+)
+
+
+def test_forbidden_imports():
+    bad = []
+    for module, imports in _graph().items():
+        for line, target in imports:
+            for importer, imported in FORBIDDEN:
+                if (module == importer or module.startswith(importer + ".")) and (
+                        target == imported or target.startswith(imported + ".")):
+                    bad.append(f"{module}:{line} imports {target} ({importer} -> {imported} is forbidden)")
+    assert not bad, "\n".join(bad)
+
+
+PUBLIC_API_ONLY = ("sapptk/sensitivity.py",)
+"""Modules that use other modules' public names only: no ``from x import _y``, no ``obj._attr``."""
+
+
+@pytest.mark.parametrize("path", PUBLIC_API_ONLY)
+def test_public_api_only(path):
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    private = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            private += [f"line {node.lineno}: imports {a.name}" for a in node.names if a.name.startswith("_")]
+        elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+              and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            private.append(f"line {node.lineno}: uses .{node.attr}")
+    assert not private, f"{path}: " + "; ".join(private)
 
 
 def test_no_import_cycles():

@@ -141,10 +141,10 @@ def test_memory_legend_click_dims_one_device(driver, tmp_path):
 
 def test_compare_of_plans_renders(driver, tmp_path, llama):
     from sapptk.config import PipelineConfig
-    from sapptk.plan import even_baseline, even_split
+    from sapptk.plan import even_split
 
     config = PipelineConfig(16, 32, chunks=2, schedule="interleaved", memory_budget=56000)
-    fig = viz.compare(even_split(llama, config, "full"), even_baseline(llama, config), labels=["a", "b"],
+    fig = viz.compare(even_split(llama, config, "full"), even_split(llama, config, "auto"), labels=["a", "b"],
                       memory=True)
     _open(driver, viz.save_html(fig, tmp_path / "compare.html"))
     assert not _severe(driver)

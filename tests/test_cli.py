@@ -13,6 +13,7 @@ import yaml
 
 from sapptk.cli import main
 from sapptk.config import PipelineConfig
+from sapptk.errors import ConfigError
 from sapptk.plan import load_plan, load_plans
 from sapptk.profile import bundled_profile
 from sapptk.schedules import names
@@ -198,14 +199,15 @@ def test_balance_out_when_the_mindformers_lists_cannot_express_the_plan(capsys, 
     import sapptk.balancer as balance_module
     from sapptk.plan import even_split, make_plan
 
-    def stand_in(profile, config, **kw):
+    def stand_in(request):
+        profile, config = request.profile, request.config
         counts = even_split(profile, config, "none").counts.copy()
         counts[0, 0, 1] -= 2  # device 1: one select-only and one comm-only layer
         counts[0, 1, 1] += 1
         counts[0, 2, 1] += 1
         return make_plan(profile, config, counts, status="feasible", step_time=1.0)
 
-    monkeypatch.setattr(balance_module, "balance", stand_in)
+    monkeypatch.setattr(balance_module, "solve", stand_in)
     code, out, err = run(capsys, "balance", "demo", *DEMO_SETUP, "--out", str(tmp_path))
     assert code == 0, err
     assert "plan.yaml not written" in out and "cell [0][1]" in out
@@ -217,11 +219,14 @@ def test_balance_out_when_the_mindformers_lists_cannot_express_the_plan(capsys, 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["balance", "demo", *DEMO_SETUP, "--time-limit", "nan"], "invalid time limit (seconds > 0) value: 'nan'"),
-        (["balance", "demo", *DEMO_SETUP, "--time-limit", "-1"], "invalid time limit (seconds > 0) value: '-1'"),
-        (["balance", "demo", *DEMO_SETUP, "--workers", "0"], "invalid worker count (1 to 1024) value: '0'"),
-        (["balance", "demo", *DEMO_SETUP, "--workers", "99999999999"], "worker count (1 to 1024)"),
-        (["balance", "demo", *DEMO_SETUP, "--seed", "4294967296"], "invalid seed (0 to 2147483647)"),
+        (["balance", "demo", *DEMO_SETUP, "--time-limit", "nan"], "time_limit = nan: expected a finite number > 0"),
+        (["balance", "demo", *DEMO_SETUP, "--time-limit", "-1"], "time_limit = -1: expected a finite number > 0"),
+        (["balance", "demo", *DEMO_SETUP, "--time-limit", "soon"], "time_limit = 'soon': expected a finite number"),
+        (["balance", "demo", *DEMO_SETUP, "--workers", "0"], "workers = 0: expected an integer from 1 to 64"),
+        (["balance", "demo", *DEMO_SETUP, "--workers", "100"], "workers = 100: expected an integer from 1 to 64"),
+        (["balance", "demo", *DEMO_SETUP, "--workers", "99999999999"], "expected an integer from 1 to 64"),
+        (["balance", "demo", *DEMO_SETUP, "--seed", "4294967296"], "expected an integer from 0 to 2,147,483,647"),
+        (["sweep", "demo", "-p", "4", "-m", "8", "--workers", "100", "--out", "x"], "expected an integer from 1 to 64"),
         (["balance", "demo", "--stages", "1000000000000", "--micro-batches", "8"], "would have"),
         (["sweep", "demo", "-p", "4", "-m", "8", "--memory", "lots", "--out", "x"], "invalid budget (MB, or none)"),
         (["simulate", "demo", "--config", str(ROOT / "tests" / "data" / "bad" / "mf_offset_wrap.yaml"), *DEMO_SETUP],
@@ -234,13 +239,25 @@ def test_bad_arguments_exit_2_with_a_message(capsys, argv, message):
     assert code == 2 and message in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize(("flag", "keyword", "value"), [("--workers", "workers", 100), ("--workers", "workers", 0),
+                                                      ("--seed", "seed", 2**31), ("--time-limit", "time_limit", -1)])
+def test_the_cli_and_the_library_refuse_the_same_value_with_the_same_message(capsys, demo, flag, keyword, value):
+    from sapptk import balance
+    from sapptk.config import PipelineConfig
+
+    with pytest.raises(ConfigError) as refused:
+        balance(demo, PipelineConfig(stages=4, micro_batches=8), **{"time_limit": 1, keyword: value})
+    code, out, err = run(capsys, "balance", "demo", *DEMO_SETUP, flag, str(value))
+    assert code == 2 and str(refused.value) in err, (str(refused.value), err)
+
+
 def test_balance_out_is_checked_before_solving(capsys, tmp_path, monkeypatch):
     import sapptk.balancer as balance_module
 
     def must_not_solve(*args, **kwargs):
         raise AssertionError("solved before checking --out")
 
-    monkeypatch.setattr(balance_module, "balance", must_not_solve)
+    monkeypatch.setattr(balance_module, "solve", must_not_solve)
     a_file = tmp_path / "file"
     a_file.write_text("")
     code, out, err = run(capsys, "balance", "demo", *DEMO_SETUP, "--out", str(a_file))

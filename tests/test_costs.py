@@ -243,15 +243,18 @@ def test_solver_views_equal_the_plain_python_oracle(config):
         assert np.allclose(peak_memory(prof, config, counts), memory["peak_mb"])
 
 
-def test_stage_costs_simulate_passes_the_budget_and_takes_overrides():
+def test_plan_simulate_passes_the_budget_and_takes_overrides():
     prof = bundled_profile("llama2_70b")
     config = PipelineConfig(4, 8, 2, "interleaved", memory_budget=60000, comm=0.02)
-    counts = even_split(prof, config, "none").counts
-    sc = stage_costs(prof, config, counts)
-    sim = sc.simulate(config)
+    plan = even_split(prof, config, "none")
+    sim = plan.simulate()
     assert sim.memory_budget == 60000 and sim.costs["comm"] == pytest.approx(0.02)
-    other = sc.simulate(config, comm=0.5, constant=100.0, memory_budget=None)  # once raised "multiple values"
+    other = plan.simulate(comm=0.5, constant=100.0, memory_budget=None)  # once raised "multiple values"
     assert (other.costs["comm"], other.costs["constant"], other.memory_budget) == (0.5, 100.0, None)
     assert other.step_time > sim.step_time
-    with pytest.raises(ConfigError, match="forward: these come from the plan's layout"):
-        sc.simulate(config, forward=1.0)
+    sc = stage_costs(prof, config, plan.counts)
+    again = simulate(config.program(), **sc.simulate_args(), memory_budget=60000)
+    assert again.step_time == sim.step_time and (again.peak_memory == sim.peak_memory).all()
+    for own in ("forward", "offloaded", "host_bandwidth"):
+        with pytest.raises(ConfigError, match=f"{own}: these come from the plan's layout"):
+            plan.simulate(**{own: 1.0})

@@ -32,7 +32,7 @@ import sapptk.errors as errors
 from sapptk.config import PipelineConfig, program_ops
 from sapptk.errors import SapptkError
 from sapptk.formats import mindformers
-from sapptk.plan import Plan, even_baseline, load_plan
+from sapptk.plan import Plan, even_split, load_plan
 from sapptk.profile import (
     MAX_LAYERS,
     MAX_MB,
@@ -168,7 +168,7 @@ def sapp_profiles(draw: st.DrawFn) -> dict[str, Any]:
 def simulate_even(profile: Profile) -> Plan:
     config = PipelineConfig(2, 4, memory_budget=1e6)
     config.check(profile)
-    plan = even_baseline(profile, config)
+    plan = even_split(profile, config, "auto")
     check_simulation(plan)
     return plan
 
@@ -316,7 +316,7 @@ def build_and_check(config: PipelineConfig) -> None:
     assert kinds["F"] == forwards and kinds["B"] + kinds["I"] == forwards  # one of each per slice and stage
     assert kinds["W"] == kinds["I"] and len(program.ops) <= ops
     config.check(LLAMA)
-    check_simulation(even_baseline(LLAMA, config))
+    check_simulation(even_split(LLAMA, config, "auto"))
 
 
 @FUZZ

@@ -15,10 +15,12 @@ from support import setups, small_profile
 
 import sapptk
 from sapptk.balancer import with_offload
+from sapptk.baselines import distinct_recomputes
+from sapptk.costs import check_offload
 from sapptk.errors import ConfigError, SapptkError
-from sapptk.offload import OffloadSimulation, check_offload, offload_step, simulate_offload
 from sapptk.plan import load_plan, make_plan
 from sapptk.profile import MODES
+from sapptk.simulation import OffloadSimulation
 from sapptk.solver.offload_search import offload_search
 
 ALL = (*MODES, "offload")
@@ -28,7 +30,7 @@ ALL = (*MODES, "offload")
 def _one_f_one_b(bandwidth: float) -> OffloadSimulation:
     """1F1B, p = 2, m = 2: F 1 ms, B 2 ms, 10 MB per micro-batch, device 0 offloads all 10 MB."""
     program = sapptk.schedules.build("1f1b", stages=2, micro_batches=2)
-    return simulate_offload(program, forward=1, backward=2, activation=10, offloaded=[10, 0],
+    return sapptk.simulate(program, forward=1, backward=2, activation=10, offloaded=[10, 0],
                             host_bandwidth=bandwidth)
 
 
@@ -79,7 +81,7 @@ def test_hand_worked_fast_link_hides_the_copies():
 def test_last_stage_of_one_f_one_b_keeps_its_activations():
     # device 1's backward follows its forward directly: nothing to offload there
     program = sapptk.schedules.build("1f1b", stages=2, micro_batches=2)
-    sim = simulate_offload(program, forward=1, backward=2, activation=10, offloaded=[0, 10], host_bandwidth=1)
+    sim = sapptk.simulate(program, forward=1, backward=2, activation=10, offloaded=[0, 10], host_bandwidth=1)
     assert sim.transfers.empty and sim.step_time == 9.0
 
 
@@ -88,7 +90,7 @@ def test_offload_lowers_the_peak_when_copies_finish_in_time():
     # activation before the next forward ends, so at most two are on the device at once
     program = sapptk.schedules.build("gpipe", stages=2, micro_batches=4)
     plain = sapptk.simulate(program, forward=2, backward=4, activation=10)
-    sim = simulate_offload(program, forward=2, backward=4, activation=10, offloaded=[10, 10], host_bandwidth=10)
+    sim = sapptk.simulate(program, forward=2, backward=4, activation=10, offloaded=[10, 10], host_bandwidth=10)
     assert plain.peak_memory.tolist() == [40, 40]
     assert sim.peak_memory[0] < plain.peak_memory[0]
     assert sim.step_time >= plain.step_time
@@ -102,8 +104,9 @@ def test_without_offload_equals_simulate(config, rng):
     kw = {"forward": rng.uniform(1, 3, n), "backward": rng.uniform(2, 5, n), "weight": rng.uniform(0, 1, n),
           "activation": rng.uniform(1, 9, n), "params": rng.uniform(0, 3, n), "comm": 0.0123, "constant": 1.5}
     plain = sapptk.simulate(program, **kw)
-    for bandwidth in (None, 3.0):  # a bandwidth without offloaded MB changes nothing
-        sim = simulate_offload(program, **kw, host_bandwidth=bandwidth)
+    for bandwidth in (3.0, 0.01):  # a copy stream without offloaded MB changes nothing
+        sim = sapptk.simulate(program, **kw, host_bandwidth=bandwidth)
+        assert isinstance(sim, OffloadSimulation)
         assert sim.step_time == plain.step_time
         for name in ("events", "memory", "summary"):
             pd.testing.assert_frame_equal(getattr(sim, name), getattr(plain, name), check_exact=True)
@@ -120,10 +123,10 @@ def test_offload_properties(config, rng):
     plain = sapptk.simulate(program, **kw)
     off = kw["activation"] * rng.uniform(0, 1, n)
     # an unbounded link: no backward waits, the peak never rises
-    fast = simulate_offload(program, **kw, offloaded=off, host_bandwidth=1e9)
+    fast = sapptk.simulate(program, **kw, offloaded=off, host_bandwidth=1e9)
     assert fast.step_time == pytest.approx(plain.step_time, abs=1e-6)
     assert (fast.peak_memory.to_numpy() <= plain.peak_memory.to_numpy() + 1e-9).all()
-    slow = simulate_offload(program, **kw, offloaded=off, host_bandwidth=0.5)
+    slow = sapptk.simulate(program, **kw, offloaded=off, host_bandwidth=0.5)
     assert slow.step_time >= plain.step_time - 1e-9
     assert (slow.peak_memory.to_numpy() <= plain.peak_memory.to_numpy() + 1e-9).all()
     assert (slow.memory.memory_mb.to_numpy() >= -1e-9).all()
@@ -136,8 +139,8 @@ def test_offload_properties(config, rng):
     need = ev[ev.kind.isin(["B", "I"])].set_index(["virtual_stage", "micro_batch", "slice"]).start_ms
     fetch = tr[tr.kind == "fetch"].set_index(["virtual_stage", "micro_batch", "slice"]).end_ms
     assert (need.loc[fetch.index].to_numpy() >= fetch.to_numpy() - 1e-12).all()
-    step, peaks = offload_step(program, **kw, offloaded=off, host_bandwidth=0.5)
-    assert step == slow.step_time and (peaks == slow.peak_memory.to_numpy()).all()
+    again = sapptk.simulate(program, **kw, offloaded=off, host_bandwidth=0.5)
+    assert again.step_time == slow.step_time and (again.peak_memory == slow.peak_memory).all()
 
 
 # ------------------------------------------------------------------ bad input
@@ -166,15 +169,15 @@ def test_offload_alone_is_not_a_mode(llama):
         cfg.check(llama)
 
 
-def test_simulate_offload_bad_input():
+def test_simulate_with_offload_bad_input():
     program = sapptk.schedules.build("1f1b", stages=2, micro_batches=2)
     for bad in (None, 0, -1.0, float("nan")):
         with pytest.raises(SapptkError, match="host_bandwidth"):
-            simulate_offload(program, forward=1, backward=2, activation=10, offloaded=5, host_bandwidth=bad)
+            sapptk.simulate(program, forward=1, backward=2, activation=10, offloaded=5, host_bandwidth=bad)
     with pytest.raises(SapptkError, match="offloaded: virtual stage 0 offloads 11 MB of an activation of 10 MB"):
-        simulate_offload(program, forward=1, backward=2, activation=10, offloaded=11, host_bandwidth=1)
+        sapptk.simulate(program, forward=1, backward=2, activation=10, offloaded=11, host_bandwidth=1)
     with pytest.raises(SapptkError, match="offloaded"):
-        simulate_offload(program, forward=1, backward=2, activation=10, offloaded=[1, 2, 3], host_bandwidth=1)
+        sapptk.simulate(program, forward=1, backward=2, activation=10, offloaded=[1, 2, 3], host_bandwidth=1)
 
 
 def _offload_config(**kw) -> sapptk.PipelineConfig:
@@ -254,7 +257,7 @@ def test_plan_with_offload_frames_files_and_exports(llama, tmp_path):
 # ------------------------------------------------------------------ the search
 def _base_plan(profile, cfg):
     """The fastest even split that fits (a start the search must never make worse)."""
-    plans = [p for p in sapptk.plan.even_splits(profile, cfg) if p.fits]
+    plans = [p for p in (sapptk.even_split(profile, cfg, m) for m in distinct_recomputes(profile, cfg)) if p.fits]
     return min(plans, key=lambda p: p.step_time)
 
 

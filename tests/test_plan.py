@@ -9,10 +9,12 @@ import pandas as pd
 import pytest
 import yaml
 
+from sapptk import baselines
 from sapptk.config import PipelineConfig
 from sapptk.costs import check_counts, simulate_counts
 from sapptk.errors import ConfigError
-from sapptk.plan import PLAN_STATUSES, even_layers, even_split, load_plan, load_plans, make_plan
+from sapptk.formats import mindformers
+from sapptk.plan import PLAN_STATUSES, even_split, load_plan, load_plans, make_plan
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile, bundled_profile
 
 NONE, SELECT, COMM, BOTH, FULL = range(5)
@@ -25,6 +27,11 @@ def tiny(n: int = 16, modes: tuple[str, ...] = MODES) -> Profile:
         LayerGroup("body", "body", n, 1.0, 3.0, table),
         LayerGroup("tail", "tail", 1, 0.7, 4.0),
     ))
+
+
+def even_cells(config: PipelineConfig, counts: np.ndarray) -> np.ndarray:
+    """Body layers per cell [chunk][device] of an assignment."""
+    return counts.sum(axis=(0, 1))[mindformers.cell_grid(config.program())]
 
 
 P4V2 = PipelineConfig(stages=4, micro_batches=8, chunks=2, schedule="interleaved", memory_budget=500.0)
@@ -42,10 +49,12 @@ P4V2 = PipelineConfig(stages=4, micro_batches=8, chunks=2, schedule="interleaved
         (3, 4, 1, [[1, 1, 1, 0]]),  # ties go to the lower device
     ],
 )
-def test_even_layers_places_extras_in_the_middle_of_the_last_chunk(total, p, v, expected):
-    cells = even_layers(total, p, v)
+def test_even_split_places_extras_in_the_middle_of_the_last_chunk(total, p, v, expected):
+    config = PipelineConfig(stages=p, micro_batches=max(p, 8), chunks=v, schedule="interleaved" if v > 1 else "1f1b")
+    counts = baselines.even_split(tiny(total), config)
+    cells = even_cells(config, counts)
     assert cells.tolist() == expected
-    assert cells.sum() == total
+    assert cells.sum() == total and counts[0, NONE].sum() == total
 
 
 def test_even_split_totals_placement_and_mode():
@@ -54,9 +63,9 @@ def test_even_split_totals_placement_and_mode():
     assert plan.status == "given" and plan.source == "even_split(select)"
     assert plan.counts.sum() == 13
     assert (plan.counts[0, SELECT].sum(), plan.counts[0].sum() - plan.counts[0, SELECT].sum()) == (13, 0)
-    # [c][s] cells as even_layers says, through the MindFormers offsets
+    # [c][s] cells of the even split, through the MindFormers offsets
     offsets = np.array(plan.export("mindformers").data["body"]["offset"])
-    np.testing.assert_array_equal(offsets + 13 // 8, even_layers(13, 4, 2))
+    np.testing.assert_array_equal(offsets + 13 // 8, [[1, 2, 1, 1], [2, 2, 2, 2]])
     assert plan.step_time == pytest.approx(simulate_counts(prof, P4V2, plan.counts).step_time)
 
 
@@ -77,7 +86,7 @@ def test_even_split_several_groups_stay_contiguous():
     plan = even_split(ds, setup, "full")
     check_counts(ds, setup, plan.counts)
     per_vs = plan.counts.sum(axis=(0, 1))
-    np.testing.assert_array_equal(per_vs.reshape(2, 4), even_layers(61, 4, 2))
+    np.testing.assert_array_equal(per_vs.reshape(2, 4), even_cells(setup, baselines.even_split(tiny(61), setup)))
     assert plan.counts[0].sum() == 3 and plan.counts[1].sum() == 58
     assert set(plan.export("mindformers").data) == {"DenseDecoderLayer", "MoEDecoderLayer"}
 
@@ -260,16 +269,35 @@ def test_export_into_a_missing_folder_is_a_clear_error(tmp_path, mixed):
         mixed.export("mindformers", tmp_path)
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        ((2**70, 4, 1), "total = 1180591620717411303424: expected an integer from 0 to 9,007,199,254,740,992"),
-        ((-1, 4, 1), "total = -1"),
-        ((96, 0, 1), "stages = 0"),
-        ((96, 4, 2.0), "chunks = 2.0"),
-        ((96, 10**6, 10**6), "stages × chunks = 1,000,000,000,000 cells"),
-    ],
-)
-def test_even_layers_refuses_what_it_cannot_hold(args, message):
-    with pytest.raises(ConfigError, match=message):
-        even_layers(*args)
+@pytest.mark.parametrize("bad", [3, None, "All", ("none",)])
+def test_even_split_refuses_an_unknown_recompute(bad):
+    with pytest.raises(ConfigError, match=r"even_split: recompute = .*: expected one of none, select, comm, both, "
+                                          r"full, strongest, auto"):
+        baselines.even_split(tiny(), P4V2, bad)
+
+
+@pytest.mark.parametrize("budget", [None, 150.0, 200.0, 260.0, 400.0, 1.0])
+@pytest.mark.parametrize("allowed", [MODES, ("select", "full"), ("comm",)])
+def test_even_split_auto_is_the_weakest_allowed_mode_that_fits(budget, allowed):
+    config = P4V2.replace(memory_budget=budget, recompute=allowed)
+    plans = {m: even_split(tiny(13), config, m) for m in allowed}  # the oracle: every allowed mode simulated
+    fitting = [m for m in allowed if plans[m].fits]
+    expected = fitting[0] if fitting else allowed[-1]
+    auto = even_split(tiny(13), config, "auto")
+    assert auto.source == f"even_split({expected})"
+    np.testing.assert_array_equal(auto.counts, plans[expected].counts)
+    assert baselines.resolve_recompute(tiny(13), config, "auto") == expected
+
+
+def test_distinct_recomputes_lists_every_distinct_split_once():
+    demo = bundled_profile("demo")  # none, select, comm, both; the strongest is "both"
+    setup = PipelineConfig(stages=4, micro_batches=8, schedule="1f1b")
+    assert baselines.distinct_recomputes(demo, setup) == ["none", "select", "comm", "both"]
+    assert baselines.distinct_recomputes(tiny(), P4V2) == [*MODES]  # full is the strongest
+    two = Profile("two", (  # the groups' strongest modes differ: "strongest" is a split of its own
+        LayerGroup("a", "body", 6, 1.0, 3.0, {"none": ModeCost(2.0, 10.0), "select": ModeCost(2.1, 6.0)}),
+        LayerGroup("b", "body", 7, 1.0, 3.0, {"none": ModeCost(2.0, 10.0), "full": ModeCost(3.0, 1.0)}),
+    ))
+    assert baselines.distinct_recomputes(two, P4V2) == ["none", "strongest"]
+    counts = baselines.even_split(two, P4V2, "strongest")
+    assert counts[0, SELECT].sum() == 6 and counts[1, FULL].sum() == 7

@@ -91,3 +91,118 @@ def test_clear_errors(tmp_path):
         stage_costs(op_samples(trace), 2, overhead=-1)
     with pytest.raises(TraceError, match="no F op of virtual stage 2"):
         stage_costs(op_samples(trace), 3)
+
+
+def _model_run(tmp_path, name, m, v, *, overhead=0.3, comm=0.2, head=0.4, tail=0.7, steps=2, seed=0):
+    """A trace laid out by the time model itself: every op of ``build(name)`` runs for its own
+    random duration, then its device idles ``overhead`` ms; a crossing lags ``comm`` ms more;
+    each device's step range opens ``head`` ms before the first op and closes ``tail`` ms after
+    the last. Returns the trace path, the program and, per step, the span of its ops."""
+    from sapptk.schedules import KINDS
+    from sapptk.simulation import unit_times
+
+    program = build(name, stages=2, micro_batches=m, chunks=v)
+    g = program.graph
+    rng = np.random.default_rng(seed)
+    ev, spans = [], []
+    t0 = 0.0
+    for step in range(steps):
+        dur = rng.uniform(0.5, 2.0, g.n_ops)
+        unit_dur = np.array([sum(dur[i] + overhead for i in range(g.unit_op_ptr[u], g.unit_op_ptr[u + 1]))
+                             for u in range(g.n_units)])
+        start, end = unit_times(program, unit_dur, comm)
+        first, last = [np.inf] * 2, [0.0] * 2
+        for u in range(g.n_units):
+            t = start[u]
+            d = int(g.unit_device[u])
+            for i in range(g.unit_op_ptr[u], g.unit_op_ptr[u + 1]):
+                op = f"sapptk:{KINDS[g.op_kind[i]]}:{g.op_virtual_stage[i]}:{g.op_micro_batch[i]}"
+                ev.append(_event(op, (t0 + t) * 1e3, dur[i] * 1e3, d))
+                first[d], last[d] = min(first[d], t), max(last[d], t + dur[i])
+                t += dur[i] + overhead
+        for d in (0, 1):
+            ev.append(_event(f"ProfilerStep#{step}", (t0 + first[d] - head) * 1e3,
+                             (last[d] - first[d] + head + tail) * 1e3, d))
+        spans.append(max(last) - min(first))
+        t0 += float(end.max()) + 50.0
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"traceEvents": ev}), encoding="utf-8")
+    return read_trace(path), program, spans
+
+
+@pytest.mark.parametrize(("name", "m", "v"), [("1f1b", 4, 1), ("gpipe", 3, 1), ("zb-h1", 5, 1), ("interleaved", 4, 2),
+                                              ("zb-v", 4, 2), ("dualpipe-v", 4, 2)])
+def test_fit_runtime_gives_back_the_model_that_laid_the_trace(tmp_path, name, m, v):
+    from sapptk.calibration.runtime_ops import fit_runtime, step_costs, unit_gaps
+
+    trace, program, spans = _model_run(tmp_path, name, m, v)
+    ops = op_samples(trace)
+    fit = fit_runtime(program, ops, trace)
+    assert fit.overhead == pytest.approx(0.3)
+    assert fit.comm == pytest.approx(0.2)
+    # the longest device range: its own ops' span + head + tail, at least the ops' span of both devices
+    assert fit.step_ms >= 0
+    gaps = fit.gaps
+    own = gaps[gaps["bound"].isin(["device", "inside"])]
+    np.testing.assert_allclose(own["gap_ms"], 0.3, atol=1e-6)
+    np.testing.assert_allclose(gaps.loc[gaps["bound"] == "neighbour", "gap_ms"], 0.5, atol=1e-6)
+    free = int((program.graph.unit_preds >= program.graph.n_units).all(axis=1).sum())  # units waiting for nothing
+    assert free >= 1 and (gaps["bound"] == "first").sum() == 2 * free
+    if name == "dualpipe-v":
+        assert (gaps["bound"] == "inside").any()  # the overlapped units' inner gaps
+    for step, span in enumerate(spans):  # a step replayed with its own durations is the step
+        costs = step_costs(program, ops, step, overhead=fit.overhead)
+        assert simulate(program, **costs, comm=fit.comm).step_time - fit.overhead == pytest.approx(span)
+    with pytest.raises(TraceError, match="overhead = -1"):
+        unit_gaps(program, ops, comm=-1)
+
+
+def test_step_work_outside_the_ops(tmp_path):
+    from sapptk.calibration.runtime_ops import fit_runtime
+
+    trace, program, spans = _model_run(tmp_path, "1f1b", 4, 1, head=0.4, tail=0.7)
+    ops = op_samples(trace)
+    fit = fit_runtime(program, ops, trace)
+    # device 0 opens first and closes last in 1F1B: its range is the ops' span + head + tail
+    assert fit.step_ms == pytest.approx(1.1)
+    assert fit_runtime(program, ops).step_ms == 0.0
+
+
+def test_op_costs_keep_whole_and_split_backwards_apart(tmp_path):
+    from sapptk.calibration.runtime_ops import op_costs
+
+    trace, program, _ = _model_run(tmp_path, "dualpipe-v", 4, 2, steps=3)
+    ops = op_samples(trace)
+    costs = op_costs(program, ops, overhead=0.1)
+    mean = ops.groupby(["kind", "virtual_stage"], observed=True)["duration_ms"].mean()
+    g = program.graph
+    from sapptk.schedules import KINDS
+
+    kinds = {(KINDS[g.op_kind[i]], int(g.op_virtual_stage[i]), int(g.op_micro_batch[i])) for i in range(g.n_ops)}
+    assert any(k == "B" for k, _, _ in kinds) and any(k == "I" for k, _, _ in kinds)
+    for kind, vs, mb in kinds:
+        field = {"F": "forward", "B": "backward", "I": "backward", "W": "weight"}[kind]
+        assert costs[field][vs, mb] == pytest.approx(mean[(kind, vs)] + 0.1)
+    median = op_costs(program, ops, statistic="median")
+    assert median["forward"][0, 0] == pytest.approx(ops[(ops["kind"] == "F") & (ops["virtual_stage"] == 0)]
+                                                    ["duration_ms"].median())
+    with pytest.raises(TraceError, match="statistic = 'max'"):
+        op_costs(program, ops, statistic="max")
+    with pytest.raises(TraceError, match="overhead = True"):
+        op_costs(program, ops, overhead=True)
+
+
+def test_a_trace_of_another_schedule_is_refused(tmp_path):
+    from sapptk.calibration.runtime_ops import fit_runtime, op_costs, step_costs
+
+    trace, _, _ = _model_run(tmp_path, "1f1b", 4, 1)
+    ops = op_samples(trace)
+    other = build("zb-h1", stages=2, micro_batches=4)
+    with pytest.raises(TraceError, match=r"step 0: no I op of virtual stage \d, micro-batch \d in the trace"):
+        fit_runtime(other, ops)
+    with pytest.raises(TraceError, match="no I op"):
+        step_costs(other, ops, 0)
+    with pytest.raises(TraceError, match="program: expected a sapptk.schedules.Program"):
+        fit_runtime("zb-h1", ops)
+    with pytest.raises(TraceError, match="program: expected"):
+        op_costs(None, ops)

@@ -10,8 +10,9 @@ import pytest
 from support import all_assignments, fast_step, peaks_mb, two_mode_profile
 
 from sapptk.balancer import balance
+from sapptk.baselines import distinct_recomputes
 from sapptk.config import PipelineConfig
-from sapptk.plan import even_splits, make_plan
+from sapptk.plan import even_split, make_plan
 from sapptk.profile import MODES, bundled_profile
 
 
@@ -40,7 +41,7 @@ def test_a_start_plan_is_used_even_when_the_search_is_stopped_at_once():
                    for c in all_assignments(prof, cfg, (MODES.index("none"), MODES.index("full"))))
     cfg = cfg.replace(memory_budget=float(np.quantile(peaks, 0.5)))
     best_step, best_counts = exhaustive(prof, cfg)[0]
-    evens = [p.step_time for p in even_splits(prof, cfg) if p.fits]
+    evens = [p.step_time for p in [even_split(prof, cfg, m) for m in distinct_recomputes(prof, cfg)] if p.fits]
     assert not evens or min(evens) > best_step + 1e-6  # else the test could not tell
 
     start = make_plan(prof, cfg, best_counts, status="given")
@@ -76,7 +77,7 @@ def test_a_larger_budget_is_never_slower_than_its_start(rng):
 def test_a_start_plan_that_does_not_fit_is_ignored_with_a_note():
     prof = two_mode_profile((3, 5))
     cfg = PipelineConfig(3, 4, 1, "1f1b")
-    loose = make_plan(prof, cfg, even_splits(prof, cfg)[0].counts, status="given")  # all "none"
+    loose = even_split(prof, cfg, "none")  # all "none"
     tight = cfg.replace(memory_budget=float(loose.simulation.peak_memory.max()) - 1.0)
     plan = balance(prof, tight, start=loose, time_limit=5, deterministic=True)
     assert "start plan does not fit" in plan.message
@@ -106,7 +107,7 @@ def test_stop_from_another_thread_returns_the_best_plan_so_far():
 def test_a_one_second_limit_returns_a_plan_when_an_even_split_fits():
     prof = bundled_profile("llama2_70b")
     cfg = PipelineConfig(16, 32, 2, "interleaved", memory_budget=56000)
-    assert any(p.fits for p in even_splits(prof, cfg))
+    assert any(p.fits for p in [even_split(prof, cfg, m) for m in distinct_recomputes(prof, cfg)])
     plan = balance(prof, cfg, time_limit=1)
     assert plan.status in ("feasible", "optimal"), plan.message
     assert plan.fits

@@ -13,7 +13,7 @@ from bokeh.plotting import figure
 from sapptk import viz
 from sapptk.config import PipelineConfig
 from sapptk.errors import SapptkError
-from sapptk.plan import even_baseline, even_split
+from sapptk.plan import even_split
 from sapptk.schedules import Op, build, get, make_program, names
 from sapptk.simulation import simulate
 from sapptk.viz import look
@@ -32,7 +32,7 @@ def _sim(name="interleaved", p=4, m=8, v=2, k=1, **kw):
 def plans(llama):
     """A plan (even split, select recompute) and the even baseline for 4 × 8 × 2 at 60000 MB."""
     config = PipelineConfig(4, 8, chunks=2, schedule="interleaved", memory_budget=60000.0, constant_memory=2000.0)
-    return even_split(llama, config, recompute="select"), even_baseline(llama, config)
+    return even_split(llama, config, recompute="select"), even_split(llama, config, "auto")
 
 
 def _overlapped_program(p=4, m=8):

@@ -16,7 +16,7 @@ from bokeh.models import Axis, GridPlot, Legend, Plot, Row, Title
 
 from sapptk import viz
 from sapptk.config import PipelineConfig
-from sapptk.plan import even_baseline, even_split
+from sapptk.plan import even_split
 from sapptk.viz import look
 
 
@@ -44,7 +44,7 @@ def _sweep_frame() -> pd.DataFrame:
 def subjects(llama):
     config = PipelineConfig(4, 8, 2, "interleaved", memory_budget=60000)
     plan = even_split(llama, config, "full")
-    return {"plan": plan, "even": even_baseline(llama, config), "sweep": _sweep_frame()}
+    return {"plan": plan, "even": even_split(llama, config, "auto"), "sweep": _sweep_frame()}
 
 
 def _validation_frame() -> pd.DataFrame:

@@ -1,6 +1,7 @@
 """The Explorer, driven without a kernel: set ``.value``, ``.click()``, then ``wait()``.
 
-The search is replaced by a stand-in (``fake_balance``) wherever the test is about the
+The search (``sapptk.balancer.solve``, which the Explorer calls with its request) is replaced by
+a stand-in (``FakeSolve``) wherever the test is about the
 Explorer rather than the solver: it returns a given plan at once, or blocks until it is
 told to go on (or stopped), so every step happens in an order the test decides.
 """
@@ -16,7 +17,7 @@ from jupyter_bokeh.widgets import BokehModel
 
 import sapptk.balancer as balancer
 from sapptk.config import PipelineConfig
-from sapptk.plan import even_baseline, even_split, make_plan
+from sapptk.plan import even_split, make_plan
 from sapptk.schedules import get, names
 from sapptk.widgets import Explorer
 
@@ -33,9 +34,10 @@ def _status(ex):
     return ex.status_text
 
 
-class FakeBalance:
-    """Stands in for ``balance``: returns ``even_split(..., "full")`` as an optimal plan, after
-    ``go`` is set when ``hold`` (or as soon as ``stop`` is set: then as a stopped search would)."""
+class FakeSolve:
+    """Stands in for ``solve(request)``: records the request, returns ``even_split(..., "full")``
+    as an optimal plan, after ``go`` is set when ``hold`` (or as soon as ``stop`` is set: then as
+    a stopped search would)."""
 
     def __init__(self, *, hold: bool = False) -> None:
         self.started = threading.Event()
@@ -43,8 +45,9 @@ class FakeBalance:
         self.hold = hold
         self.calls: list[dict] = []
 
-    def __call__(self, profile, config, *, time_limit, workers, stop=None):
-        self.calls.append({"config": config, "time_limit": time_limit, "stop": stop})
+    def __call__(self, request):
+        profile, config, stop = request.profile, request.config, request.stop
+        self.calls.append({"config": config, "time_limit": request.time_limit, "stop": stop, "request": request})
         self.started.set()
         if self.hold:
             while not self.go.wait(0.01):
@@ -59,15 +62,15 @@ class FakeBalance:
 
 @pytest.fixture
 def fake(monkeypatch):
-    stand_in = FakeBalance()
-    monkeypatch.setattr(balancer, "balance", stand_in)
+    stand_in = FakeSolve()
+    monkeypatch.setattr(balancer, "solve", stand_in)
     return stand_in
 
 
 @pytest.fixture
 def held(monkeypatch):
-    stand_in = FakeBalance(hold=True)
-    monkeypatch.setattr(balancer, "balance", stand_in)
+    stand_in = FakeSolve(hold=True)
+    monkeypatch.setattr(balancer, "solve", stand_in)
     yield stand_in
     stand_in.go.set()  # never leave a thread waiting
 
@@ -249,7 +252,7 @@ def test_changed_or_invalid_settings_mark_the_tabs_stale(explorer, fake):
     assert "invalid" in _status(explorer) and explorer.stale and explorer.stale_note.value
     explorer.recompute["full"].value = True
     explorer.budget.value = 10000.0
-    assert explorer.stale
+    assert explorer.stale  # other levers than the plan shown
     explorer.solve()  # a new plan for these settings: fresh again
     assert not explorer.stale and explorer.plan.config.memory_budget == 10000.0
 
@@ -259,10 +262,11 @@ def test_no_plan_clears_the_tabs(explorer, fake, monkeypatch, llama):
     explorer.solve()
     assert explorer.timeline.children
 
-    def nothing_fits(profile, config, **kwargs):
-        return make_plan(profile, config, None, status="infeasible", message="infeasible: nothing fits 10000 MB")
+    def nothing_fits(request):
+        return make_plan(request.profile, request.config, None, status="infeasible",
+                         message="infeasible: nothing fits 10000 MB")
 
-    monkeypatch.setattr(balancer, "balance", nothing_fits)
+    monkeypatch.setattr(balancer, "solve", nothing_fits)
     explorer.budget.value = 10000.0
     explorer.solve()
     status = _status(explorer)
@@ -272,10 +276,10 @@ def test_no_plan_clears_the_tabs(explorer, fake, monkeypatch, llama):
 
 
 def test_solver_failure_is_a_status_line_not_a_traceback(explorer, monkeypatch):
-    def boom(*args, **kwargs):
+    def boom(request):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(balancer, "balance", boom)
+    monkeypatch.setattr(balancer, "solve", boom)
     explorer.solve_button.click()
     explorer.wait()
     assert "error" in _status(explorer) and "RuntimeError: boom" in _status(explorer)
@@ -296,10 +300,10 @@ def test_a_real_solve_infeasible_then_optimal(explorer):
     assert ("optimal in" in _status(explorer) or "feasible in" in _status(explorer)) and explorer.timeline.children
 
 
-def test_even_baseline_picks_the_weakest_mode_that_fits(llama):
-    loose = even_baseline(llama, PipelineConfig(4, 8))
+def test_the_even_split_auto_picks_the_weakest_mode_that_fits(llama):
+    loose = even_split(llama, PipelineConfig(4, 8), "auto")
     assert loose.source == "even_split(none)"
-    tight = even_baseline(llama, PipelineConfig(4, 8, memory_budget=56000.0))
+    tight = even_split(llama, PipelineConfig(4, 8, memory_budget=56000.0), "auto")
     assert tight.fits or tight.source == "even_split(full)"
     assert tight.source != "even_split(none)"
 
@@ -372,6 +376,78 @@ def test_a_change_keeps_the_last_result_marked_stale(explorer, fake):
     assert _status(explorer) == result
 
 
+# ------------------------------------------------------------------ levers
+def test_every_lever_starts_off_and_reaches_the_request(explorer, fake):
+    assert not explorer.offload.value and not explorer.per_micro_batch.value
+    assert explorer.memory_margin.value == 0 and explorer.oom_risk.value == 0
+    assert explorer.entries["host bandwidth"].disabled and explorer.entries["memory error"].disabled
+    explorer.solve()
+    request = fake.calls[-1]["request"]
+    assert not request.offload and not request.per_micro_batch
+    assert (request.memory_margin, request.oom_risk, request.memory_error) == (None, None, None)
+
+    explorer.offload.value = True
+    assert not explorer.entries["host bandwidth"].disabled
+    explorer.entries["host bandwidth"].value = "12.5"
+    explorer.entries["memory margin"].value = "0.05"
+    explorer.entries["OOM risk"].value = "0.01"
+    assert not explorer.entries["memory error"].disabled
+    explorer.entries["memory error"].value = "0.03"
+    assert explorer.stale  # other levers than the plan shown
+    explorer.solve()
+    request = fake.calls[-1]["request"]
+    assert request.offload and request.config.host_bandwidth == 12.5 and "offload" in request.config.recompute
+    assert (request.memory_margin, request.oom_risk, request.memory_error) == (0.05, 0.01, 0.03)
+    assert request.time_limit == 20 and request.workers == 2 and request.stop is not None
+    assert request.safe_config.memory_budget < 56000 * 0.95 + 1e-9  # the margin, then the risk, tightened it
+    assert not explorer.stale
+
+    explorer.offload.value = False
+    explorer.per_micro_batch.value = True
+    explorer.entries["OOM risk"].value = "0"
+    assert explorer.entries["memory error"].disabled
+    explorer.solve()
+    request = fake.calls[-1]["request"]
+    assert request.per_micro_batch and not request.offload and request.config.host_bandwidth is None
+    assert (request.memory_margin, request.oom_risk, request.memory_error) == (0.05, None, None)
+
+
+def test_levers_that_cannot_be_solved_are_explained_not_solved(explorer, fake):
+    explorer.offload.value = True
+    explorer.per_micro_batch.value = True  # one or the other
+    assert explorer.solve_button.disabled and "per_micro_batch = True" in _status(explorer)
+    assert explorer.solve() is None and not fake.calls
+    explorer.per_micro_batch.value = False
+    assert "ready" in _status(explorer)
+    explorer.budget.value = 0.0  # no budget: nothing to keep a margin under
+    explorer.entries["memory margin"].value = "1000"
+    assert "invalid" in _status(explorer) and "memory_margin" in _status(explorer)
+    explorer.entries["memory margin"].value = "0"
+    assert "ready" in _status(explorer)
+
+
+def test_an_explorer_starts_with_the_levers_it_is_given(llama):
+    config = SETUP.replace(recompute=("none", "full", "offload"), host_bandwidth=10.0)
+    ex = Explorer(llama, config, per_micro_batch=False, memory_margin=2000.0, oom_risk=0.05, memory_error=0.1)
+    assert ex.offload.value and ex.host_bandwidth.value == 10.0
+    assert ex.recompute["none"].value and ex.recompute["full"].value and not ex.recompute["select"].value
+    assert (ex.memory_margin.value, ex.oom_risk.value, ex.memory_error.value) == (2000.0, 0.05, 0.1)
+    assert ex.config() == config and ex.levers().keywords() == {
+        "per_micro_batch": False, "memory_margin": 2000.0, "oom_risk": 0.05, "memory_error": 0.1}
+
+
+@pytest.mark.slow
+def test_a_real_solve_with_a_memory_margin_and_per_micro_batch(explorer):
+    explorer.entries["memory margin"].value = "4000"
+    explorer.per_micro_batch.value = True
+    explorer.time_limit.value = 10
+    plan = explorer.solve()
+    assert plan is not None and plan.solved, _status(explorer)
+    assert "safe budget of 52000 MB" in plan.message
+    assert float(plan.simulation.peak_memory.max()) <= 52000 + 1e-6
+    assert plan.config.memory_budget == 56000.0  # the plan keeps the real budget
+
+
 @pytest.mark.parametrize(("name", "typed", "value", "said"), [
     ("stages", "0", 1, "0 is below 1: set to 1"),
     ("stages", "-3", 1, "-3 is below 1: set to 1"),
@@ -424,13 +500,14 @@ from sapptk.plan import even_split, make_plan
 from sapptk.profile import bundled_profile
 from sapptk.widgets import Explorer
 
-def held(profile, config, *, time_limit, workers, stop=None):  # a search that runs until stopped
-    stop.wait(60)
+def held(request):  # a search that runs until stopped
+    request.stop.wait(60)
+    profile, config = request.profile, request.config
     plan = even_split(profile, config, "full")
     return make_plan(profile, config, plan.counts, status="feasible", step_time=plan.step_time,
                      bound=0.9 * plan.step_time, gap=0.1, message="stopped")
 
-balancer.balance = held
+balancer.solve = held
 explorer = Explorer(bundled_profile("llama2_70b"), PipelineConfig(4, 8, memory_budget=56000.0))
 explorer.solve_button.click()
 print(explorer.status_text)

@@ -35,7 +35,7 @@ from sapptk.schedules import names as schedule_names
 __all__ = ["RECOMPUTE_MODES", "DryRunDesign", "design"]
 
 RECOMPUTE_MODES: tuple[str, ...] = tuple(m for m in MODES if m != "none")
-MAX_DESIGN_PEAKS = 100_000
+MAX_DESIGN_PEAKS = checks.MAX_DESIGN_PEAKS
 """Rounds × stages of one design (the rows of its identifiability matrix, drawn 24 times)."""
 _DRAWS = 24  # candidate designs drawn per number of rounds
 _EXTRA_ROUNDS = 3  # rounds tried beyond the lower bound before giving up
@@ -221,7 +221,7 @@ def design(
             f"design: modes = {given!r}: expected recompute modes among {', '.join(RECOMPUTE_MODES)}"
         )
     chosen = tuple(m for m in RECOMPUTE_MODES if m in given)
-    seed = checks.integer(seed, "design: seed", error=CalibrationError, low=0, high=2**64 - 1)
+    seed = checks.integer(seed, "design: seed", error=CalibrationError, low=0, high=checks.MAX_NUMPY_SEED)
     m = stages if micro_batches is None else micro_batches
     live = _live(schedule, stages, m)
     names, folded = _unknowns(stages, chosen)

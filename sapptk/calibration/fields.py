@@ -8,18 +8,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from sapptk import checks
+from sapptk.checks import show
 from sapptk.config import MAX_BUDGET_MB
 from sapptk.errors import CalibrationError
 from sapptk.files import load_document
 
 __all__ = ["fail", "integer", "is_int", "load_yaml", "mapping", "peak_mb", "show"]
 
-_MAX_FILE_BYTES = 16 * 1024 * 1024
-
-
-def show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+_MAX_FILE_BYTES = checks.MAX_CALIBRATION_BYTES
 
 
 def fail(source: str, field_name: str, value: Any, expected: str) -> NoReturn:
@@ -33,7 +29,7 @@ def is_int(value: Any) -> bool:
 def integer(value: Any, source: str, field_name: str, *, minimum: int, maximum: int = checks.MAX_INDEX) -> int:
     """An integer (integral floats such as ``4.0`` accepted) from ``minimum`` to ``maximum``
     (:mod:`sapptk.checks`: sized before anything is allocated for it)."""
-    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+    if isinstance(value, float) and value.is_integer() and abs(value) <= checks.MAX_UNITS:
         value = int(value)
     return checks.integer(value, f"{source}: {field_name}", error=CalibrationError, low=minimum, high=maximum)
 

@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 __all__ = ["Calibration", "calibrate"]
 
 _STARTS = 8  # random starting points of the fixed-point iteration (multi-point observations only)
-_MAX_ROUNDS = 100
+_MAX_ROUNDS = checks.MAX_FIT_ROUNDS
 
 
 @dataclass(frozen=True, eq=False)

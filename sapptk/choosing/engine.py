@@ -31,7 +31,6 @@
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from sapptk import checks
 from sapptk.choosing.bounds import SetupBound, integer_bound, pipeline_bound
 from sapptk.choosing.cards import hardware_bandwidth, is_model_card
 from sapptk.choosing.layout_bound import layout_bound
@@ -53,11 +53,12 @@ from sapptk.choosing.setups import (
 )
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.profile import resolve_profile
+from sapptk.request import SolveRequest
 from sapptk.sweeps.cache import LAYOUT_COLUMN, Cache
 from sapptk.sweeps.executors import check_executor, default_workers, open_executor
 from sapptk.sweeps.frame import input_row
 from sapptk.sweeps.grid import CONFIG_FIELDS, point_key, profile_digest
-from sapptk.sweeps.solving import COUNTS_KEY, solve_point
+from sapptk.sweeps.solving import Layout, PointResult, SweepTask, no_plan, solve_point
 
 __all__ = ["choose", "choose_candidates"]
 
@@ -143,7 +144,7 @@ def choose(
     if sequence_length is not None and (isinstance(sequence_length, bool) or not isinstance(sequence_length, int)
                                         or sequence_length < 1):
         raise ConfigError(f"sequence_length = {sequence_length!r}: expected an integer >= 1 or None")
-    _check_float("time_limit", time_limit, allow_none=False)
+    checks.solver_arguments(time_limit=time_limit, workers=workers, seed=seed, deterministic=deterministic)
     _check_float("bound_time", bound_time, allow_none=False)
     if isinstance(retry, bool) or not isinstance(retry, Real) or not math.isfinite(retry) or retry < 0:
         raise ConfigError(f"retry = {retry!r}: expected a finite number >= 0 (0: no second balance)")
@@ -265,8 +266,8 @@ def choose_candidates(
             store.open()
             stack.callback(store.close)
         runner = None
-        twin_results: dict[tuple[Any, ...], dict[str, Any]] = {}  # balanced results by program and profile
-        retry_results: dict[tuple[Any, ...], dict[str, Any]] = {}  # the same, of the longer second balance
+        twin_results: dict[tuple[Any, ...], PointResult] = {}  # balanced results by program and profile
+        retry_results: dict[tuple[Any, ...], PointResult] = {}  # the same, of the longer second balance
         long_bounds: dict[tuple[Any, ...], SetupBound] = {}  # the longer layout bound of a balanced setup
         layouts_of: dict[tuple[Any, ...], bool] = {}  # whether the layout bound could enumerate the layouts
         layout_ub: dict[tuple[Any, ...], float] = {}  # the incumbent (pipeline ms) it was computed below
@@ -379,52 +380,54 @@ def choose_candidates(
                 opts = {**options, "time_limit": retry * options["time_limit"]} if c.retry else options
                 key = point_key(c.profile.name, digest, fields, opts)
                 c.row["key"] = key
-                task = {"key": key, "profile": c.profile.to_dict(), "profile_name": c.profile.name,
-                        "profile_digest": digest, "workers": 2,
-                        "config": {f: list(v) if isinstance(v, tuple) else v for f, v in fields.items()}, **opts}
                 shape_key = (cfg.stages, cfg.chunks, len(c.profile.body))
                 if c.retry and c.counts is not None:
-                    task["start"] = c.counts  # its own plan: the second balance starts where the first ended
-                elif shape_key in seeds:
-                    task["start"] = seeds[shape_key][1]
-                tasks.append(task)
-            results: dict[str, dict[str, Any]] = {}
-            for i, t in zip(chosen, tasks, strict=True):
+                    start = Layout(c.counts)  # its own plan: the second balance starts where the first ended
+                else:
+                    start = Layout(seeds[shape_key][1]) if shape_key in seeds else None
+                tasks.append((key, c, digest, start))
+            results: dict[str, PointResult] = {}
+            for i, (key, _c, _d, _s) in zip(chosen, tasks, strict=True):
                 done_twins = retry_results if candidates[i].retry else twin_results
-                if candidates[i].twin in done_twins and t["key"] not in cached:
-                    results[t["key"]] = done_twins[candidates[i].twin]
-            todo = [t for t in tasks if t["key"] not in cached and t["key"] not in results]
-            for t in tasks:
-                if t["key"] in cached:
-                    rec = cached[t["key"]]
-                    layout = rec.get(LAYOUT_COLUMN)
-                    results[t["key"]] = {**rec, COUNTS_KEY: json.loads(layout) if isinstance(layout, str) else None}
-            if todo:
+                if candidates[i].twin in done_twins and key not in cached:
+                    results[key] = done_twins[candidates[i].twin]
+            left = [t for t in tasks if t[0] not in cached and t[0] not in results]
+            for key, _c, _d, _s in tasks:
+                if key in cached:
+                    rec = cached[key]
+                    results[key] = PointResult.from_row(rec, Layout.from_json(rec.get(LAYOUT_COLUMN)))
+            if left:
                 if runner is None:
-                    runner, slots = open_executor(executor, todo, solve_point, workers, stack)
+                    runner, slots = open_executor(executor, left, solve_point, workers, stack)
                     per_solve = workers or default_workers(min(slots, batch))
-                for t in todo:
-                    t["workers"] = per_solve
+                todo = []
+                for key, c, digest, start in left:
+                    try:
+                        opts = {**options, "time_limit": retry * options["time_limit"]} if c.retry else options
+                        request = SolveRequest(c.profile, c.setup.config, workers=per_solve, **opts)
+                    except SapptkError as exc:
+                        results[key] = no_plan(key, "invalid", str(exc))
+                        continue
+                    todo.append(SweepTask(key, c.profile.name, digest, request, start))
                 it = runner(todo, lambda r: None)
                 try:
                     for res in it:
-                        results[res["key"]] = res
-                        if store is not None and res.get("status") != "error":
-                            layout = res.get(COUNTS_KEY)
-                            owner = candidate_of(candidates, chosen, res["key"])
+                        results[res.key] = res
+                        if store is not None and res.status != "error":
+                            owner = candidate_of(candidates, chosen, res.key)
                             row = {**input_row(owner.profile.name,
                                                {f: getattr(owner.setup.config, f) for f in CONFIG_FIELDS},
                                                time_limit),
-                                   **{k: v for k, v in res.items() if k != COUNTS_KEY},
-                                   LAYOUT_COLUMN: None if layout is None else json.dumps(layout)}
+                                   **res.columns(), "key": res.key,
+                                   LAYOUT_COLUMN: None if res.layout is None else res.layout.to_json()}
                             store.append(row)
                 finally:
                     it.close()
             for i in chosen:  # in batch order: the same frame whatever the executor
                 c = candidates[i]
-                res = results.get(c.row["key"], {"status": "error", "error": "not run"})
+                res = results.get(c.row["key"], no_plan(c.row["key"], "error", "not run"))
                 done_twins = retry_results if c.retry else twin_results
-                if c.twin not in done_twins and res.get("status") != "error":
+                if c.twin not in done_twins and res.status != "error":
                     done_twins[c.twin] = res
                 if c.retry:
                     record_retry(c, res, dp_bandwidth)
@@ -433,12 +436,9 @@ def choose_candidates(
                 if c.row.get("step_time_ms") is not None and math.isfinite(c.row["step_time_ms"]):
                     cfg = c.setup.config
                     shape_key = (cfg.stages, cfg.chunks, len(c.profile.body))
-                    if shape_key not in seeds or c.row["pipeline_ms"] < seeds[shape_key][0]:
-                        counts = res.get(COUNTS_KEY)
-                        if isinstance(counts, dict):
-                            counts = counts.get("counts")
-                        if counts is not None:
-                            seeds[shape_key] = (c.row["pipeline_ms"], counts)
+                    better = shape_key not in seeds or c.row["pipeline_ms"] < seeds[shape_key][0]
+                    if better and res.layout is not None:
+                        seeds[shape_key] = (c.row["pipeline_ms"], res.layout.counts)
                     if c.row["step_time_ms"] < best:
                         best, leader = c.row["step_time_ms"], i
                         for item in parked:  # the old leader must now be proven slower like the rest

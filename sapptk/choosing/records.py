@@ -11,7 +11,7 @@ import numpy as np
 from sapptk.choosing.setups import Candidate, dp_sync_ms, program_digest
 from sapptk.errors import ConfigError
 from sapptk.sweeps.frame import SOLVED
-from sapptk.sweeps.solving import COUNTS_KEY
+from sapptk.sweeps.solving import PointResult
 
 __all__ = ["all_infeasible", "candidate_of", "record", "record_retry", "sync_floor", "twin_key"]
 
@@ -39,16 +39,14 @@ def candidate_of(candidates: list[Candidate], chosen: list[int], key: str) -> Ca
     raise KeyError(key)  # pragma: no cover - every result answers a task of the batch
 
 
-def record(c: Candidate, res: dict[str, Any], bw: float | None) -> None:
+def record(c: Candidate, res: PointResult, bw: float | None) -> None:
     """A balanced setup's row from its sweep result."""
-    status = str(res.get("status"))
+    status = str(res.status)
     c.row["solver_status"] = status if status in ("optimal", "feasible", "unknown", "infeasible") else None
-    c.row["solve_seconds"] = res.get("solve_seconds")
-    counts = res.get(COUNTS_KEY)
-    if isinstance(counts, dict):
-        counts = counts.get("counts")
+    c.row["solve_seconds"] = res.solve_seconds
+    counts = None if res.layout is None else res.layout.counts
     if status not in SOLVED or counts is None:
-        c.row["reason"] = str(res.get("error") or f"solver status {status}")
+        c.row["reason"] = str(res.error or f"solver status {status}")
         c.row["status"] = "infeasible" if status == "infeasible" else "unsolved"
         if status == "infeasible":
             c.lower_ms = math.inf
@@ -61,17 +59,17 @@ def record(c: Candidate, res: dict[str, Any], bw: float | None) -> None:
     params = np.asarray(sc.params, dtype=float)
     device_params = [float(params[list(st)].sum()) for st in cfg.program().device_stages]
     sync = dp_sync_ms(max(device_params), c.setup.dp, bw, c.gradient_share)
-    pipeline = float(res["step_time_ms"])
+    pipeline = float(res.step_time_ms)
     c.row.update(status="balanced", pipeline_ms=pipeline, dp_sync_ms=sync, step_time_ms=pipeline + sync,
-                 peak_mb_max=res.get("peak_mb_max"), bubble_of_step=res.get("bubble_of_step"),
-                 solver_bound_ms=res.get("bound_ms"), solver_gap=res.get("gap"))
-    solver_lower = pipeline if status == "optimal" else res.get("bound_ms")
+                 peak_mb_max=res.peak_mb_max, bubble_of_step=res.bubble_of_step,
+                 solver_bound_ms=res.bound_ms, solver_gap=res.gap)
+    solver_lower = pipeline if status == "optimal" else res.bound_ms
     if solver_lower is not None and math.isfinite(float(solver_lower)):
         c.lower_ms = max(c.lower_ms, float(solver_lower) + c.sync_floor_ms)
     c.row["bound_ms"] = c.lower_ms
 
 
-def record_retry(c: Candidate, res: dict[str, Any], bw: float | None) -> None:
+def record_retry(c: Candidate, res: PointResult, bw: float | None) -> None:
     """A second, longer balance of a balanced setup: its plan replaces the first when faster;
     its bound raises the setup's either way."""
     first = {k: c.row.get(k) for k in c.row}
@@ -83,7 +81,7 @@ def record_retry(c: Candidate, res: dict[str, Any], bw: float | None) -> None:
         c.row.update(first)
         c.counts, c.lower_ms = counts, raised
         c.row["bound_ms"] = raised
-    c.row["solve_seconds"] = (first.get("solve_seconds") or 0.0) + (res.get("solve_seconds") or 0.0)
+    c.row["solve_seconds"] = (first.get("solve_seconds") or 0.0) + (res.solve_seconds or 0.0)
 
 
 def all_infeasible(candidates: list[Candidate]) -> None:

@@ -36,7 +36,7 @@ from sapptk.errors import TraceError
 
 __all__ = ["MAX_TRACE_BYTES", "Trace", "read_trace", "simulation_events", "write_trace"]
 
-MAX_TRACE_BYTES = 2 * 1024**3
+MAX_TRACE_BYTES = checks.MAX_TRACE_BYTES
 """Traces of real runs are large; anything above this (uncompressed) is refused."""
 
 _COLUMNS = ("name", "cat", "pid", "tid", "ts", "dur", "args")

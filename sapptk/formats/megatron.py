@@ -216,7 +216,7 @@ def _check_grammar(text: str) -> None:
         raise ConfigError(f"layout {text!r}: '(' without ')'")
 
 
-MAX_LAYOUT_CHARS = 2 * MAX_LAYERS + 1_000
+MAX_LAYOUT_CHARS = checks.MAX_LAYOUT_CHARS
 """Characters a layout string may expand to (a layer and a '|' per stage, at most
 ``sapptk.profile.MAX_LAYERS`` layers): ``t*1000000000`` is refused before it is expanded."""
 

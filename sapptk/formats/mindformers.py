@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 import yaml
 
+from sapptk.checks import show
 from sapptk.errors import ConfigError
 from sapptk.files import load_document
 from sapptk.formats.base import (
@@ -125,11 +126,6 @@ class _Where:
 
     def fail(self, message: str) -> NoReturn:
         raise ConfigError(f"{self}: {message}")
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _is_int(value: Any) -> bool:
@@ -247,12 +243,12 @@ def _grid_of(
     ):
         if not is_offset:
             where.fail(
-                f"{label} = {_show(value)}: operator-name patterns are not supported (the profile measured one "
+                f"{label} = {show(value)}: operator-name patterns are not supported (the profile measured one "
                 f"operator set per mode): expected {expected}"
             )
-        where.fail(f"{label} = {_show(value)}: expected {expected}")
+        where.fail(f"{label} = {show(value)}: expected {expected}")
     if isinstance(value, str) or not isinstance(value, Sequence):
-        where.fail(f"{label} = {_show(value)}: expected {expected}")
+        where.fail(f"{label} = {show(value)}: expected {expected}")
 
     def scalar(x: Any) -> bool:  # a number (a non-integer one is refused per cell below)
         return isinstance(x, numbers.Number)
@@ -277,7 +273,7 @@ def _grid_of(
             every[c, :] = row
             continue
         if isinstance(row, str) or not isinstance(row, Sequence):
-            where.fail(f"{label}[{c}] = {_show(row)}: expected a list of {p} values (one per stage)")
+            where.fail(f"{label}[{c}] = {show(row)}: expected a list of {p} values (one per stage)")
         if len(row) != p:
             row_label = label if flat else f"{label}[{c}]"
             where.fail(f"{row_label} has {len(row)} entries: expected {p} (one per stage)")
@@ -291,7 +287,7 @@ def _grid_of(
                 ints[c, s] = bounded(x, cell_label)
             else:
                 kind = "an integer" if is_offset else "a layer count, true or false"
-                where.fail(f"{cell_label} = {_show(x)}: expected {kind}")
+                where.fail(f"{cell_label} = {show(x)}: expected {kind}")
     return ints, every, flat
 
 
@@ -421,7 +417,7 @@ def decode(
 def _check_keys(data: Mapping[str, Any], where: _Where, what: str) -> None:
     unknown = [k for k in data if k not in KEYS]
     if unknown:
-        where.fail(f"unknown key {_show(unknown[0])} in {what}: expected {', '.join(KEYS)}")
+        where.fail(f"unknown key {show(unknown[0])} in {what}: expected {', '.join(KEYS)}")
 
 
 def _per_group(
@@ -434,7 +430,7 @@ def _per_group(
     if config is None:
         config = {}
     if not isinstance(config, Mapping):
-        where.fail(f"config = {_show(config)}: expected a mapping with keys {', '.join(KEYS)}")
+        where.fail(f"config = {show(config)}: expected a mapping with keys {', '.join(KEYS)}")
     if _is_training(config):
         lists = _from_training(profile, program, config, where)
         labels = {"offset": "model.model_config.offset", **{k: f"recompute_config.{k}" for k in RECOMPUTE_KEYS}}
@@ -449,7 +445,7 @@ def _per_group(
     unknown = [k for k in config if k not in names]
     if unknown:
         where.fail(
-            f"unknown key {_show(unknown[0])}: expected {', '.join(KEYS)}"
+            f"unknown key {show(unknown[0])}: expected {', '.join(KEYS)}"
             + (f", or body group names ({', '.join(names)}) mapping to those keys" if names else "")
         )
     out: dict[str, Mapping[str, Any]] = {}
@@ -458,7 +454,7 @@ def _per_group(
         if lists is None:
             lists = {}
         if not isinstance(lists, Mapping):
-            gwhere.fail(f"{_show(lists)}: expected a mapping with keys {', '.join(KEYS)}")
+            gwhere.fail(f"{show(lists)}: expected a mapping with keys {', '.join(KEYS)}")
         _check_keys(lists, gwhere, f"group {gname!r}")
         out[gname] = lists
     return out, labels, None
@@ -488,14 +484,14 @@ def _from_training(profile: Profile, program: Program, data: Mapping[str, Any], 
     )
     for label, value, want, text in checks:
         if value is not None and value != want:
-            where.fail(f"{label} = {_show(value)}: expected {want} ({text})")
+            where.fail(f"{label} = {show(value)}: expected {want} ({text})")
     rc = data.get("recompute_config")
     if rc is None:
         rc = {}
     if isinstance(rc, bool):
         rc = {"recompute": rc}
     if not isinstance(rc, Mapping):
-        where.fail(f"recompute_config = {_show(rc)}: expected a mapping")
+        where.fail(f"recompute_config = {show(rc)}: expected a mapping")
     lists: dict[str, Any] = {"offset": model_config.get("offset")}
     for key in RECOMPUTE_KEYS:
         lists[key] = rc.get(key)
@@ -516,7 +512,7 @@ def split_configs(profile: Profile, data: Any, file: str | None = None) -> tuple
     if data is None:
         where.fail("the file is empty: expected a config (offset, recompute, ...) or a mapping of named configs")
     if not isinstance(data, Mapping):
-        where.fail(f"top level = {_show(data)}: expected a config (a mapping with keys {', '.join(KEYS)}) "
+        where.fail(f"top level = {show(data)}: expected a config (a mapping with keys {', '.join(KEYS)}) "
                    "or a mapping of named configs")
     names = {g.name for g in profile.body}
     if not data or _is_training(data) or any(k in KEYS for k in data) or all(k in names for k in data):
@@ -524,7 +520,7 @@ def split_configs(profile: Profile, data: Any, file: str | None = None) -> tuple
     for key, value in data.items():
         if value is not None and not isinstance(value, Mapping):
             where.fail(
-                f"key {_show(key)} = {_show(value)}: expected one of {', '.join(KEYS)}, or a named config "
+                f"key {show(key)} = {show(value)}: expected one of {', '.join(KEYS)}, or a named config "
                 f"(a mapping with those keys)"
             )
     return True, dict(data)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sapptk import checks
 from sapptk.errors import ProfileError
 from sapptk.files import load_document
 
@@ -45,7 +46,7 @@ MODEL_TYPES: tuple[str, ...] = (
 )
 """The Hugging Face ``model_type`` values :meth:`ModelCard.from_hf` reads."""
 
-_MAX_SIZE = 10**9  # the largest single dimension accepted (hidden size, vocabulary, ...)
+_MAX_SIZE = checks.MAX_DIMENSION  # the largest single dimension accepted (hidden size, vocabulary, ...)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import MISSING, dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any
 
+from sapptk import checks
 from sapptk.errors import ConfigError
 
 __all__ = ["DTYPE_BYTES", "HARDWARE", "SHARDINGS", "Hardware", "Parallel", "hardware_card"]
@@ -29,7 +30,7 @@ SHARDINGS: tuple[str, ...] = ("none", "distributed", "zero2", "fsdp")
 ``distributed`` (Megatron's distributed optimizer, ZeRO-1: optimizer states split),
 ``zero2`` (gradients split too), ``fsdp`` (ZeRO-3: weights split too)."""
 
-_MAX_PARALLEL = 1_000_000
+_MAX_PARALLEL = checks.MAX_PARALLEL
 
 
 def _int(value: Any, where: str, name: str, *, low: int = 1, high: int = _MAX_PARALLEL) -> int:

@@ -29,7 +29,7 @@ from sapptk.schedules.ops import B_CODE, F_CODE, I_CODE, KINDS, W_CODE, Op, OpAr
 if TYPE_CHECKING:
     from sapptk.schedules.program import Program
 
-__all__ = ["Grid", "ProgramGraph", "Sweep", "compile_graph"]
+__all__ = ["Grid", "ProgramGraph", "Sweep", "compile_graph", "dag_sweep"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,6 +202,32 @@ class ProgramGraph:
         return Sweep(order=order, bounds=tuple(ptr.tolist()), preds=preds, cross=flags, columns=tuple(used))
 
 
+def dag_sweep(table: np.ndarray, cross: np.ndarray, chain_ptr: np.ndarray) -> Sweep:
+    """The :class:`Sweep` of an acyclic graph made of chains, for the longest-path kernel.
+
+    Nodes are numbered chain by chain (``chain_ptr``: first node of each chain, as
+    :attr:`ProgramGraph.unit_ptr`), each node after its chain predecessor, as a program's units
+    are device by device: a program's units with more chains (the copy streams of activation
+    offload) fit. ``table`` (nodes, columns): each node's predecessors, ``nodes`` for none;
+    ``cross`` of the same shape: the edges that carry the kernel's ``comm`` lag. Levels are the
+    compile's (:func:`_levels`: one step a level, each chain's next node runs when its
+    predecessors are done); a cycle raises :class:`~sapptk.errors.ScheduleError`.
+    """
+    n = len(table)
+    waves = _levels(None, np.asarray(chain_ptr, dtype=np.int64), np.ascontiguousarray(table.T)) if n else []
+    levels = waves or [np.zeros(0, dtype=np.int64)]
+    order = np.concatenate(levels)
+    bounds = np.r_[0, np.cumsum([len(w) for w in levels])]
+    pos = np.empty(n + 1, dtype=np.int64)
+    pos[order] = np.arange(n)
+    pos[n] = n
+    used = [0] + [c for c in range(1, table.shape[1]) if (table[:, c] < n).any()]
+    preds = np.stack([pos[table[order, c]] for c in used])
+    preds.flags.writeable = False
+    flags = np.stack([cross[order, c] for c in used])
+    return Sweep(order=order, bounds=tuple(bounds.tolist()), preds=preds, cross=flags, columns=tuple(used))
+
+
 # ------------------------------------------------------------------ compile
 def compile_graph(program: Program) -> ProgramGraph:
     """Validate ``program`` and derive its dependency graph.
@@ -354,7 +380,7 @@ def _key_name(key: int, nvs: int, k: int) -> str:
     return f"micro-batch {rest // nvs}, virtual stage {rest % nvs}" + (f", slice {sl}" if k > 1 else "")
 
 
-def _levels(program: Program, unit_ptr: np.ndarray, data_preds: np.ndarray) -> list[np.ndarray]:
+def _levels(program: Program | None, unit_ptr: np.ndarray, data_preds: np.ndarray) -> list[np.ndarray]:
     """The units of each level, level by level (each level's units in device order).
 
     ``data_preds`` (columns, units): each unit's data predecessors, ``n_units`` for none.
@@ -389,6 +415,8 @@ def _levels(program: Program, unit_ptr: np.ndarray, data_preds: np.ndarray) -> l
             ready &= check(col.take(head))
         run = head[ready]
         if not len(run):
+            if program is None:
+                raise ScheduleError(f"the graph has a cycle: {n - ran} of {n} nodes never ready")
             raise _deadlock(program, head, table, done)
         done[run] = True
         waves.append(run)

@@ -2,9 +2,11 @@
 
 A unit ends at ``duration[u] + max(0, max over its predecessors q of end[q] + lag(q, u))``
 where ``lag`` is ``comm`` when ``q`` ran on another device and 0 otherwise. The simulator
-(:func:`sapptk.simulation.unit_times`) and the solver's time model
-(:class:`sapptk.solver.paths.PathModel`) both call :func:`longest_path`; they differ only
-in the numbers they feed it:
+(:func:`sapptk.simulation.unit_times`), the solver's time model
+(:class:`sapptk.solver.paths.PathModel`), the sensitivity analysis and activation offload's
+copy streams (:mod:`sapptk.schedules.copy_stream`, on the larger graph of units and
+transfers through :func:`~sapptk.schedules.graph.dag_sweep`) all call :func:`longest_path`;
+they differ only in the numbers they feed it:
 
 * float (ms) or integer (ticks) durations; the result has the durations' type;
 * one cost vector (``duration`` of shape ``(units,)``) or a batch (``(units, batch)``);
@@ -32,7 +34,7 @@ def _sweep(graph: ProgramGraph, reverse: bool) -> Sweep:
 
 
 def longest_path(
-    graph: ProgramGraph,
+    graph: ProgramGraph | Sweep,
     duration: np.ndarray,
     comm: float = 0,
     *,
@@ -43,7 +45,9 @@ def longest_path(
 
     Parameters
     ----------
-    graph: the compiled program.
+    graph: the compiled program; or the :class:`~sapptk.schedules.graph.Sweep` of another acyclic
+        graph (:func:`~sapptk.schedules.graph.dag_sweep`: a program's units with more nodes, as
+        the copy streams of activation offload), ``duration`` then in its node order (forward only).
     duration: unit durations, shape ``(units,)`` or ``(units, batch)``; integer or float.
     comm: the lag of an edge between devices (same unit as ``duration``).
     argmax: also return the column (into ``unit_preds``, or ``unit_succs`` with
@@ -56,6 +60,13 @@ def longest_path(
     ``(end, columns)``: ``end`` has ``duration``'s shape; ``columns`` is None unless asked.
     """
     dur = np.asarray(duration)
+    if isinstance(graph, Sweep):
+        n = len(graph.order)
+        if dur.shape[:1] != (n,) or reverse:
+            raise ValueError(f"longest_path: a sweep runs forward over {n} nodes, got shape {dur.shape}")
+        integral = dur.dtype.kind in "iub" and float(comm).is_integer()
+        dtype = np.int64 if integral else np.float64
+        return _on_sweep(graph, n, dur.astype(dtype, copy=False), int(comm) if integral else float(comm), argmax)
     if dur.shape[:1] != (graph.n_units,):
         raise ValueError(f"longest_path: duration must have {graph.n_units} rows, got shape {dur.shape}")
     integral = dur.dtype.kind in "iub" and float(comm).is_integer()

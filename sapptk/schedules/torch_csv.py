@@ -38,7 +38,7 @@ __all__ = ["from_csv", "from_csv_text"]
 _COMPUTE = re.compile(r"(\d+)([FBIW])(\d+)")
 _OTHER = re.compile(r"(\d+)(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)")
 _OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
-_MAX_BYTES = 16 * 1024 * 1024
+_MAX_BYTES = checks.MAX_SCHEDULE_CSV_BYTES
 
 Position = tuple[int, int]  # (line, column), 1-based
 

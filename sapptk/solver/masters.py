@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from ortools.sat.python import cp_model
 
+from sapptk import checks
 from sapptk.costs import LayerCoefficients
 from sapptk.profile import MODES
 from sapptk.schedules.program import Program
@@ -26,7 +27,7 @@ from sapptk.solver.paths import MemoryModel, memory_model, path_key
 
 __all__ = ["LayerMaster", "LayoutMaster", "Master"]
 
-Z_MAX = 2**52
+Z_MAX = checks.MAX_SOLVER_INTEGER
 """Upper end of the step-time variable's domain, in ticks (far above any real step)."""
 
 

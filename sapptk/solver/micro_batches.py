@@ -198,8 +198,8 @@ def improve_per_micro_batch(
     """Move micro-batches of ``counts`` (a per-stage plan that fits) to less recompute while the
     budget holds and the step time does not grow (see the module docstring), once for each
     second layout of :data:`FAMILIES` (the time left shared among those still to run); the
-    fastest result. ``deadline`` is a :func:`time.monotonic` time; ``stop`` an optional
-    :class:`threading.Event`."""
+    fastest result. ``deadline`` is a :func:`time.perf_counter` time (the deadline of the solve's
+    :class:`~sapptk.solver.clock.Clock`); ``stop`` an optional :class:`threading.Event`."""
     counts = np.asarray(counts, dtype=np.int64)
     best: MicroBatchResult | None = None
     tried: list[tuple[np.ndarray, np.ndarray]] = []
@@ -210,7 +210,7 @@ def improve_per_micro_batch(
         if np.array_equal(base, weak) or any(np.array_equal(base, b) and np.array_equal(weak, w) for b, w in tried):
             continue
         tried.append((base, weak))
-        now = time.monotonic()
+        now = time.perf_counter()
         if now >= deadline or (stop is not None and stop.is_set()):
             if best is None:
                 return MicroBatchResult(counts, None, 0.0, 0.0, 0, 0, "recompute per micro-batch: not tried (no "
@@ -224,7 +224,7 @@ def improve_per_micro_batch(
         found = _greedy(profile, config, base, weak, reference=reference, deadline=share, stop=stop)
         if best is None or (found.alternative is not None and found.step_ms < best.step_ms):
             best = found
-        if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+        if time.perf_counter() >= deadline or (stop is not None and stop.is_set()):
             break
     if best is None:
         return MicroBatchResult(counts, None, 0.0, 0.0, 0, 0, "recompute per micro-batch: the plan already "
@@ -255,7 +255,7 @@ def _greedy(
     cut = ""
 
     def out_of_time() -> bool:
-        return time.monotonic() >= deadline or (stop is not None and stop.is_set())
+        return time.perf_counter() >= deadline or (stop is not None and stop.is_set())
 
     while True:
         if out_of_time():

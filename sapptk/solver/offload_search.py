@@ -11,7 +11,7 @@ solve's plan (no offload) and moves, one at a time, between plans that fit the b
   stage in model order (re-balancing the stages the conversions made lighter);
 * **keep**: an offloaded layer keeps its activation on the device again.
 
-A candidate is simulated exactly (:func:`sapptk.offload.offload_step`, the copy stream and
+A candidate is simulated exactly (:func:`sapptk.simulate` with ``host_bandwidth``: the copy stream and
 the memory steps the plan will show) and accepted when it fits and is better in the order
 (step time, recompute ms summed over virtual stages, offloaded MB): faster first; at the same
 step time, less recompute work, then less traffic. The search stops at a plan no move
@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients
-from sapptk.offload import offload_step
 from sapptk.profile import MODES
+from sapptk.simulation import simulate
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
@@ -107,7 +107,7 @@ class _Evaluator:
         tot = self.coef.per_stage(counts)
         off_units = np.einsum("gv,g->v", offload, self.coef.activation[:, _NONE])
         self.evaluations += 1
-        step, peaks = offload_step(
+        sim = simulate(
             self.program,
             forward=tot["forward"] * TIME_UNIT_MS,
             backward=tot["backward"] * TIME_UNIT_MS,
@@ -119,6 +119,7 @@ class _Evaluator:
             comm=self.coef.comm * TIME_UNIT_MS,
             constant=self.coef.constant * MEMORY_UNIT_MB,
         )
+        step, peaks = sim.step_time, sim.peak_memory.to_numpy()
         return step, peaks, float(tot["overhead"].sum()) * TIME_UNIT_MS, float(off_units.sum()) * MEMORY_UNIT_MB
 
     def fits(self, peaks: np.ndarray) -> bool:

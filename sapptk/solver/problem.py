@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sapptk import checks
 from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, LayerCoefficients, layer_coefficients
 from sapptk.errors import ConfigError
 from sapptk.schedules.program import Program
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_INTEGER", "Problem", "make_problem"]
 
-MAX_INTEGER = 2**52
+MAX_INTEGER = checks.MAX_SOLVER_INTEGER
 """Largest step time (ticks) or scaled peak memory a plan may reach for the solver to take the
 problem: sums of such values stay exact in int64 and in doubles."""
 

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
     from sapptk.profile import Profile
 
-__all__ = ["SearchResult", "search"]
+__all__ = ["SearchResult", "even_starts", "search"]
 
 STALL_FRACTION = 0.001
 """Phase 6 gives the branch and bound on device totals time only after a master solve that
@@ -133,14 +133,17 @@ def search(
     start: np.ndarray | None = None,
     stop: threading.Event | None = None,
     options: SearchOptions | None = None,
+    clock: Clock | None = None,
 ) -> SearchResult:
     """Run the search and return its raw result. The arguments are those of
     :func:`sapptk.balance` (checked there); ``start`` is a layer assignment (counts) for this
-    profile and program, or None. Validates ``config`` against ``profile`` first
-    (:class:`~sapptk.errors.ConfigError`).
+    profile and program, or None. ``clock``: the caller's clock (one phase of a longer call,
+    :meth:`~sapptk.solver.clock.Clock.phase`), used instead of ``time_limit`` and ``stop``.
+    Validates ``config`` against ``profile`` first (:class:`~sapptk.errors.ConfigError`).
     """
     options = options or SearchOptions()
-    clock = Clock(float(time_limit), stop, stall=options.stall_time)
+    if clock is None:
+        clock = Clock(float(time_limit), stop, stall=options.stall_time)
     config.check(profile, allow_empty_stages=allow_empty_stages)
     problem = make_problem(profile, config, allow_empty=allow_empty_stages, options=options)
     phases = _Phases(problem, clock, workers=workers, seed=seed, deterministic=deterministic)
@@ -149,10 +152,10 @@ def search(
         res.message = explain_infeasible(problem, clock, workers=workers, seed=seed)
     elif res.status == "unknown":
         res.message = ("stopped before any plan was found" if res.stopped
-                       else f"no plan found within the time limit of {time_limit:g} s")
+                       else f"no plan found within {clock.describe_limit()}")
     elif res.status == "feasible":
-        why = ("stopped" if res.stopped else f"no better plan for {options.stall_time:g} s (stall_time)"
-               if clock.stalled else f"time limit of {time_limit:g} s reached")
+        why = ("stopped" if res.stopped else f"no better plan for {clock.stall:g} s (stall_time)"
+               if clock.stalled else f"{clock.describe_limit()} reached")
         res.message = (
             f"{why}: step time {res.step_time:.6g} ms, best bound {res.bound:.6g} ms, "
             f"gap {100 * (res.gap or 0.0):.3g} %; not proven optimal"
@@ -567,13 +570,19 @@ def _key(sig: np.ndarray, crossings: int) -> bytes:
     return path_key(sig, crossings)
 
 
-def _even_split_counts(problem: Problem) -> list[np.ndarray]:
-    """Every distinct even split (:func:`sapptk.plan.even_split_counts`), merged groups."""
-    from sapptk.plan import even_split_counts, even_split_modes
+def even_starts(profile: Profile, config: PipelineConfig) -> list[tuple[str, np.ndarray]]:
+    """Every distinct even split (:func:`sapptk.baselines.even_split`) as ``(mode, counts)``, the
+    profile's own groups: the starts of the search and of the offload phase."""
+    from sapptk.baselines import distinct_recomputes, even_split
 
+    return [(mode, even_split(profile, config, mode)) for mode in distinct_recomputes(profile, config)]
+
+
+def _even_split_counts(problem: Problem) -> list[np.ndarray]:
+    """Every distinct even split (:func:`even_starts`), merged groups."""
     out: list[np.ndarray] = []
-    for mode in even_split_modes(problem.profile):
-        counts = problem.groups.merge(even_split_counts(problem.profile, problem.config, mode))
+    for _, split in even_starts(problem.profile, problem.config):
+        counts = problem.groups.merge(split)
         if not any(np.array_equal(counts, c) for c in out):
             out.append(counts)
     return out

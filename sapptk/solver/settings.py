@@ -52,6 +52,27 @@ class SearchOptions:
         The time limit still holds. Short limits for demos and notebooks; the proof of
         optimality needs the whole limit.
 
+    Lever phases (fractions of the *whole* time limit of the call; every phase asks the call's
+    one :class:`~sapptk.solver.clock.Clock`, so none runs past the limit, and a phase that ends
+    early leaves its time to the next)
+    ----------------------------------------------------------------------------------------
+    offload_base_share: 0.45 — with ``"offload"`` in ``config.recompute``: the per-stage search
+        (no offload) under the memory budget...
+    offload_free_share: 0.15 — ...then the same search without the budget, whose plan (every
+        mode-``"none"`` layer offloaded) is a second start of the offload search; the offload
+        search (:mod:`sapptk.solver.offload_search`) has the rest.
+    per_stage_share: 0.75 — with ``per_micro_batch=True``: the per-stage search; the exact
+        greedy search over micro-batches (:mod:`sapptk.solver.micro_batches`) has the rest.
+    reorder_share: 0.5 — a cost-driven schedule (``zb-v-greedy``): each solve on an order gets
+        this fraction of the time *left* when it starts (the order is then re-built at the
+        plan's costs, at most ``sapptk.solver.pipeline.REORDER_ROUNDS`` times).
+    slice_share: 0.25 — a long-context setup with ``choose_splits=True``: choosing the slice
+        lengths (:func:`sapptk.solver.slices.choose_slices`)...
+    move_share: 0.2 — ...and moving layers across stage boundaries at the exact sliced step
+        time (:func:`sapptk.solver.slices.move_layers`); the solves of the layers have the rest.
+        (With ``deterministic=True`` these two searches count candidates instead:
+        ``sapptk.solver.slices.EVALUATIONS_PER_SECOND`` per second of their share.)
+
     Local search
     ------------
     kick_moves: (2, 4) — a kick makes between this many random moves (inclusive).
@@ -98,6 +119,12 @@ class SearchOptions:
     totals_share: float = 0.8
     diagnosis_seconds: float = 10.0
     stall_time: float | None = None
+    offload_base_share: float = 0.45
+    offload_free_share: float = 0.15
+    per_stage_share: float = 0.75
+    reorder_share: float = 0.5
+    slice_share: float = 0.25
+    move_share: float = 0.2
     kick_moves: tuple[int, int] = (2, 4)
     sample_per_stage: int = 4
     idle_kicks_per_stage: float = 0.5
@@ -117,7 +144,10 @@ class SearchOptions:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "totals_share":
+            if f.name in _LEVER_SHARES:
+                if not _real(value) or not 0 < value < 1:
+                    raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected a fraction in (0, 1)")
+            elif f.name == "totals_share":
                 if not _real(value) or not 0 <= value <= 0.9:
                     raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected a fraction in [0, 0.9]")
             elif f.name.endswith("_share"):
@@ -144,6 +174,16 @@ class SearchOptions:
                     )
             elif not _int(value) or value < 1:
                 raise ConfigError(f"SearchOptions.{f.name} = {value!r}: expected an integer >= 1")
+        if self.offload_base_share + self.offload_free_share >= 1:
+            raise ConfigError(f"SearchOptions.offload_base_share + offload_free_share = {self.offload_base_share!r} + "
+                              f"{self.offload_free_share!r}: expected a sum < 1 (the offload search needs the rest)")
+        if self.slice_share + self.move_share >= 1:
+            raise ConfigError(f"SearchOptions.slice_share + move_share = {self.slice_share!r} + {self.move_share!r}: "
+                              "expected a sum < 1 (the solves of the layers need the rest)")
+
+
+_LEVER_SHARES = frozenset({"offload_base_share", "offload_free_share", "per_stage_share", "reorder_share",
+                           "slice_share", "move_share"})
 
 
 def _int(value: object) -> bool:

@@ -9,34 +9,29 @@ the simulator's kernel — goes down and every device's simulated peak (K/V incl
 within the budget. No OR-Tools; every candidate is timed exactly, so the result's step time
 is the simulated one.
 
-:func:`balance_sliced` is ``balance`` on a sliced setup: the solver's layers, then these
-slice lengths (``choose_splits=True``).
+``balance`` on a sliced setup (:func:`sapptk.solver.pipeline.sliced`) runs the solver for the
+layers, then :func:`move_layers`, then (``choose_splits=True``) :func:`choose_slices`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sapptk.costs import check_counts, layer_coefficients, slice_costs
+from sapptk.costs import check_counts, layer_coefficients, simulate_counts, slice_costs
 from sapptk.errors import ConfigError
-from sapptk.plan import make_plan
-from sapptk.seq import equal_lengths, is_sliced, kv_ratio, time_attention
-from sapptk.simulation import op_durations, unit_durations, unit_times
+from sapptk.seq import equal_lengths, is_sliced, time_attention
+from sapptk.simulation import op_durations, simulate, unit_durations, unit_times
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
-    from sapptk.plan import Plan
     from sapptk.profile import Profile
 
-__all__ = ["EVALUATIONS_PER_SECOND", "MOVE_SHARE", "SLICED_SOLVES", "SLICE_SHARE", "SliceChoice", "balance_sliced",
-           "choose_slices", "equal_cost_lengths", "move_layers"]
+__all__ = ["EVALUATIONS_PER_SECOND", "SliceChoice", "choose_slices", "equal_cost_lengths", "move_layers"]
 
 
 @dataclass(frozen=True)
@@ -131,7 +126,7 @@ def choose_slices(
         idle = step * program.stages - float(dur.sum())
         fits = True
         if budget is not None:
-            fits = bool((costs.simulate(config).peak_memory.to_numpy() <= budget + 1e-6).all())
+            fits = bool((simulate(program, **costs.simulate_args()).peak_memory.to_numpy() <= budget + 1e-6).all())
         return step, idle, fits
 
     equal = equal_lengths(seq, k)
@@ -179,17 +174,9 @@ def _attention_share(profile: Profile, config: PipelineConfig, counts: Any) -> f
     return part / total if total > 0 and math.isfinite(part) else 0.0
 
 
-# ------------------------------------------------------------ balance on a sliced setup
-SLICE_SHARE = 0.25
-"""With ``choose_splits=True``: the share of the time limit the slice-boundary search gets."""
-
 EVALUATIONS_PER_SECOND = 50
 """With ``deterministic=True``: candidates the slice-length and layer-move searches time per second
 of their share of the time limit (a step of p = 8, v = 2, m = 8, k = 8 is timed in a few ms)."""
-
-MOVE_SHARE = 0.2
-"""The share of the time limit for moving layers across stage boundaries at the exact sliced step time."""
-
 
 def move_layers(profile: Profile, config: PipelineConfig, counts: Any, *, deadline: float,
                 allow_empty_stages: bool = False, max_evaluations: int | None = None) -> tuple[np.ndarray, int, int]:
@@ -232,106 +219,9 @@ def move_layers(profile: Profile, config: PipelineConfig, counts: Any, *, deadli
                     timed += 1
                     step = step_of(trial)
                     if step < best_step * (1 - 1e-12) and (
-                            budget is None or (slice_costs(profile, config, trial).simulate(config).peak_memory
+                            budget is None or (simulate_counts(profile, config, trial).peak_memory
                                                <= budget + 1e-6).all()):
                         best, best_step, improved = trial, step, True
                         kept += 1
                         break
     return best, kept, timed
-
-SLICED_SOLVES = 4
-"""At most this many solves of a sliced setup's layers (K/V weight 1, the safe weight, then bisection)."""
-
-
-def balance_sliced(profile: Profile, safe_config: PipelineConfig, config: PipelineConfig, safety: str | None, *,
-                    time_limit: float, choose_splits: bool, deterministic: bool = False,
-                    solve: Callable[[PipelineConfig, float, float], Plan]) -> Plan:
-    """A sliced setup (``docs/schedules.md``): the layers from the solver on its model of the setup
-    (:func:`sapptk.seq.solver_profile`: equal, linear slices; each layer's activation raised by a
-    weight × its K/V), then timed and measured by the simulator with causal slice costs and K/V.
-    Weight 1 under-counts K/V, :func:`sapptk.seq.kv_ratio` over-counts it (its plans always fit):
-    the first plan that fits by simulation wins, else bisection between them keeps the fastest
-    that fits. Layers then move across stage boundaries while the exact step time falls
-    (:func:`move_layers`). With ``choose_splits`` the slice lengths are then chosen for the plan
-    (:func:`sapptk.solver.slices.choose_slices`). The status is "feasible" with no bound (the
-    solver's bound is for its model) or "infeasible"; step time and peaks are the simulated ones.
-    With ``deterministic`` these two searches stop after :data:`EVALUATIONS_PER_SECOND` candidates
-    per second of their share of the time limit, not by the clock."""
-    began = time.monotonic()
-    budget_share = time_limit * (1 - MOVE_SHARE - (SLICE_SHARE if choose_splits else 0.0))
-    low, high = 1.0, max(1.0, kv_ratio(safe_config.program(), safe_config.slice_lengths))
-    best: Plan | None = None
-    last: Plan | None = None
-    tried = []
-    ratio = low
-    for round_ in range(SLICED_SOLVES):
-        left = budget_share - (time.monotonic() - began)
-        if round_ and left <= 0:
-            break
-        solved = solve(safe_config, ratio, max(left / (SLICED_SOLVES - round_), 0.01))
-        last = solved
-        fits = False
-        if solved.solved:
-            plan = make_plan(profile, safe_config, solved.counts, status="given")
-            fits = plan.fits
-            if fits and (best is None or plan.step_time < best.step_time):
-                best = plan
-        tried.append(f"{ratio:.3g}: {'fits' if fits else solved.status if not solved.solved else 'over budget'}")
-        if safe_config.memory_budget is None or (round_ == 0 and (fits or not solved.solved)) or high == low:
-            break  # no budget, the best plan of the optimistic model fits, or even that model has none
-        if solved.solved and not fits:
-            low = ratio  # K/V under-counted: weigh it more
-        else:
-            high = ratio  # fits (try a lighter weight for a faster plan) or the model has no plan
-        ratio = high if round_ == 0 else (low + high) / 2
-    note = ("sequence slices: layers balanced by the solver with equal, linear slice costs and K/V counted as "
-            f"activation with weights {', '.join(tried)}; step time and peaks simulated with causal slice costs "
-            f"and K/V ({profile.seq_length} tokens in {safe_config.splits} slices)")
-    if best is None:
-        assert last is not None
-        if last.solved:  # the plans found do not fit with their K/V: none is kept
-            last = dataclasses.replace(last, status="infeasible", step_time=None, bound=None, gap=None,
-                                       message="infeasible: every plan found is over the budget with its K/V")
-        out = dataclasses.replace(last, profile=profile, config=safe_config, message=f"{last.message}; {note}")
-        return out if safety is None else dataclasses.replace(out, message=f"{safety}; {out.message}")
-    plan = best
-
-    def choose(plan: Plan, seconds: float) -> tuple[Plan, str]:
-        equal = plan.config.replace(splits=plan.config.splits, slice_lengths=None)
-        cap = max(20, int(EVALUATIONS_PER_SECOND * seconds)) if deterministic else None
-        choice = choose_slices(profile, equal, plan.counts, time_limit=max(seconds, 0.01), max_evaluations=cap)
-        chosen = make_plan(profile, equal.replace(splits=list(choice.lengths)), plan.counts, status="given")
-        if not chosen.fits or chosen.step_time >= plan.step_time:
-            return plan, ""
-        return chosen, (f"slice lengths chosen {list(choice.lengths)}: step {choice.equal_step_time:.6g} -> "
-                        f"{choice.step_time:.6g} ms, {100 * choice.bubble_gain:.1f} % less bubble than equal "
-                        f"lengths {list(choice.equal_lengths)} ({choice.evaluations} candidates)")
-
-    steps = []
-    if choose_splits:  # the lengths for the solver's layers, then the layers for those lengths, then again
-        plan, said = choose(plan, time_limit * SLICE_SHARE / 2 if deterministic
-                            else (time_limit - (time.monotonic() - began)) / 2)  # what the solve left, shared
-        steps.append(said)
-    left = time_limit - (time.monotonic() - began)
-    moves_end = time.perf_counter() + max(left / 2 if choose_splits else left, 0.01)
-    moved, kept, timed = move_layers(profile, plan.config, plan.counts, deadline=moves_end,
-                                     allow_empty_stages=safe_config.num_virtual_stages > profile.num_body_layers,
-                                     max_evaluations=max(20, int(EVALUATIONS_PER_SECOND * time_limit * MOVE_SHARE))
-                                     if deterministic else None)
-    if kept:
-        better = make_plan(profile, plan.config, moved, status="given")
-        if better.fits and better.step_time < plan.step_time:
-            steps.append(f"{kept} layer moves at the exact sliced step time ({timed} candidates): "
-                         f"{plan.step_time:.6g} -> {better.step_time:.6g} ms")
-            plan = better
-            if choose_splits:
-                plan, said = choose(plan, time_limit * SLICE_SHARE / 2 if deterministic
-                                    else time_limit - (time.monotonic() - began))
-                steps.append(said)
-    note = "; ".join([note, *(s for s in steps if s)])
-    out = dataclasses.replace(plan, status="feasible", bound=None, gap=None, source="balance",
-                              solve_seconds=time.monotonic() - began, message=note)
-    if safety is None:
-        return out
-    return dataclasses.replace(out, config=dataclasses.replace(out.config, memory_budget=config.memory_budget),
-                               message=f"{safety}; {out.message}")

@@ -2,9 +2,12 @@
 
 The package's modules, one job each:
 
-* :mod:`sapptk.sweeps.grid` — grids into points, and the cache key of a point;
+* :mod:`sapptk.sweeps.grid` — grids (config fields and levers) into points, and the cache
+  key of a point;
 * :mod:`sapptk.sweeps.frame` — the frame's columns and types, :func:`best`;
-* :mod:`sapptk.sweeps.solving` — one point solved in a worker (:func:`solve_point`);
+* :mod:`sapptk.sweeps.solving` — the typed task (:class:`SweepTask`, a checked
+  :class:`~sapptk.request.SolveRequest` per point) and result (:class:`PointResult`), and one
+  point solved in a worker (:func:`solve_point`);
 * :mod:`sapptk.sweeps.seeding` — points of one setup solved in order of budget, each
   seeded with the fastest plan of a smaller budget: the step never rises with the budget;
 * :mod:`sapptk.sweeps.cache` — the cache folder: a journal every finished row reaches at
@@ -20,24 +23,39 @@ loses none, and its worker processes exit with it. See ``docs/limits.md``.
 
 from __future__ import annotations
 
+from sapptk.checks import MAX_ATTEMPTS, MAX_POINTS, MAX_SOLVER_WORKERS
 from sapptk.sweeps.cache import read_cache
 from sapptk.sweeps.driver import sweep
-from sapptk.sweeps.executors import DASK_CONNECT_SECONDS, MAX_ATTEMPTS, MAX_SOLVER_WORKERS, default_workers
-from sapptk.sweeps.frame import COLUMNS, INPUT_COLUMNS, RESULT_COLUMNS, SOLVED, STATUSES, best
-from sapptk.sweeps.grid import CONFIG_FIELDS, MAX_POINTS, expand_grid, point_key, profile_digest, recompute_label
-from sapptk.sweeps.solving import plan_row, solve_point
+from sapptk.sweeps.executors import DASK_CONNECT_SECONDS, default_workers
+from sapptk.sweeps.frame import COLUMNS, INPUT_COLUMNS, LEVER_COLUMNS, RESULT_COLUMNS, SOLVED, STATUSES, best
+from sapptk.sweeps.grid import (
+    CONFIG_FIELDS,
+    GRID_FIELDS,
+    LEVER_FIELDS,
+    expand_grid,
+    point_key,
+    profile_digest,
+    recompute_label,
+)
+from sapptk.sweeps.solving import Layout, PointResult, SweepTask, plan_row, solve_point
 
 __all__ = [
     "COLUMNS",
     "CONFIG_FIELDS",
     "DASK_CONNECT_SECONDS",
+    "GRID_FIELDS",
     "INPUT_COLUMNS",
+    "LEVER_COLUMNS",
+    "LEVER_FIELDS",
     "MAX_ATTEMPTS",
     "MAX_POINTS",
     "MAX_SOLVER_WORKERS",
     "RESULT_COLUMNS",
     "SOLVED",
     "STATUSES",
+    "Layout",
+    "PointResult",
+    "SweepTask",
     "best",
     "default_workers",
     "expand_grid",

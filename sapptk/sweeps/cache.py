@@ -41,9 +41,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sapptk import checks
 from sapptk.errors import FileError, SapptkWarning
 from sapptk.files import writable_dir
-from sapptk.sweeps.frame import COLUMNS, FLOAT_INPUTS, INPUT_COLUMNS, INT_COLUMNS, LABEL_COLUMNS, STATUSES, typed
+from sapptk.sweeps.frame import (
+    BOOL_COLUMNS,
+    COLUMNS,
+    FLOAT_INPUTS,
+    INPUT_COLUMNS,
+    INT_COLUMNS,
+    LABEL_COLUMNS,
+    LEVER_COLUMNS,
+    STATUSES,
+    typed,
+)
 
 __all__ = ["FLUSH_ROWS", "FLUSH_SECONDS", "LAYOUT_COLUMN", "Cache", "cacheable", "read_cache"]
 
@@ -54,7 +65,7 @@ FLUSH_ROWS = 256
 
 PART_GLOB = "part-*.parquet"
 JOURNAL_GLOB = "_journal-*.jsonl"
-_REQUIRED = ("key", "status", *INPUT_COLUMNS)
+_REQUIRED = ("key", "status", *(c for c in INPUT_COLUMNS if c not in LEVER_COLUMNS))  # parts of older sweeps too
 
 LAYOUT_COLUMN = "layout_json"
 """A column of the cache only (not of the sweep frame): the plan's layer assignment as JSON
@@ -86,11 +97,13 @@ def cacheable(row: Mapping[str, Any]) -> bool:
     fit the stored column types (a point with, say, ``stages="8"`` is simply recomputed)."""
     if row.get("status") == "error":
         return False
-    ints = all(isinstance(row[c], int) and not isinstance(row[c], bool) and abs(row[c]) < 2**63 for c in INT_COLUMNS)
+    ints = all(isinstance(row[c], int) and not isinstance(row[c], bool) and abs(row[c]) <= checks.MAX_INT64
+               for c in INT_COLUMNS)
     floats = all(row[c] is None or (isinstance(row[c], int | float) and not isinstance(row[c], bool)
                                     and abs(row[c]) < 1e308) or _is_nan(row[c]) for c in FLOAT_INPUTS)
     labels = all(isinstance(row[c], str) for c in ("profile", "schedule", "recompute"))
-    return ints and floats and labels
+    flags = all(isinstance(row[c], bool | np.bool_) for c in BOOL_COLUMNS)
+    return ints and floats and labels and flags
 
 
 def _is_nan(value: Any) -> bool:
@@ -104,6 +117,7 @@ def _arrow_schema() -> Any:
     types: dict[str, Any] = {
         **{c: label for c in LABEL_COLUMNS},
         **{c: pa.int64() for c in INT_COLUMNS},
+        **{c: pa.bool_() for c in BOOL_COLUMNS},
         "peak_mb": pa.list_(pa.float64()),
         "error": pa.string(),
         "key": pa.string(),
@@ -126,6 +140,15 @@ def _to_arrow(frame: pd.DataFrame) -> Any:
         else:
             arrays.append(pa.array(values, type=f.type))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _stored(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Frames of parts and journals in the stored columns; a lever a part does not have (written
+    before levers could be swept) was off."""
+    frame = pd.concat([f.reindex(columns=list(STORED)) for f in frames], ignore_index=True)
+    for col in BOOL_COLUMNS:
+        frame[col] = frame[col].astype(object).where(frame[col].notna(), False)
+    return frame
 
 
 def _plain_frame(frame: pd.DataFrame) -> pd.DataFrame:
@@ -218,7 +241,7 @@ class Cache:
             frames.append(pd.DataFrame(journal_rows))
         if not frames:
             return pd.DataFrame(columns=list(STORED))
-        frame = pd.concat([f.reindex(columns=list(STORED)) for f in frames], ignore_index=True)
+        frame = _stored(frames)
         return frame.drop_duplicates("key", keep="last").reset_index(drop=True)
 
     # ------------------------------------------------------------------ writing
@@ -337,8 +360,7 @@ class Cache:
                 frames.append(pd.DataFrame(rows))
             if not frames:
                 return
-            frame = pd.concat([f.reindex(columns=list(STORED)) for f in frames], ignore_index=True)
-            frame = frame.drop_duplicates("key", keep="last")
+            frame = _stored(frames).drop_duplicates("key", keep="last")
             merged = [r for r in frame.to_dict("records") if cacheable(r)]
             if merged and self._write_rows(merged) is None:
                 return

@@ -2,19 +2,19 @@
 
 ::
 
-    grid ──► points ──► tasks (plain dicts) ──► executor ──► results (plain dicts) ──► frame
-                                                   │                    │
-                                   serial | process pool | Dask         └──► cache (journal, Parquet parts)
+    grid ──► points ──► SweepTask (a checked SolveRequest) ──► executor ──► PointResult ──► frame
+                                                                │                │
+                                              serial | process pool | Dask       └──► cache (journal, Parquet parts)
 
-Everything the user gave is checked before the first point is solved: the arguments, the
-grid (names and size), the executor (a Dask scheduler must answer), and the cache folder
-(it must be writable when there is anything to compute).
+Everything the user gave is checked before the first point is solved: the arguments (by
+:mod:`sapptk.checks`, as every solve checks them), the grid (names and size), the executor
+(a Dask scheduler must answer), and the cache folder (it must be writable when there is
+anything to compute). A point whose request cannot be built (a bad combination of fields)
+is an ``invalid`` row at once, with the request's own message; it never reaches a worker.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
@@ -22,27 +22,20 @@ from typing import Any
 
 import pandas as pd
 
+from sapptk import checks
 from sapptk.config import PipelineConfig
-from sapptk.errors import ConfigError
+from sapptk.errors import ConfigError, SapptkError
 from sapptk.profile import Profile
+from sapptk.request import SolveRequest
 from sapptk.sweeps import solving
 from sapptk.sweeps.cache import LAYOUT_COLUMN, Cache
 from sapptk.sweeps.executors import check_executor, default_workers, open_executor
-from sapptk.sweeps.frame import RESULT_COLUMNS, input_row, no_plan, typed
-from sapptk.sweeps.grid import expand_grid, point_key, profile_digest, profiles_of
+from sapptk.sweeps.frame import input_row, typed
+from sapptk.sweeps.grid import CONFIG_FIELDS, LEVER_FIELDS, expand_grid, point_key, profile_digest, profiles_of
 from sapptk.sweeps.seeding import Seeds, waves
-from sapptk.sweeps.solving import COUNTS_KEY, Result, Solve, Task
+from sapptk.sweeps.solving import Layout, PointResult, Solve, SweepTask, no_plan
 
 __all__ = ["sweep"]
-
-
-def _check_arguments(time_limit: Any, workers: Any, seed: Any) -> None:
-    if isinstance(time_limit, bool) or not isinstance(time_limit, int | float) or not 0 < time_limit < math.inf:
-        raise ConfigError(f"time_limit = {time_limit!r}: expected seconds > 0")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise ConfigError(f"workers = {workers!r}: expected an integer >= 1")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
-        raise ConfigError(f"seed = {seed!r}: expected an integer from 0 to {2**31 - 1}")
 
 
 def sweep(
@@ -64,108 +57,130 @@ def sweep(
     ----------
     profile: a :class:`Profile`, a bundled profile name or profile file, or a mapping
         name → profile to sweep several (the name goes in the ``profile`` column).
-    grid: :class:`PipelineConfig` field → list of values (the product is swept), or a list
-        of explicit points (:class:`PipelineConfig` or dicts); see
-        :func:`~sapptk.sweeps.grid.expand_grid`.
+    grid: :class:`PipelineConfig` field or lever → list of values (the product is swept),
+        or a list of explicit points (:class:`PipelineConfig` or dicts); see
+        :func:`~sapptk.sweeps.grid.expand_grid`. The levers are ``per_micro_batch``,
+        ``memory_margin``, ``oom_risk`` and ``memory_error`` (a relative error), as in
+        :class:`~sapptk.request.SolveRequest`; offload is ``"offload"`` in a ``recompute``
+        set with a ``host_bandwidth``. Each lever is a column of the frame.
     executor: ``"serial"``; ``"processes"`` (a local process pool, one process per core
         unless ``workers`` asks for more solver threads); ``"dask"`` (a local Dask cluster)
         or ``"dask://HOST:PORT"`` (a running scheduler); a ``distributed.Client``; or any
         :class:`concurrent.futures.Executor` (its processes must be able to import sapptk).
     time_limit: seconds per solve.
-    workers: CP-SAT workers per solve; by default chosen so that parallel solves × workers
-        do not exceed this machine's cores (see
+    workers: CP-SAT workers per solve (1 to :data:`sapptk.checks.MAX_WORKERS`); by default
+        chosen so that parallel solves × workers do not exceed this machine's cores (see
         :func:`~sapptk.sweeps.executors.default_workers`).
     cache: a folder; every finished row is put on disk there as it arrives (see
         :mod:`sapptk.sweeps.cache`) and points already there (same profile content, config,
         time limit, seed, determinism) are not solved again.
     progress: show a ``tqdm.auto`` progress bar.
-    seed, deterministic: passed to :func:`sapptk.balancer.balance`.
+    seed, deterministic: as in :class:`~sapptk.request.SolveRequest`.
     solve: the function run per point instead of
-        :func:`~sapptk.sweeps.solving.solve_point`: plain task dict in, result dict out.
-        One defined in a notebook is shipped by value (cloudpickle).
+        :func:`~sapptk.sweeps.solving.solve_point`: a
+        :class:`~sapptk.sweeps.solving.SweepTask` in (its ``request`` is the point's checked
+        :class:`~sapptk.request.SolveRequest`), a
+        :class:`~sapptk.sweeps.solving.PointResult` or a mapping of result columns out. One
+        defined in a notebook is shipped by value (cloudpickle).
 
     Invalid or infeasible points are rows with their reason in ``error``; a Ctrl-C keeps
     every finished row in the cache (and ends the running solves of ``"processes"``).
     """
     from tqdm.auto import tqdm
 
-    _check_arguments(time_limit, workers, seed)
+    limit, workers, seed, deterministic = checks.solver_arguments(time_limit=time_limit, workers=workers, seed=seed,
+                                                                  deterministic=deterministic)
     check_executor(executor)
     solve = solve or solving.solve_point
     profiles = profiles_of(profile)
     points = expand_grid(grid)
-    options = {"time_limit": float(time_limit), "seed": int(seed), "deterministic": bool(deterministic)}
+    options = {"time_limit": limit, "seed": seed, "deterministic": deterministic}
 
     rows: list[dict[str, Any]] = []  # one per (profile, point), in order
-    tasks: dict[str, Task] = {}  # unique points to solve, by key
+    unique: dict[str, tuple[str, str, Profile, dict[str, Any]]] = {}  # points to answer, by key
     for name, prof in profiles.items():
-        data, digest = prof.to_dict(), profile_digest(prof)
+        digest = profile_digest(prof)
         for fields in points:
             key = point_key(name, digest, fields, options)
-            rows.append({**input_row(name, fields, time_limit), "key": key})
-            if key not in tasks:
-                config = {f: list(v) if isinstance(v, tuple | set | frozenset) else v for f, v in fields.items()}
-                tasks[key] = {"key": key, "profile": data, "profile_name": name, "profile_digest": digest,
-                              "config": config, **options}
+            rows.append({**input_row(name, fields, limit), "key": key})
+            unique.setdefault(key, (name, digest, prof, fields))
 
     store = Cache(cache) if cache is not None else None
-    results: dict[str, Result] = {}
-    seeds = Seeds()
+    results: dict[str, PointResult] = {}
     if store is not None:
-        cached = store.read()
-        wanted = cached[cached["key"].isin(tasks.keys()) & ~cached["status"].astype(object).eq("error")]
+        stored = store.read()
+        wanted = stored[stored["key"].isin(unique.keys()) & ~stored["status"].astype(object).eq("error")]
         for rec in wanted.to_dict("records"):
-            results[rec["key"]] = {c: rec.get(c) for c in (*RESULT_COLUMNS, "key")}
-            seeds.keep(tasks[rec["key"]], {**results[rec["key"]], COUNTS_KEY: _layout_of(rec.get(LAYOUT_COLUMN))})
-    todo = [t for k, t in tasks.items() if k not in results]
+            layout = Layout.from_json(rec.get(LAYOUT_COLUMN))
+            results[rec["key"]] = PointResult.from_row(rec, layout)
+    left = [key for key in unique if key not in results]
     inputs = {row["key"]: row for row in rows}
 
     with ExitStack() as stack:
-        if store is not None and todo:
+        if store is not None and left:
             store.open()  # a read-only folder or a full disk fails here, before any solving
             stack.callback(store.close)
-        runner, slots = open_executor(executor, todo, solve, workers, stack)  # a Dask scheduler must answer
+        runner, slots = open_executor(executor, left, solve, workers, stack)  # a Dask scheduler must answer
         per_solve = workers or default_workers(slots)
-        for task in todo:
-            task["workers"] = per_solve
         bar = stack.enter_context(
-            tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="sweep", unit="pt", disable=not progress)
+            tqdm(total=len(unique), initial=len(unique) - len(left), desc="sweep", unit="pt", disable=not progress)
         )
 
-        def record(result: Result) -> None:
-            layout = result.get(COUNTS_KEY)  # the plan's layout seeds later points; a cache column, not a frame one
-            result = {k: v for k, v in result.items() if k != COUNTS_KEY}
-            results[result["key"]] = result
+        def record(result: PointResult) -> None:
+            results[result.key] = result
             if store is not None:  # on disk before the next point is awaited
-                store.append({**inputs[result["key"]], **result,
-                              LAYOUT_COLUMN: None if layout is None else json.dumps(layout)})
+                store.append({**inputs[result.key], **result.columns(),
+                              LAYOUT_COLUMN: None if result.layout is None else result.layout.to_json()})
 
         counts: dict[str, int] = {}  # statuses of every point on the bar, those read from the cache too
-        for key in tasks:
+
+        def count(result: PointResult) -> None:
+            counts[result.status] = counts.get(result.status, 0) + 1
+            bar.set_postfix(counts, refresh=False)
+
+        for key in unique:
             if key in results:
-                status = str(results[key].get("status"))
-                counts[status] = counts.get(status, 0) + 1
+                counts[results[key].status] = counts.get(results[key].status, 0) + 1
         if counts:
             bar.set_postfix(counts, refresh=False)
+        todo: list[SweepTask] = []
+        for key in left:  # each point's request, checked here: a point it refuses is an invalid row at once
+            name, digest, prof, fields = unique[key]
+            try:
+                todo.append(SweepTask(key, name, digest, _request(prof, fields, options, per_solve)))
+            except SapptkError as exc:
+                record(no_plan(key, "invalid", str(exc)))
+                count(results[key])
+                bar.update()
+        seeds = Seeds()
+        by_key = {task.key: task for task in todo}
+        shapes = {_shape(task.profile_digest, task.request.config) for task in todo}
+        for key, result in results.items():  # cached plans seed the points of their families (if any is to solve)
+            if key in by_key or key not in unique or result.layout is None:
+                continue
+            name, digest, prof, fields = unique[key]
+            if (digest, *(_frozen(fields.get(f)) for f in _SHAPE)) not in shapes:
+                continue  # no point to solve could take its plan: skip building its request
+            try:
+                seeds.keep(SweepTask(key, name, digest, _request(prof, fields, options, per_solve)), result)
+            except SapptkError:
+                continue
         for wave in waves(todo):  # each point after those of its family with smaller budgets
-            for task in wave:
-                seeds.seed(task)
-            by_key = {task["key"]: task for task in wave}
+            wave = [seeds.seed(task) for task in wave]
             results_iter = runner(wave, record)
             try:
                 for result in results_iter:
-                    seeds.keep(by_key[result["key"]], result)
+                    seeds.keep(by_key[result.key], result)
                     record(result)
-                    status = str(result.get("status"))
-                    counts[status] = counts.get(status, 0) + 1
-                    bar.set_postfix(counts, refresh=False)
+                    count(result)
                     bar.update()
             finally:
                 results_iter.close()  # cancels what is left; finished results go to record()
-    if store is not None and todo:
+    if store is not None and left:
         store.compact()
 
-    frame = pd.DataFrame([{**row, **results.get(row["key"], no_plan("error", "not run"))} for row in rows])
+    frame = pd.DataFrame([{**row, **results.get(row["key"], no_plan(row["key"], "error", "not run")).columns()}
+                          for row in rows])
     order = {
         "profile": list(profiles),
         "schedule": list(dict.fromkeys(p["schedule"] for p in points if isinstance(p["schedule"], str))),
@@ -173,14 +188,34 @@ def sweep(
     return typed(frame, order)
 
 
-def _layout_of(text: Any) -> list | dict | None:
-    """A cached layout (JSON: the counts, or counts and offload), or None when there is none or
-    it is unreadable (a damaged part: that point just seeds nothing; a seed is checked again
-    before use)."""
-    if not isinstance(text, str):
-        return None
+_SHAPE = ("schedule", "stages", "micro_batches", "chunks", "splits")
+
+
+def _shape(digest: str, config: PipelineConfig) -> tuple[Any, ...]:
+    """What a seed's point must share with a point to solve (a quick filter before
+    :func:`~sapptk.sweeps.seeding.admits`)."""
+    return (digest, *(getattr(config, f) for f in _SHAPE))
+
+
+def _frozen(value: Any) -> Any:
+    """A grid value as a hashable one (a list of slice lengths as a tuple; anything else odd as its repr)."""
+    if isinstance(value, list):
+        value = tuple(value)
     try:
-        layout = json.loads(text)
-    except ValueError:
-        return None
-    return layout if isinstance(layout, list | dict) else None
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+def _request(profile: Profile, fields: Mapping[str, Any], options: Mapping[str, Any], workers: int) -> SolveRequest:
+    """The checked request of one point (a :class:`~sapptk.errors.SapptkError` if it is refused)."""
+    error = fields.get("memory_error")
+    if error is not None and (isinstance(error, bool) or not isinstance(error, int | float)):
+        raise ConfigError(f"memory_error = {checks.show(error)}: expected a relative error (a number) in a sweep")
+    try:
+        config = PipelineConfig(**{f: v for f, v in fields.items() if f in CONFIG_FIELDS})
+    except (TypeError, ValueError) as exc:  # a value no config can hold
+        raise ConfigError(f"config: {exc}") from None
+    levers = {f: fields[f] for f in LEVER_FIELDS if f in fields}
+    return SolveRequest(profile, config, workers=workers, **options, **levers)

@@ -5,10 +5,16 @@ available, else spawn: children never inherit the caller's threads or state). Da
 a local cluster (``"dask"``), a scheduler address (``"dask://HOST:PORT"``) or a
 ``distributed.Client``; any :class:`concurrent.futures.Executor` works too.
 
+``processes`` is the standard library's pool; what is written here around it (the
+lifeline, the retries, the guard check) is kept because neither the bare pool nor loky
+gives the promises below (``docs/internals.md`` has the comparison, ``benchmarks/executors.py``
+measures it).
+
 Guarantees:
 
 * Interrupts (Ctrl-C): finished results are handed to ``rescue`` (and so reach the cache)
-  and the rest are cancelled; with ``processes`` the running solves end at once.
+  and the rest are cancelled; with ``processes`` the running solves end at once (the
+  lifeline is closed: every worker exits).
 * A worker process that dies (a native crash in the solver) only fails its points: the
   pool is rebuilt and they are retried up to :data:`MAX_ATTEMPTS` times. If the caller's
   main module is a script without an ``if __name__ == "__main__":`` guard (every spawned
@@ -38,9 +44,9 @@ from contextlib import ExitStack
 from functools import partial
 from typing import Any, NoReturn
 
+from sapptk.checks import MAX_ATTEMPTS, MAX_SOLVER_WORKERS, show
 from sapptk.errors import ConfigError, SapptkError
-from sapptk.sweeps.frame import no_plan
-from sapptk.sweeps.solving import Result, Solve, Task, portable, timed
+from sapptk.sweeps.solving import PointResult, Solve, SweepTask, no_plan, portable, timed
 
 __all__ = [
     "DASK_CONNECT_SECONDS",
@@ -53,17 +59,11 @@ __all__ = [
     "open_executor",
 ]
 
-MAX_ATTEMPTS = 3
-"""How often the ``processes`` executor runs a point whose worker process died."""
-
-MAX_SOLVER_WORKERS = 8
-"""Cap on the default CP-SAT workers per solve (more rarely help models of this size)."""
-
 DASK_CONNECT_SECONDS = 5.0
 """How long a sweep waits for a Dask scheduler to answer before giving up."""
 
-Rescue = Callable[[Result], None]
-Runner = Callable[[Sequence[Task], Rescue], Iterator[Result]]
+Rescue = Callable[[PointResult], None]
+Runner = Callable[[Sequence[SweepTask], Rescue], Iterator[PointResult]]
 
 
 def available_cores() -> int:
@@ -85,28 +85,28 @@ def default_workers(slots: int, cores: int | None = None) -> int:
 
 
 # ------------------------------------------------------------------------------ serial
-def _run_serial(tasks: Sequence[Task], solve: Solve) -> Iterator[Result]:
+def _run_serial(tasks: Sequence[SweepTask], solve: Solve) -> Iterator[PointResult]:
     for task in tasks:
         yield timed(solve, task)
 
 
 # ----------------------------------------------------------------------------- futures
-def _future_result(fut: Future, task: Task) -> Result:
+def _future_result(fut: Future, task: SweepTask) -> PointResult:
     """A finished future's result, or an ``error`` row if the worker failed."""
     try:
         return fut.result()
     except Exception as exc:  # a dead worker process, a cancelled task, ...
-        return {**no_plan("error", f"{type(exc).__name__}: {exc}"), "key": task["key"]}
+        return no_plan(task.key, "error", f"{type(exc).__name__}: {exc}")
 
 
 def _run_futures(
-    tasks: Sequence[Task],
-    submit: Callable[[Task], Any],
+    tasks: Sequence[SweepTask],
+    submit: Callable[[SweepTask], Any],
     as_completed: Callable[[list[Any]], Iterable[Any]],
     cancel: Callable[[list[Any]], None],
     rescue: Rescue,
-    broken: list[Task] | None = None,
-) -> Iterator[Result]:
+    broken: list[SweepTask] | None = None,
+) -> Iterator[PointResult]:
     """Submit every task, yield results as they finish; on interrupt, hand finished results to
     ``rescue`` and cancel the rest. With ``broken``, tasks lost to a dead process pool go
     there instead of becoming ``error`` rows (the caller retries them)."""
@@ -125,7 +125,7 @@ def _run_futures(
             for fut in pending:
                 if fut.done():
                     result = _future_result(fut, futures[fut])
-                    if result.get("status") != "error":
+                    if result.status != "error":
                         rescue(result)
             cancel([f for f in pending if not f.done()])
 
@@ -136,10 +136,10 @@ def _cancel(pending: list[Future]) -> None:
 
 
 def _ignore(pending: list[Future]) -> None:
-    """No cancelling: :func:`_terminate` ends the pool as a whole."""
+    """No cancelling: closing the lifeline ends the pool as a whole (:func:`_run_processes`)."""
 
 
-def _run_pool(tasks: Sequence[Task], solve: Solve, pool: Executor, rescue: Rescue) -> Iterator[Result]:
+def _run_pool(tasks: Sequence[SweepTask], solve: Solve, pool: Executor, rescue: Rescue) -> Iterator[PointResult]:
     return _run_futures(tasks, lambda t: pool.submit(timed, solve, t), futures_as_completed, _cancel, rescue)
 
 
@@ -171,21 +171,6 @@ def _watch_parent(lifeline: Any) -> None:
             os._exit(70)  # no cleanup: the parent is gone, nobody waits for anything we hold
 
     threading.Thread(target=watch, name="sapptk-lifeline", daemon=True).start()
-
-
-def _terminate(pool: ProcessPoolExecutor) -> None:
-    """End the worker processes now (running solves included) and drop the pool.
-
-    The processes go first: the pool then fails its pending futures itself. (Cancelling
-    them first trips CPython < 3.12, whose pool thread then fails on cancelled futures.)
-    """
-    if hasattr(pool, "terminate_workers"):  # Python >= 3.14
-        pool.terminate_workers()
-        return
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
-        if proc.is_alive():
-            proc.terminate()
-    pool.shutdown(wait=False)
 
 
 def unguarded_main() -> str | None:
@@ -231,9 +216,12 @@ def _death_reason(method: str, attempts: int) -> tuple[str, bool]:
             "the machine ran out of memory?)", True)
 
 
-def _run_processes(tasks: Sequence[Task], solve: Solve, slots: int, rescue: Rescue) -> Iterator[Result]:
+def _run_processes(tasks: Sequence[SweepTask], solve: Solve, slots: int, rescue: Rescue) -> Iterator[PointResult]:
     """A local process pool. If a process dies (a native crash in a solver), the pool breaks:
-    its unfinished points go to a fresh pool, up to :data:`MAX_ATTEMPTS` times each."""
+    its unfinished points go to a fresh pool, up to :data:`~sapptk.checks.MAX_ATTEMPTS` times
+    each. The lifeline is also the kill switch: closing its write end (on an interrupt, or at
+    the end) makes every worker exit at once, running solves included, with no private
+    attribute of the pool."""
     ctx = _pool_context()
     lifeline_r, lifeline_w = ctx.Pipe(duplex=False)  # workers read; only this process writes
     tries: dict[str, int] = {}
@@ -242,22 +230,23 @@ def _run_processes(tasks: Sequence[Task], solve: Solve, slots: int, rescue: Resc
         while queue:
             pool = ProcessPoolExecutor(max_workers=max(1, min(slots, len(queue))), mp_context=ctx,
                                        initializer=_watch_parent, initargs=(lifeline_r,))
-            broken: list[Task] = []
+            broken: list[SweepTask] = []
             try:
                 yield from _run_futures(queue, partial(pool.submit, timed, solve), futures_as_completed, _ignore,
                                         rescue, broken)
             except BaseException:  # an interrupt: stop the running solves too
-                _terminate(pool)
+                lifeline_w.close()  # every worker exits now; the pool then fails its pending futures itself
+                pool.shutdown(wait=False)
                 raise
             pool.shutdown(wait=True)
             queue = []
             for task in broken:
-                n = tries[task["key"]] = tries.get(task["key"], 0) + 1
+                n = tries[task.key] = tries.get(task.key, 0) + 1
                 reason, retry = _death_reason(ctx.get_start_method(), n)
                 if retry and n < MAX_ATTEMPTS:
                     queue.append(task)
                 else:
-                    yield {**no_plan("error", reason), "key": task["key"]}
+                    yield no_plan(task.key, "error", reason)
     finally:
         lifeline_w.close()
         lifeline_r.close()
@@ -291,18 +280,18 @@ def _dask_client(executor: str, n: int, stack: ExitStack) -> Any:
         ) from None
 
 
-def _run_dask(tasks: Sequence[Task], solve: Solve, client: Any, rescue: Rescue) -> Iterator[Result]:
+def _run_dask(tasks: Sequence[SweepTask], solve: Solve, client: Any, rescue: Rescue) -> Iterator[PointResult]:
     from distributed import as_completed
 
-    def submit(task: Task) -> Any:
-        return client.submit(timed, solve, task, pure=False, key=f"sapptk-sweep-{task['key']}-{uuid.uuid4().hex[:8]}")
+    def submit(task: SweepTask) -> Any:
+        return client.submit(timed, solve, task, pure=False, key=f"sapptk-sweep-{task.key}-{uuid.uuid4().hex[:8]}")
 
     return _run_futures(tasks, submit, as_completed, client.cancel, rescue)
 
 
 # ---------------------------------------------------------------------------- choosing
 def open_executor(
-    executor: Any, todo: Sequence[Task], solve: Solve, workers: int | None, stack: ExitStack
+    executor: Any, todo: Sequence[SweepTask], solve: Solve, workers: int | None, stack: ExitStack
 ) -> tuple[Runner, int]:
     """A runner for the executor (closed by ``stack``) and how many solves it runs at once.
 
@@ -338,8 +327,7 @@ def check_executor(executor: Any) -> None:
 
 
 def _unknown(executor: Any) -> NoReturn:
-    text = repr(executor)
     raise ConfigError(
-        f"executor = {text if len(text) < 80 else text[:77] + '...'}: expected 'serial', 'processes', 'dask', "
+        f"executor = {show(executor, 80)}: expected 'serial', 'processes', 'dask', "
         "'dask://HOST:PORT', a distributed.Client or a concurrent.futures.Executor"
     )

@@ -15,7 +15,17 @@ Inputs:
 ``constant_memory_mb``, ``comm_ms``
     constant MB per device; point-to-point latency in ms.
 ``recompute`` (categorical)
-    the allowed recompute modes, comma-joined in :data:`~sapptk.profile.MODES` order.
+    the allowed recompute modes, comma-joined in :data:`~sapptk.profile.MODES` order
+    (``offload`` last when the point lets the plan offload activations).
+``host_bandwidth``, ``slice_lengths``
+    the host link in MB per ms (NaN: none), the sequence slices' lengths.
+``per_micro_batch`` (bool)
+    whether chosen micro-batches of a virtual stage may recompute less.
+``memory_margin``
+    MB kept free on every device (>= 1) or a fraction of the budget (< 1); NaN: none.
+``oom_risk``, ``memory_error``
+    the largest accepted chance that a device exceeds its budget, under a relative error
+    of the memory figures; NaN: none.
 ``time_limit_s``
     the solver's time limit per point, in seconds.
 
@@ -52,19 +62,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sapptk.sweeps.grid import CONFIG_FIELDS, recompute_label
+from sapptk.sweeps.grid import CONFIG_FIELDS, LEVER_FIELDS, recompute_label
 
 __all__ = [
     "COLUMNS",
     "INPUT_COLUMNS",
     "INT_COLUMNS",
     "LABEL_COLUMNS",
+    "LEVER_COLUMNS",
     "RESULT_COLUMNS",
     "SOLVED",
     "STATUSES",
     "best",
     "input_row",
-    "no_plan",
     "typed",
 ]
 
@@ -76,7 +86,10 @@ STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown", "in
 SOLVED: tuple[str, ...] = ("optimal", "feasible")
 """Statuses of points that have a plan."""
 
-INPUT_COLUMNS: tuple[str, ...] = ("profile", *(COLUMN_OF.get(f, f) for f in CONFIG_FIELDS), "time_limit_s")
+LEVER_COLUMNS: tuple[str, ...] = LEVER_FIELDS
+"""The levers' columns (absent from caches written before levers could be swept: read as off)."""
+INPUT_COLUMNS: tuple[str, ...] = ("profile", *(COLUMN_OF.get(f, f) for f in CONFIG_FIELDS), *LEVER_COLUMNS,
+                                  "time_limit_s")
 RESULT_COLUMNS: tuple[str, ...] = (
     "status",
     "step_time_ms",
@@ -95,12 +108,9 @@ COLUMNS: tuple[str, ...] = (*INPUT_COLUMNS, *RESULT_COLUMNS, "key")
 
 LABEL_COLUMNS: tuple[str, ...] = ("profile", "schedule", "recompute", "status")
 INT_COLUMNS: tuple[str, ...] = ("stages", "micro_batches", "chunks", "splits")
-FLOAT_INPUTS: tuple[str, ...] = ("memory_budget_mb", "constant_memory_mb", "comm_ms")
-
-
-def no_plan(status: str, reason: str) -> dict[str, Any]:
-    """The result columns of a point without a plan."""
-    return {"status": status, "error": reason}
+FLOAT_INPUTS: tuple[str, ...] = ("memory_budget_mb", "constant_memory_mb", "comm_ms", "memory_margin", "oom_risk",
+                                  "memory_error")
+BOOL_COLUMNS: tuple[str, ...] = ("per_micro_batch",)
 
 
 def input_row(name: str, fields: Mapping[str, Any], time_limit: float) -> dict[str, Any]:
@@ -113,6 +123,9 @@ def input_row(name: str, fields: Mapping[str, Any], time_limit: float) -> dict[s
         elif f == "memory_budget" and value is None:
             value = math.nan
         row[COLUMN_OF.get(f, f)] = value
+    for f in LEVER_FIELDS:
+        value = fields.get(f, False if f in BOOL_COLUMNS else None)
+        row[f] = math.nan if value is None else value
     row["time_limit_s"] = float(time_limit)
     return row
 
@@ -132,8 +145,11 @@ def typed(frame: pd.DataFrame, order: Mapping[str, Sequence[str]] | None = None)
         converted = pd.to_numeric(frame[col], errors="coerce")
         if converted.notna().all() and (converted == converted.round()).all() and converted.abs().lt(2**62).all():
             frame[col] = converted.astype("int64")
+    for col in BOOL_COLUMNS:
+        values = frame[col].astype(object).where(frame[col].notna(), False)
+        frame[col] = values.astype(bool) if values.map(lambda v: isinstance(v, bool | np.bool_)).all() else values
     for col in COLUMNS:
-        if col in (*LABEL_COLUMNS, *INT_COLUMNS, "peak_mb", "error", "key"):
+        if col in (*LABEL_COLUMNS, *INT_COLUMNS, *BOOL_COLUMNS, "peak_mb", "error", "key"):
             continue
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
     frame["error"] = frame["error"].astype(object).where(frame["error"].notna(), None)

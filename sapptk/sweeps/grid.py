@@ -1,10 +1,17 @@
 """Grids and keys: a grid expands into points (every :class:`PipelineConfig` field of one
-setup), and each point of a profile has a cache key.
+setup, and the solver's levers: :data:`LEVER_FIELDS`), and each point of a profile has a
+cache key.
+
+Offload is swept through the config (``"offload"`` in a ``recompute`` set, with a
+``host_bandwidth``); recompute per micro-batch and the memory safety through the levers
+(``per_micro_batch``, ``memory_margin``, ``oom_risk`` with ``memory_error``, the keywords
+of :class:`~sapptk.request.SolveRequest`).
 
 A key is a hash of the profile's name and content, the config fields in a canonical form
-(``40000 == 40000.0``, recompute modes as one ordered set) and the solver options that
-change the answer (time limit, seed, determinism), so equal points share a key and a
-cached row is reused only for the same question.
+(``40000 == 40000.0``, recompute modes as one ordered set), the levers that are on, and the
+solver options that change the answer (time limit, seed, determinism), so equal points share
+a key and a cached row is reused only for the same question (a point with every lever off
+keeps the key it had before levers could be swept).
 """
 
 from __future__ import annotations
@@ -20,12 +27,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sapptk.checks import MAX_POINTS, show
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
 from sapptk.profile import Profile, mode_set, resolve_profile
 
 __all__ = [
     "CONFIG_FIELDS",
+    "GRID_FIELDS",
+    "LEVER_FIELDS",
     "expand_grid",
     "point_key",
     "profile_digest",
@@ -40,8 +50,16 @@ DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in dataclasses.fields(PipelineConfig)
     if f.default is not dataclasses.MISSING and f.name in CONFIG_FIELDS
 }
+LEVERS: dict[str, Any] = {"per_micro_batch": False, "memory_margin": None, "oom_risk": None, "memory_error": None}
+LEVER_FIELDS: tuple[str, ...] = tuple(LEVERS)
+"""The solver's levers a grid may sweep besides the config fields (off by default): keywords
+of :class:`~sapptk.request.SolveRequest`. ``memory_error`` is a relative error (a number)."""
+GRID_FIELDS: tuple[str, ...] = (*CONFIG_FIELDS, *LEVER_FIELDS)
+"""Every name a grid may use."""
+DEFAULTS.update(LEVERS)
 _REQUIRED: tuple[str, ...] = tuple(f for f in CONFIG_FIELDS if f not in DEFAULTS)
-FLOAT_FIELDS: tuple[str, ...] = ("memory_budget", "constant_memory", "comm")
+FLOAT_FIELDS: tuple[str, ...] = ("memory_budget", "constant_memory", "comm", "memory_margin", "oom_risk",
+                                 "memory_error")
 
 
 def _axis(name: str, value: Any) -> list[Any]:
@@ -63,34 +81,26 @@ def _fields_of(item: Any, where: str) -> dict[str, Any]:
         if item.custom_program is not None:
             raise ConfigError(f"{where}: a setup carrying its own program ({item.schedule!r}) cannot be swept: sweep "
                               "registered schedules")
-        return {f: getattr(item, f) for f in CONFIG_FIELDS}
+        return {**{f: getattr(item, f) for f in CONFIG_FIELDS}, **LEVERS}
     if not isinstance(item, Mapping):
-        raise ConfigError(f"{where}: expected a PipelineConfig or a mapping of its fields, got {_show(item)}")
-    unknown = [k for k in item if k not in CONFIG_FIELDS]
+        raise ConfigError(f"{where}: expected a PipelineConfig or a mapping of its fields, got {show(item)}")
+    unknown = [k for k in item if k not in GRID_FIELDS]
     if unknown:
-        raise ConfigError(f"{where}: unknown field {_show(unknown[0])}; fields are {', '.join(CONFIG_FIELDS)}")
+        raise ConfigError(f"{where}: unknown field {show(unknown[0])}; fields are {', '.join(GRID_FIELDS)}")
     missing = [k for k in _REQUIRED if k not in item]
     if missing:
         raise ConfigError(f"{where}: field {missing[0]!r} is required")
     return {**DEFAULTS, **item}
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-MAX_POINTS = 1_000_000
-"""Most points one sweep may have (its rows, keys and tasks live in memory)."""
-
-
 def expand_grid(grid: Mapping[str, Any] | Iterable[PipelineConfig | Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The points of a grid, each a dict of every :class:`PipelineConfig` field.
+    """The points of a grid, each a dict of every :class:`PipelineConfig` field and every lever
+    (:data:`GRID_FIELDS`).
 
     ``grid`` is either a mapping of field → values, whose product is swept (the last field
     varies fastest; a non-list value is fixed), or an iterable of explicit points
     (:class:`PipelineConfig` objects or dicts of fields). Fields left out take the
-    :class:`PipelineConfig` defaults. Values are not validated here: a bad combination
+    :class:`PipelineConfig` defaults, levers left out are off. Values are not validated here: a bad combination
     becomes an ``invalid`` row when swept. Unknown or missing field names, and grids of more
     than :data:`MAX_POINTS` points, raise :class:`~sapptk.errors.ConfigError`.
     """
@@ -104,14 +114,14 @@ def expand_grid(grid: Mapping[str, Any] | Iterable[PipelineConfig | Mapping[str,
         if size > MAX_POINTS:
             shape = " × ".join(f"{len(a)} {n}" for n, a in zip(names, axes, strict=True) if len(a) > 1)
             raise ConfigError(f"grid: {shape} = {size:,} points: expected at most {MAX_POINTS:,} "
-                              "(sapptk.sweeps.grid.MAX_POINTS); split the sweep")
+                              "(sapptk.checks.MAX_POINTS); split the sweep")
         return [{**fixed, **dict(zip(names, combo, strict=True))} for combo in product(*axes)]
     if isinstance(grid, str | bytes) or not isinstance(grid, Iterable):
-        raise ConfigError(f"grid: expected a mapping of field -> values or a list of configs, got {_show(grid)}")
+        raise ConfigError(f"grid: expected a mapping of field -> values or a list of configs, got {show(grid)}")
     points = []
     for i, item in enumerate(grid):
         if i >= MAX_POINTS:
-            raise ConfigError(f"grid: more than {MAX_POINTS:,} points (sapptk.sweeps.grid.MAX_POINTS); split the sweep")
+            raise ConfigError(f"grid: more than {MAX_POINTS:,} points (sapptk.checks.MAX_POINTS); split the sweep")
         points.append(_fields_of(item, f"grid[{i}]"))
     return points
 
@@ -130,10 +140,10 @@ def recompute_label(value: Any) -> str:
     return ",".join(modes) if isinstance(modes, tuple) else str(modes)
 
 
-def _canonical(fields: Mapping[str, Any]) -> dict[str, Any]:
-    """Config fields in a form whose JSON is the same for equal configs (40000 == 40000.0)."""
+def _canonical(fields: Mapping[str, Any], names: tuple[str, ...] = CONFIG_FIELDS) -> dict[str, Any]:
+    """Fields in a form whose JSON is the same for equal configs (40000 == 40000.0)."""
     out: dict[str, Any] = {}
-    for name in CONFIG_FIELDS:
+    for name in names:
         value = fields[name]
         if name == "recompute":
             value = mode_set(value)
@@ -158,5 +168,17 @@ def profile_digest(profile: Profile) -> str:
 
 
 def point_key(name: str, digest: str, fields: Mapping[str, Any], options: Mapping[str, Any]) -> str:
-    """The cache key of a point: profile name and content hash, config fields, solver options."""
-    return _digest({"profile": [name, digest], "config": _canonical(fields), "options": dict(options)})[:32]
+    """The cache key of a point: profile name and content hash, config fields, the levers that
+    are on (``fields`` may leave the levers out: they are off), solver options."""
+    data = {"profile": [name, digest], "config": _canonical(fields), "options": dict(options)}
+    on = [f for f in LEVER_FIELDS if f in fields and not _same(fields[f], LEVERS[f])]
+    if on:
+        data["levers"] = _canonical(fields, tuple(on))
+    return _digest(data)[:32]
+
+
+def _same(value: Any, default: Any) -> bool:
+    """Whether a lever's value is its default (off): ``False == 0`` counts, ``None`` only as itself."""
+    if default is None:
+        return value is None
+    return type(value) is type(default) and value == default

@@ -1,60 +1,194 @@
-"""One point, solved: a plain task dict in, a plain result dict out.
+"""One point, solved: a typed task in, a typed result out.
 
-Tasks and results are plain data (numbers, strings, lists, the profile as
-``Profile.to_dict()``), so they cross process and machine boundaries unchanged; each
-worker rebuilds the profile and config and builds its own CP-SAT model. A point that
-cannot be solved becomes a result with its status and reason, never an exception.
+A :class:`SweepTask` carries the point's checked :class:`~sapptk.request.SolveRequest` (its
+profile, config, time limit, workers, seed, determinism and levers; never a ``stop`` event,
+which a request drops when it is pickled), its cache key and profile name, and the
+:class:`Layout` of an earlier plan to start from. A :class:`PointResult` carries the frame's
+result columns and the plan's :class:`Layout` (which seeds later points and is cached, but is
+not a frame column). Both are frozen dataclasses of plain values, so they cross process and
+machine boundaries unchanged; each worker builds its own CP-SAT model. A point that cannot be
+solved becomes a result with its status and reason, never an exception.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
 import math
 import pickle
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sapptk.config import PipelineConfig
 from sapptk.errors import SapptkError
-from sapptk.profile import Profile
-from sapptk.sweeps.frame import SOLVED, no_plan
+from sapptk.request import SolveRequest
+from sapptk.sweeps.frame import RESULT_COLUMNS, SOLVED, STATUSES
 
 if TYPE_CHECKING:
+    from sapptk.config import PipelineConfig
     from sapptk.plan import Plan
+    from sapptk.profile import Profile
 
-__all__ = ["COUNTS_KEY", "Result", "Solve", "Task", "plan_row", "portable", "profile_of", "solve_point", "timed"]
-
-Task = dict[str, Any]
-Result = dict[str, Any]
-Solve = Callable[[Task], Result]
-
-COUNTS_KEY = "_counts"
-"""Key of a result holding the plan's layer assignment, for seeding later points
-(:mod:`sapptk.sweeps.seeding`): the counts as nested lists, or ``{"counts": ..., "offload":
-...}`` for a plan that offloads activations. The driver keeps it out of the frame (the cache
-stores it as JSON)."""
-
-_PROFILES: dict[str, Profile] = {}  # per worker process: content hash -> rebuilt profile
+__all__ = ["Layout", "PointResult", "Solve", "SweepTask", "plan_row", "portable", "solve_point", "timed"]
 
 
-def profile_of(task: Task) -> Profile:
-    """The task's profile, rebuilt once per worker process (cached by content hash)."""
-    digest = task["profile_digest"]
-    profile = _PROFILES.get(digest)
-    if profile is None:
-        if len(_PROFILES) > 32:
-            _PROFILES.clear()
-        profile = _PROFILES[digest] = Profile.from_dict(task["profile"], source=f"<sweep: {task['profile_name']}>")
-    return profile
+@dataclass(frozen=True)
+class Layout:
+    """A plan's layer assignment, kept to seed later points (:mod:`sapptk.sweeps.seeding`):
+    ``counts`` as nested lists (virtual stage × group × mode) and, for a plan that offloads
+    activations, ``offload`` (nested lists of the same shape but the mode)."""
+
+    counts: list
+    offload: list | None = None
+
+    @classmethod
+    def of_plan(cls, plan: Plan) -> Layout | None:
+        """The layout of a plan with an assignment (None without one)."""
+        if not plan.solved:
+            return None
+        offload = getattr(plan, "offload", None)
+        return cls(np.asarray(plan.counts).tolist(), None if offload is None else np.asarray(offload).tolist())
+
+    def to_json(self) -> str:
+        """JSON as the cache stores it: the counts, or ``{"counts": ..., "offload": ...}``."""
+        return json.dumps(self.counts if self.offload is None else {"counts": self.counts, "offload": self.offload})
+
+    @classmethod
+    def from_json(cls, text: Any) -> Layout | None:
+        """A cached layout, or None when there is none or it is unreadable (a damaged part: that
+        point just seeds nothing; a seed is checked again before use)."""
+        if not isinstance(text, str):
+            return None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        if isinstance(data, list):
+            return cls(data)
+        if isinstance(data, dict) and isinstance(data.get("counts"), list):
+            offload = data.get("offload")
+            return cls(data["counts"], offload if isinstance(offload, list) else None)
+        return None
+
+    def start(self, profile: Profile, config: PipelineConfig) -> np.ndarray | Plan | None:
+        """The layout as a start of the search: counts, or a plan when it offloads (so the offload
+        search starts from its own offload); None when it does not suit the point (a seed read
+        from a damaged cache must not cost the point its answer)."""
+        from sapptk.costs import check_counts
+        from sapptk.plan import make_plan
+
+        try:
+            counts = check_counts(profile, config, np.asarray(self.counts, dtype=np.int64))
+            if self.offload is None:
+                return counts
+            return make_plan(profile, config, counts, status="given", offload=np.asarray(self.offload, np.int64))
+        except (SapptkError, ValueError, TypeError, OverflowError):
+            return None
 
 
-def plan_row(plan: Any) -> Result:
+@dataclass(frozen=True)
+class SweepTask:
+    """One point to solve: its cache ``key``, the ``profile_name`` of its row, the profile's
+    content hash ``profile_digest``, the checked ``request`` and the ``start`` layout (an
+    earlier plan of its family, or None)."""
+
+    key: str
+    profile_name: str
+    profile_digest: str
+    request: SolveRequest
+    start: Layout | None = None
+
+    def with_start(self, start: Layout | None) -> SweepTask:
+        return dataclasses.replace(self, start=start)
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """What solving a point gave: the frame's result columns (see :mod:`sapptk.sweeps.frame`),
+    the point's ``key``, and the plan's ``layout`` (None without a plan)."""
+
+    key: str
+    status: str
+    step_time_ms: float | None = None
+    bound_ms: float | None = None
+    gap: float | None = None
+    bubble_of_compute: float | None = None
+    bubble_of_step: float | None = None
+    peak_mb_max: float | None = None
+    peak_mb: tuple[float, ...] | None = None
+    recompute_ms: float | None = None
+    solve_seconds: float | None = None
+    error: str | None = None
+    layout: Layout | None = None
+
+    def columns(self) -> dict[str, Any]:
+        """The result columns of the frame, by name."""
+        row = {name: getattr(self, name) for name in RESULT_COLUMNS}
+        row["peak_mb"] = None if self.peak_mb is None else list(self.peak_mb)
+        return row
+
+    @classmethod
+    def of(cls, key: str, value: PointResult | Mapping[str, Any]) -> PointResult:
+        """A solve function's answer for point ``key``: a :class:`PointResult`, or a mapping of
+        result columns (what a hand-written ``solve`` may return); anything else, an unknown
+        column or status, is an ``error`` result saying so."""
+        if isinstance(value, PointResult):
+            return dataclasses.replace(value, key=key)
+        if not isinstance(value, Mapping):
+            return no_plan(key, "error", f"the solve function returned {type(value).__name__}: expected a "
+                                         "PointResult or a mapping of result columns")
+        unknown = [k for k in value if k not in RESULT_COLUMNS and k not in ("key", "layout")]
+        if unknown:
+            return no_plan(key, "error", f"the solve function returned the unknown column {unknown[0]!r}: "
+                                         f"expected some of {', '.join(RESULT_COLUMNS)}")
+        if value.get("status") not in STATUSES:
+            return no_plan(key, "error", f"the solve function returned status {value.get('status')!r}: expected "
+                                         f"one of {', '.join(STATUSES)}")
+        fields = {k: _plain(v) for k, v in value.items() if k != "key"}
+        if fields.get("peak_mb") is not None:
+            fields["peak_mb"] = tuple(float(x) for x in fields["peak_mb"])
+        layout = fields.get("layout")
+        if layout is not None and not isinstance(layout, Layout):
+            return no_plan(key, "error", f"the solve function returned layout = {type(layout).__name__}: expected "
+                                         "a sapptk.sweeps.solving.Layout or None")
+        return cls(key=key, **fields)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], layout: Layout | None) -> PointResult:
+        """A cached row's result (missing values as None)."""
+        fields: dict[str, Any] = {}
+        for name in RESULT_COLUMNS:
+            value = row.get(name)
+            if name == "peak_mb":
+                value = None if not isinstance(value, list | tuple | np.ndarray) else tuple(float(x) for x in value)
+            elif isinstance(value, float) and math.isnan(value):
+                value = None
+            fields[name] = value
+        return cls(key=str(row["key"]), layout=layout, **fields)
+
+
+Solve = Callable[[SweepTask], "PointResult | Mapping[str, Any]"]
+"""A function that solves one point (:func:`solve_point`, or one of the user's)."""
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def no_plan(key: str, status: str, reason: str) -> PointResult:
+    """The result of a point without a plan."""
+    return PointResult(key=key, status=status, error=reason)
+
+
+def plan_row(plan: Any) -> dict[str, Any]:
     """The result columns of a :class:`~sapptk.plan.Plan` (simulated when it has a solution)."""
-    row: Result = {
+    row: dict[str, Any] = {
         "status": plan.status,
         "step_time_ms": plan.step_time,
         "bound_ms": plan.bound,
@@ -65,7 +199,7 @@ def plan_row(plan: Any) -> Result:
         row["error"] = plan.message or f"solver status {plan.status}"
         return row
     sim = plan.simulate()
-    peaks = [float(x) for x in np.asarray(sim.peak_memory, dtype=float)]
+    peaks = tuple(float(x) for x in np.asarray(sim.peak_memory, dtype=float))
     devices = plan.devices
     row.update(
         bubble_of_compute=float(sim.bubble.of_compute),
@@ -77,61 +211,27 @@ def plan_row(plan: Any) -> Result:
     return row
 
 
-def _seed_start(profile: Profile, config: PipelineConfig, start: Any) -> np.ndarray | Plan | None:
-    """A seed (see :data:`COUNTS_KEY`) as counts, or as a plan when it offloads (so the offload
-    search starts from its own offload); None when it does not suit the point (a seed read from
-    a damaged cache must not cost the point its answer: the search then starts without it)."""
-    from sapptk.costs import check_counts
-    from sapptk.plan import make_plan
-
-    if start is None:
-        return None
-    try:
-        if isinstance(start, dict):
-            counts = check_counts(profile, config, np.asarray(start["counts"], dtype=np.int64))
-            return make_plan(profile, config, counts, status="given", offload=np.asarray(start["offload"], np.int64))
-        return check_counts(profile, config, np.asarray(start, dtype=np.int64))
-    except (SapptkError, ValueError, TypeError, OverflowError, KeyError):
-        return None
-
-
-def solve_point(task: Task) -> Result:
-    """Balance and simulate one point; plain dict in, plain dict out (runs in workers).
-
-    ``task`` holds ``profile`` (``Profile.to_dict()``), ``profile_name``,
-    ``profile_digest``, ``config`` (the :class:`PipelineConfig` fields), ``time_limit``,
-    ``workers``, ``seed``, ``deterministic`` and, optionally, ``start`` (a layer assignment
-    as nested lists: the search's first incumbent, :mod:`sapptk.sweeps.seeding`). The result
-    holds the result columns, and the plan's layer assignment under :data:`COUNTS_KEY`. Errors
-    become results: :class:`~sapptk.errors.SapptkError` gives ``invalid``, anything else
-    ``error``.
-    """
-    from sapptk.balancer import balance  # the solver stack loads in the worker only
+def solve_point(task: SweepTask) -> PointResult:
+    """Solve and simulate one point (runs in workers): the task's request, started from its
+    ``start`` layout when that suits the point. Errors become results:
+    :class:`~sapptk.errors.SapptkError` gives ``invalid``, anything else ``error``."""
+    from sapptk.balancer import solve  # the solver stack loads in the worker only
 
     try:
-        profile = profile_of(task)
-        config = PipelineConfig(**task["config"])
-        config.check(profile)
-        plan = balance(
-            profile,
-            config,
-            time_limit=task["time_limit"],
-            workers=task["workers"],
-            seed=task["seed"],
-            deterministic=task["deterministic"],
-            start=_seed_start(profile, config, task.get("start")),
-        )
-        row = plan_row(plan)
-        if plan.solved:
-            counts = np.asarray(plan.counts).tolist()
-            offload = getattr(plan, "offload", None)
-            row[COUNTS_KEY] = counts if offload is None else {"counts": counts, "offload": np.asarray(offload).tolist()}
-        return row
+        request = task.request
+        if task.start is not None:
+            start = task.start.start(request.profile, request.safe_config)
+            if start is not None:
+                with contextlib.suppress(SapptkError):  # not a start of this point after all: search without it
+                    request = request.replace(start=start)
+        plan = solve(request)
+        return PointResult(key=task.key, layout=Layout.of_plan(plan), **plan_row(plan))
     except SapptkError as exc:
-        return no_plan("invalid", str(exc))
+        return no_plan(task.key, "invalid", str(exc))
     except Exception as exc:  # a row, not a lost sweep; the traceback's last line helps
         where = traceback.extract_tb(exc.__traceback__)[-1]
-        return no_plan("error", f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})")
+        return no_plan(task.key, "error",
+                       f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})")
 
 
 class _ByValue:
@@ -141,7 +241,7 @@ class _ByValue:
     def __init__(self, blob: bytes) -> None:
         self.blob = blob
 
-    def __call__(self, task: Task) -> Result:
+    def __call__(self, task: SweepTask) -> PointResult | Mapping[str, Any]:
         return pickle.loads(self.blob)(task)
 
 
@@ -157,13 +257,13 @@ def portable(solve: Solve) -> Solve:
     return _ByValue(cloudpickle.dumps(solve))
 
 
-def timed(solve: Solve, task: Task) -> Result:
-    """Run ``solve`` on a task; add its key and wall time; never raise (but interrupts)."""
+def timed(solve: Solve, task: SweepTask) -> PointResult:
+    """Run ``solve`` on a task; its result with the key and wall time; never raise (but interrupts)."""
     t0 = time.perf_counter()
     try:
-        result = dict(solve(task))
+        result = PointResult.of(task.key, solve(task))
     except Exception as exc:
-        result = no_plan("error", f"{type(exc).__name__}: {exc}")
-    result.setdefault("solve_seconds", time.perf_counter() - t0)
-    result["key"] = task["key"]
+        result = no_plan(task.key, "error", f"{type(exc).__name__}: {exc}")
+    if result.solve_seconds is None:
+        result = dataclasses.replace(result, solve_seconds=time.perf_counter() - t0)
     return result

@@ -37,6 +37,7 @@ from bokeh.models import (
 )
 from bokeh.palettes import Category10_10, Turbo256
 
+from sapptk import checks
 from sapptk.errors import SapptkError
 
 #: Box colour of each op category (notebook style); later chunks are drawn lighter.
@@ -60,7 +61,7 @@ WIDTH = 1100  # px: the width a stretching figure assumes before the browser lay
 MIN_WIDTH = 480  # px: below it a stretching figure scrolls instead of squeezing
 ROW_PX = 26
 LABEL_PX_PER_CHAR = 7.0
-MAX_LABELS = 4000
+MAX_LABELS = checks.MAX_LABELS
 BACKENDS = ("webgl", "canvas", "svg")
 
 

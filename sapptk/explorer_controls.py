@@ -1,0 +1,237 @@
+"""The Explorer's controls: the pipeline setup and the solver's levers, in two columns.
+
+:class:`Controls` holds the widgets, lays them out compactly (setup on the left; memory,
+recompute, offload, per-micro-batch recompute, safety and time limit on the right, so the
+panel fits a laptop screen) and reads them back as a :class:`~sapptk.config.PipelineConfig`
+(:meth:`Controls.config`) and the levers of the solve (:meth:`Controls.levers`). Options the
+chosen schedule does not allow, and lever inputs that do not apply (the host bandwidth
+without offload, the memory error without an OOM risk), are disabled.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import ipywidgets as w
+
+from sapptk.checks import (
+    MAX_BANDWIDTH,
+    MAX_BUDGET_MB,
+    MAX_EXPLORER_CHUNKS,
+    MAX_EXPLORER_MICRO_BATCHES,
+    MAX_EXPLORER_SPLITS,
+    MAX_EXPLORER_STAGES,
+)
+from sapptk.config import OFFLOAD, PipelineConfig
+from sapptk.explorer_inputs import checked_entry
+from sapptk.profile import MODES
+from sapptk.schedules import get, names
+
+__all__ = ["DEFAULT_HOST_BANDWIDTH", "DEFAULT_MEMORY_ERROR", "Controls", "Levers"]
+
+DEFAULT_HOST_BANDWIDTH = 25.0
+"""MB per ms of the host link offered when the config has none (25 GB/s, a PCIe 4.0 x16 link)."""
+DEFAULT_MEMORY_ERROR = 0.05
+"""Relative error of the memory figures offered with an OOM risk (5 %)."""
+
+_DESC = {"description_width": "120px"}
+_SLIDER = w.Layout(width="340px")
+_LABEL = w.Layout(width="104px")
+_COLUMN = w.Layout(width="440px")
+
+
+@dataclass(frozen=True)
+class Levers:
+    """The solver's levers beyond the config (``sapptk.balance`` keywords of the same names;
+    offload and its host bandwidth live in the config: ``"offload"`` in ``recompute``)."""
+
+    per_micro_batch: bool = False
+    memory_margin: float | None = None
+    oom_risk: float | None = None
+    memory_error: float | None = None
+
+    def keywords(self) -> dict[str, Any]:
+        """The levers as keyword arguments of a solve."""
+        return {"per_micro_batch": self.per_micro_batch, "memory_margin": self.memory_margin,
+                "oom_risk": self.oom_risk, "memory_error": self.memory_error}
+
+    def text(self) -> str:
+        """A short description for the status line ("" when no lever is on)."""
+        parts = []
+        if self.per_micro_batch:
+            parts.append("recompute per micro-batch")
+        if self.memory_margin is not None:
+            unit = "of the budget" if self.memory_margin < 1 else "MB"
+            amount = f"{100 * self.memory_margin:g} %" if self.memory_margin < 1 else f"{self.memory_margin:,g}"
+            parts.append(f"margin {amount} {unit}")
+        if self.oom_risk is not None:
+            parts.append(f"OOM risk {self.oom_risk:g} at {100 * (self.memory_error or 0):g} % error")
+        return ", ".join(parts)
+
+
+class Controls:
+    """Every input of the Explorer (ipywidgets attributes): ``schedule``, ``schedule_info``,
+    ``stages``, ``micro_batches``, ``chunks``, ``splits``, ``budget`` (MB, 0 = no limit),
+    ``recompute`` (``{mode: Checkbox}``), ``offload`` (a Checkbox) with ``host_bandwidth``
+    (MB per ms), ``per_micro_batch`` (a Checkbox), ``memory_margin`` (MB when >= 1, a
+    fraction of the budget when < 1; 0 = none), ``oom_risk`` (0 = none) with
+    ``memory_error`` (relative), ``time_limit``, ``solve_button``, ``cancel_button``,
+    ``input_note``, ``recompute_note``, and ``entries`` (the typed-value box beside each
+    number, by name). ``widget`` is the laid-out panel. ``report`` receives what a typed
+    value's box changed."""
+
+    def __init__(self, profile: Any, config: PipelineConfig, *, time_limit: float, levers: Levers,
+                 report: Callable[[str], None]) -> None:
+        cfg = config
+        body_modes = {m for g in profile.body for m in g.modes}
+        self._constant = float(cfg.constant_memory)
+        self._comm = float(cfg.comm)
+        self.schedule = w.Dropdown(options=list(names()), value=cfg.schedule, description="schedule", style=_DESC,
+                                   layout=w.Layout(width="420px"))
+        self.schedule_info = w.HTML(layout=w.Layout(width="430px"))
+        self.stages = self._slider(cfg.stages, MAX_EXPLORER_STAGES, "stages (p)")
+        self.micro_batches = self._slider(cfg.micro_batches, MAX_EXPLORER_MICRO_BATCHES, "micro-batches (m)")
+        self.chunks = self._slider(cfg.chunks, MAX_EXPLORER_CHUNKS, "chunks (v)")
+        self.splits = self._slider(cfg.splits, MAX_EXPLORER_SPLITS, "splits (k)")
+        self.time_limit = w.IntSlider(value=int(time_limit), min=1, max=300, description="time limit (s)",
+                                      style=_DESC, layout=_SLIDER, continuous_update=False, readout=False)
+        self.budget = w.BoundedFloatText(value=float(cfg.memory_budget or 0.0), min=0.0, max=1e9, step=1000.0)
+        self.recompute = {
+            mode: w.Checkbox(value=mode in cfg.recompute and mode in body_modes, description=mode, indent=False,
+                             disabled=mode not in body_modes, layout=w.Layout(width="auto", margin="0 6px 0 0"))
+            for mode in MODES
+        }
+        missing = [m for m in MODES if m not in body_modes]
+        for mode in missing:
+            self.recompute[mode].tooltip = f"the profile gives no figures for {mode!r}: it cannot be used"
+        self.recompute_note = w.HTML(
+            f"<small>greyed: {', '.join(missing)} (the profile has no figures for "
+            f"{'it' if len(missing) == 1 else 'them'})</small>" if missing else "")
+        self.offload = w.Checkbox(value=OFFLOAD in cfg.recompute, description="offload activations", indent=False,
+                                  layout=w.Layout(width="150px"),
+                                  tooltip="let mode-'none' layers send their activations to host memory")
+        self.host_bandwidth = w.BoundedFloatText(value=float(cfg.host_bandwidth or DEFAULT_HOST_BANDWIDTH),
+                                                 min=1e-3, max=MAX_BANDWIDTH, step=1.0)
+        self.per_micro_batch = w.Checkbox(value=levers.per_micro_batch, description="recompute per micro-batch",
+                                          indent=False, layout=w.Layout(width="200px"),
+                                          tooltip="let chosen micro-batches of a stage recompute less")
+        self.memory_margin = w.BoundedFloatText(value=float(levers.memory_margin or 0.0), min=0.0,
+                                                max=MAX_BUDGET_MB, step=0.01)
+        self.oom_risk = w.BoundedFloatText(value=float(levers.oom_risk or 0.0), min=0.0, max=0.499, step=0.001)
+        self.memory_error = w.BoundedFloatText(value=float(levers.memory_error or DEFAULT_MEMORY_ERROR), min=0.0,
+                                               max=1.0, step=0.01)
+        self.solve_button = w.Button(description="Solve", button_style="primary", icon="play")
+        self.cancel_button = w.Button(description="Cancel", icon="stop", disabled=True,
+                                      tooltip="stop the search and show the best plan found so far")
+        self.input_note = w.HTML()  # what was changed in a typed value, and why
+
+        self.entries: dict[str, w.Text] = {}
+
+        def typed(control: w.ValueWidget, name: str, width: str = "80px") -> w.Text:
+            self.entries[name] = checked_entry(control, name, report, width=width)
+            return self.entries[name]
+
+        def label(text: str) -> w.Label:
+            return w.Label(text, layout=_LABEL)
+
+        def small(text: str) -> w.HTML:
+            return w.HTML(f"<small>{html.escape(text)}</small>")
+
+        setup = w.VBox([
+            self.schedule, self.schedule_info,
+            w.HBox([self.stages, typed(self.stages, "stages")]),
+            w.HBox([self.micro_batches, typed(self.micro_batches, "micro-batches")]),
+            w.HBox([self.chunks, typed(self.chunks, "chunks")]),
+            w.HBox([self.splits, typed(self.splits, "splits")]),
+        ], layout=_COLUMN)
+        self._bandwidth_box = typed(self.host_bandwidth, "host bandwidth", "70px")
+        self._error_box = typed(self.memory_error, "memory error", "60px")
+        levers_box = w.VBox([
+            w.HBox([label("memory budget"), typed(self.budget, "memory budget", "100px"),
+                    small("MB per device (0: no limit)")]),
+            w.HBox([label("recompute"), *self.recompute.values()]),
+            self.recompute_note,
+            w.HBox([label("levers"), self.offload, self._bandwidth_box, small("MB/ms host link")]),
+            w.HBox([label(""), self.per_micro_batch]),
+            w.HBox([label("memory margin"), typed(self.memory_margin, "memory margin"),
+                    small("MB, or a fraction if < 1 (0: none)")]),
+            w.HBox([label("OOM risk"), typed(self.oom_risk, "OOM risk", "60px"), small("at a memory error of"),
+                    self._error_box, small("(0: none)")]),
+            w.HBox([self.time_limit, typed(self.time_limit, "time limit")]),
+        ], layout=_COLUMN)
+        self.widget = w.VBox([w.HBox([setup, levers_box]),
+                              w.HBox([self.solve_button, self.cancel_button, self.input_note])])
+        self.offload.observe(self._on_lever, names="value")
+        self.oom_risk.observe(self._on_lever, names="value")
+        self._on_lever()
+
+    @staticmethod
+    def _slider(value: int, high: int, description: str) -> w.IntSlider:
+        return w.IntSlider(value=value, min=1, max=high, description=description, style=_DESC, layout=_SLIDER,
+                           continuous_update=False, readout=False)  # the box beside it takes typed values
+
+    @property
+    def value_controls(self) -> tuple[w.ValueWidget, ...]:
+        """Every control whose change may change the setup or the levers."""
+        return (self.stages, self.chunks, self.micro_batches, self.splits, self.budget, self.time_limit,
+                *self.recompute.values(), self.offload, self.host_bandwidth, self.per_micro_batch,
+                self.memory_margin, self.oom_risk, self.memory_error)
+
+    def _on_lever(self, _change: Any = None) -> None:
+        self._bandwidth_box.disabled = not self.offload.value
+        self._error_box.disabled = not self.oom_risk.value
+
+    def on_schedule(self) -> None:
+        """Fit the chunks and splits controls to the chosen schedule, and describe it."""
+        spec = get(self.schedule.value)
+        if spec.chunks is None:
+            self.chunks.min, self.chunks.max = 1, MAX_EXPLORER_CHUNKS
+            self.chunks.disabled = False
+        else:
+            self.chunks.max = max(max(spec.chunks), self.chunks.min)
+            self.chunks.min = min(spec.chunks)
+            self.chunks.max = max(spec.chunks)
+            if self.chunks.value not in spec.chunks:
+                self.chunks.value = spec.chunks[0]
+            self.chunks.disabled = len(spec.chunks) == 1
+        if not spec.splits:
+            self.splits.value = 1
+        self.splits.disabled = not spec.splits
+        self.schedule_info.value = (
+            f"<small>{html.escape(spec.description)}<br>allows {html.escape(spec.constraints)}</small>"
+        )
+
+    def fit_micro_batches(self) -> None:
+        """Raise the micro-batches' minimum to what the schedule needs at these stages and chunks."""
+        spec = get(self.schedule.value)
+        need = max(spec.min_micro_batches(int(self.stages.value), int(self.chunks.value)), int(self.stages.value))
+        self.micro_batches.min = min(need, self.micro_batches.max)
+
+    def config(self) -> PipelineConfig:
+        """The pipeline setup the controls describe (not yet validated)."""
+        budget = float(self.budget.value)
+        modes = tuple(m for m, box in self.recompute.items() if box.value)
+        offload = bool(self.offload.value)
+        return PipelineConfig(
+            stages=int(self.stages.value),
+            micro_batches=int(self.micro_batches.value),
+            chunks=int(self.chunks.value),
+            schedule=self.schedule.value,
+            splits=int(self.splits.value),
+            memory_budget=budget if budget > 0 else None,
+            constant_memory=self._constant,
+            comm=self._comm,
+            recompute=(*modes, OFFLOAD) if offload else modes,
+            host_bandwidth=float(self.host_bandwidth.value) if offload else None,
+        )
+
+    def levers(self) -> Levers:
+        """The levers the controls describe (0 in a number box means the lever is off)."""
+        margin = float(self.memory_margin.value)
+        risk = float(self.oom_risk.value)
+        return Levers(per_micro_batch=bool(self.per_micro_batch.value), memory_margin=margin if margin > 0 else None,
+                      oom_risk=risk if risk > 0 else None,
+                      memory_error=float(self.memory_error.value) if risk > 0 else None)
