@@ -43,11 +43,14 @@ from sapptk.solver.totals_bound import TotalsBound
 
 __all__ = ["chain_minmax", "fill_drain", "layout_bound"]
 
-_MAX_PARTIAL = 200_000
-"""Most partial layouts of one device before the enumeration gives up (then no bound here)."""
+_SEARCH = SearchOptions()
+_PARTIAL = _SEARCH.max_partial_layouts // 5
+"""Most partial layouts of one device before the enumeration gives up (then no bound here): a
+fifth of what the balancer allows, since a bound that does not come quickly is not worth it."""
 
-_MAX_STATES = 2_000_000
-"""Most states (layers placed per group) of the min-max dynamic program."""
+_STATES = _SEARCH.max_dp_states
+"""Most states (layers placed per group) of the min-max dynamic program: the balancer's own cap
+on its relaxation's dynamic program."""
 
 
 def fill_drain(problem: Problem) -> list[tuple[int, np.ndarray, int]]:
@@ -85,12 +88,12 @@ def fill_drain(problem: Problem) -> list[tuple[int, np.ndarray, int]]:
 def chain_minmax(layouts: list[DeviceLayouts], counts: np.ndarray, extra: list[int]) -> float:
     """``min over plans of max_d (chain_d + extra[d])`` (ticks), a plan being one layout per
     device with the layers of each group adding up to ``counts``; ``inf`` when no such plan
-    exists among ``layouts``. Raises :class:`TooManyLayouts` above :data:`_MAX_STATES` states."""
+    exists among ``layouts``. Raises :class:`TooManyLayouts` above :data:`_STATES` states."""
     counts = np.asarray(counts, dtype=np.int64)
     size = counts + 1
     n_states = int(np.prod(size))
-    if n_states > _MAX_STATES:
-        raise TooManyLayouts(f"more than {_MAX_STATES} states")
+    if n_states > _STATES:
+        raise TooManyLayouts(f"more than {_STATES} states")
     radix = np.concatenate([[1], np.cumprod(size)[:-1]]).astype(np.int64)
     digits = (np.arange(n_states)[:, None] // radix[None, :]) % size[None, :]
     big = np.iinfo(np.int64).max
@@ -138,10 +141,10 @@ def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
     cap = math.inf if ub is None else float(ub)
     try:
         caps, work_cap = layer_caps(coef, problem.paths, ub, allow_empty=False)
-        options = stage_options(coef, caps, work_cap=work_cap, max_options=_MAX_PARTIAL,
+        options = stage_options(coef, caps, work_cap=work_cap, max_options=_PARTIAL,
                                 deadline=None if deterministic else deadline)
         layouts = device_layouts(coef, problem.program, options, ub=ub, budget=problem.budget, allow_empty=False,
-                                 max_partial=_MAX_PARTIAL, deadline=None if deterministic else deadline,
+                                 max_partial=_PARTIAL, deadline=None if deterministic else deadline,
                                  memory=problem.reduced_memory())
     except TooManyLayouts:
         return None
