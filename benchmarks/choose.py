@@ -6,7 +6,7 @@ Run: python benchmarks/choose.py [--part winner throughput card] [--time-limit 1
   schedule whose order is fixed, chunks 1-4 (stages: every divisor of 64, dp = 64 / p).
   ``choose`` runs, then the brute-force baseline: ``sapptk.sweep`` over every valid setup
   of the same grid at the same time limit per setup. Prints both times, their ratio, both
-  winners and whether ``choose`` proved its winner.
+  winners and whether ``choose`` proved its winner. ``sweep``: the brute-force half alone.
 * ``throughput``: sixteen-stage setups of llama2_70b decided (balanced or pruned) per
   minute: ``choose`` on 16 devices (dp = 1) for global batches 32-128 and budgets
   48000-72000 MB, every fixed schedule, chunks 1-4.
@@ -34,16 +34,14 @@ LAYOUTS = {"Et*3|(tt|)*29,m|L": "Megatron-LM DeepSeek-V3 layout (PP16, VPP2)",
            "Et|(tt|)*30mL": "Megatron-LM DeepSeek-V3 layout (PP16, VPP2, MTP with the loss)"}
 
 
-def winner(time_limit: float) -> None:
+WINNER_GRID = dict(devices=64, global_batch=512, memory_budget=56000.0, max_chunks=4)
+
+
+def brute_force(time_limit: float) -> tuple[pd.Series, float, int]:
+    """``sapptk.sweep`` over every valid setup of the winner grid: (best row, seconds, setups)."""
     profile = sapptk.bundled_profile("llama2_70b")
-    kw = dict(devices=64, global_batch=512, memory_budget=56000.0, max_chunks=4)
-    t0 = time.perf_counter()
-    choice = sapptk.choose(profile, time_limit=time_limit, **kw)
-    t_choose = time.perf_counter() - t0
-    print(choice.summary())
-    print(choice.top(8).to_string(index=False))
     valid = []
-    for s in enumerate_setups(**kw):
+    for s in enumerate_setups(**WINNER_GRID):
         try:
             s.config.check(profile)
         except ConfigError:
@@ -53,11 +51,27 @@ def winner(time_limit: float) -> None:
     frame = sapptk.sweep(profile, valid, time_limit=time_limit, progress=False)
     t_sweep = time.perf_counter() - t0
     solved = frame[frame["status"].isin(["optimal", "feasible"])]
-    best = solved.loc[solved["step_time_ms"].idxmin()]
+    return solved.loc[solved["step_time_ms"].idxmin()], t_sweep, len(valid)
+
+
+def sweep_only(time_limit: float) -> None:
+    best, t_sweep, n = brute_force(time_limit)
+    print(f"sweep of the {n} valid setups: {t_sweep:.1f} s; winner {best['schedule']} p{best['stages']} "
+          f"v{best['chunks']} {best['step_time_ms']:,.1f} ms")
+
+
+def winner(time_limit: float) -> None:
+    profile = sapptk.bundled_profile("llama2_70b")
+    t0 = time.perf_counter()
+    choice = sapptk.choose(profile, time_limit=time_limit, **WINNER_GRID)
+    t_choose = time.perf_counter() - t0
+    print(choice.summary())
+    print(choice.top(8).to_string(index=False))
+    best, t_sweep, n_valid = brute_force(time_limit)
     w = choice.frame.iloc[0]
     same = (best["schedule"], best["stages"], best["chunks"]) == (w["schedule"], w["stages"], w["chunks"]) or abs(
         best["step_time_ms"] - w["step_time_ms"]) <= 1e-9 * w["step_time_ms"]
-    print(f"\nchoose: {t_choose:.1f} s, proven {choice.proven}; sweep of the {len(valid)} valid setups: "
+    print(f"\nchoose: {t_choose:.1f} s, proven {choice.proven}; sweep of the {n_valid} valid setups: "
           f"{t_sweep:.1f} s; ratio choose / sweep = {t_choose / t_sweep:.3f}")
     print(f"sweep winner: {best['schedule']} p{best['stages']} v{best['chunks']} {best['step_time_ms']:,.1f} ms; "
           f"choose winner: {w['schedule']} p{w['stages']} v{w['chunks']} {w['step_time_ms']:,.1f} ms; "
@@ -130,7 +144,7 @@ def hand_vs_plan(time_limit: float) -> pd.DataFrame:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", nargs="+", default=["winner", "throughput", "card"],
-                        choices=["winner", "throughput", "card", "hand"])
+                        choices=["winner", "sweep", "throughput", "card", "hand"])
     parser.add_argument("--time-limit", type=float, default=10.0)
     parser.add_argument("--minutes", type=float, default=10.0, help="cap of the throughput part")
     args = parser.parse_args()
@@ -139,6 +153,8 @@ def main() -> None:
         print(f"== {part} (time limit {args.time_limit:g} s per balanced setup)")
         if part == "winner":
             winner(args.time_limit)
+        elif part == "sweep":
+            sweep_only(args.time_limit)
         elif part == "throughput":
             throughput(args.time_limit, args.minutes)
         elif part == "card":

@@ -12,6 +12,7 @@ from support import EXHAUSTIVE, all_assignments, fast_step, peaks_mb, small_prof
 
 import sapptk
 from sapptk.choosing.bounds import integer_bound, pipeline_bound
+from sapptk.choosing.layout_bound import chain_minmax, fill_drain, layout_bound
 from sapptk.choosing.setups import dp_sync_ms, enumerate_setups
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
@@ -48,6 +49,11 @@ def test_bounds_never_exceed_the_exhaustive_optimum(schedule: str, p: int, m: in
             assert best == math.inf
         else:
             assert bound.bound_ms <= tight.bound_ms <= best + 1e-9, (budget, tight.bound_ms, best)
+        if best < math.inf:  # whole layouts below an incumbent: at most the optimum, or the incumbent
+            for ub in (10 * best, best, 0.97 * best):
+                layouts = layout_bound(profile, config, bound, ub, time_limit=5.0)
+                assert layouts is not None and bound.bound_ms <= layouts.bound_ms <= min(best, max(
+                    ub, bound.bound_ms)) + 1e-9, (budget, ub, layouts, best)
 
 
 @pytest.mark.slow
@@ -73,6 +79,42 @@ def test_bound_below_the_balancers_plans_on_random_setups(rng: np.random.Generat
         assert bound.bound_ms <= tight.bound_ms <= plan.step_time + 1e-9, (trial, schedule)
 
 
+@pytest.mark.slow
+def test_layout_bound_never_exceeds_the_exhaustive_optimum(rng: np.random.Generator) -> None:
+    """Random profiles (two groups, modes none and full), every exhaustive schedule, three
+    budgets, three incumbents: about 200 cases, each against the least simulated step time
+    of every assignment."""
+    cases = gains = 0
+    for trial in range(24):
+        schedule, p, m, v, k = EXHAUSTIVE[trial % len(EXHAUSTIVE)]
+        profile = small_profile(rng, groups=2, layers=(int(rng.integers(2, 4)), int(rng.integers(2, 4))))
+        if not all("full" in g.modes for g in profile.body):
+            profile = two_mode_profile((3, 3) if v > 1 else (4, 3))
+        free = PipelineConfig(p, m, v, schedule, splits=k, recompute=("none", "full"),
+                              comm=float(rng.choice([0.0, 0.05])))
+        found = np.array([(fast_step(free, profile, c), peaks_mb(free, profile, c).max())
+                          for c in all_assignments(profile, free, (0, MODES.index("full")))])
+        lo, hi = found[:, 1].min(), found[:, 1].max()
+        for budget in (None, lo + float(rng.uniform(0, 1)) * (hi - lo), 0.95 * lo):
+            config = free.replace(memory_budget=budget)
+            fits = found[:, 1] <= (math.inf if budget is None else budget)
+            best = float(found[fits, 0].min()) if fits.any() else math.inf
+            start = pipeline_bound(profile, config)
+            if start.infeasible:
+                assert best == math.inf
+                continue
+            for ub in (10 * best if best < math.inf else 1e6, best, 0.98 * best):
+                if not math.isfinite(ub):
+                    continue
+                tight = layout_bound(profile, config, start, ub, time_limit=5.0)
+                assert tight is not None
+                assert start.bound_ms <= tight.bound_ms <= min(best, max(ub, start.bound_ms)) + 1e-9, (
+                    trial, schedule, budget, ub, tight.bound_ms, best)
+                cases += 1
+                gains += tight.bound_ms > start.bound_ms + 1e-6
+    assert cases >= 150 and gains >= cases // 4
+
+
 def _uniform(layers: int, fwd: float = 1.0) -> Profile:
     body = LayerGroup("body", "body", layers, fwd, 1.0, {"none": ModeCost(2 * fwd, 1.0)})
     return Profile("uniform", (body,))
@@ -84,6 +126,28 @@ def test_one_f_one_b_bound_is_the_closed_form() -> None:
     bound = integer_bound(_uniform(8), config, pipeline_bound(_uniform(8), config))
     assert bound.bound_ms == pytest.approx(66.0, abs=1e-6)
     assert sapptk.balance(_uniform(8), config, time_limit=5).step_time == pytest.approx(66.0)
+
+
+def test_layout_bound_by_hand() -> None:
+    # the same 1F1B case: device d's chain (8 micro-batches x 2 layers x 3 ms = 48 ms) plus, before its first
+    # forward and after its last backward, one layer's forward and backward (3 ms) on each earlier stage: e_d = 3d.
+    # Every plan with a device of 3 layers has a 72 ms chain, so the min-max is 48 + 9 = 57 ms; the layout LP
+    # then finds the fill with two layers per stage: the closed form, 66 ms.
+    from sapptk.solver.layouts import device_layouts, layer_caps, stage_options
+    from sapptk.solver.problem import make_problem
+    from sapptk.solver.settings import SearchOptions
+
+    profile, config = _uniform(8), PipelineConfig(4, 8, 1, "1f1b")
+    problem = make_problem(profile, config, allow_empty=False, options=SearchOptions())
+    ends = fill_drain(problem)
+    assert [e for e, _, _ in ends] == [0, 3000, 6000, 9000]  # ticks of 1 us
+    caps, _ = layer_caps(problem.coef, problem.paths, None, allow_empty=False)
+    layouts = device_layouts(problem.coef, problem.program, stage_options(problem.coef, caps), ub=None, budget=None,
+                             allow_empty=False)
+    assert chain_minmax(layouts, problem.coef.counts, [e for e, _, _ in ends]) == 57000
+    start = pipeline_bound(profile, config)
+    assert layout_bound(profile, config, start, 100.0).bound_ms == pytest.approx(66.0, abs=1e-9)
+    assert layout_bound(profile, config, start, 60.0).bound_ms == pytest.approx(max(60.0, start.bound_ms))
 
 
 def test_infeasible_setup_names_the_device_and_shortfall() -> None:
@@ -116,6 +180,8 @@ def test_enumeration_and_boundary_errors() -> None:
         enumerate_setups(devices=4, global_batch=7, stages=[1, 2], memory_budget=None)
     with pytest.raises(ConfigError, match="chunks = \\[\\]: an empty list"):
         enumerate_setups(devices=4, global_batch=8, chunks=[], memory_budget=None)
+    with pytest.raises(ConfigError, match="stages = \\[\\]: an empty list"):
+        enumerate_setups(devices=4, global_batch=8, stages=[], memory_budget=None)
     with pytest.raises(ConfigError, match="schedules = \\[\\]"):
         enumerate_setups(devices=4, global_batch=8, schedules=[], memory_budget=None)
     with pytest.raises(ConfigError, match="zb-v-greedy"):
@@ -132,6 +198,8 @@ def test_every_setup_infeasible_names_the_nearest() -> None:
 def test_profile_refuses_model_card_dimensions() -> None:
     with pytest.raises(ConfigError, match="tp = 2: only a model card"):
         sapptk.choose(_uniform(4), devices=2, global_batch=4, memory_budget=None, tp=2)
+    with pytest.raises(ConfigError, match="retry = -1"):
+        sapptk.choose(_uniform(4), devices=2, global_batch=4, memory_budget=None, retry=-1)
 
 
 @pytest.fixture(scope="module")

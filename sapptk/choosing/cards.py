@@ -12,12 +12,13 @@ parameter) over the hardware's inter-node link; FSDP's weight gathers are not mo
 from __future__ import annotations
 
 from collections.abc import Mapping
+from numbers import Real
 from typing import Any
 
 from sapptk.choosing.setups import Candidate, Setup, _int_list, _positive_int, enumerate_setups
 from sapptk.errors import ConfigError
 
-__all__ = ["card_candidates"]
+__all__ = ["card_candidates", "hardware_bandwidth", "is_model_card"]
 
 _DIMENSIONS = ("tp", "cp", "ep", "zero")
 
@@ -106,3 +107,17 @@ def card_candidates(card: Any, hardware: Any, shape: Mapping[str, Any],
     notes = [f"model card {card.name!r} on {hw.name}: budget {budget:,.0f} MB, constant {constant:,.0f} MB per "
              f"device; DP gradients over the inter-node link ({hw.inter_node_gbps:g} GB/s)"]
     return candidates, notes
+
+
+def is_model_card(source: Any) -> bool:
+    return type(source).__name__ == "ModelCard" and type(source).__module__.startswith("sapptk.models")
+
+
+def hardware_bandwidth(hardware: Any) -> float | None:
+    """The inter-node link of a hardware card (or bundled name) in MB/ms (= GB/s)."""
+    if isinstance(hardware, str):
+        from sapptk.models import hardware as hardware_card
+
+        hardware = hardware_card(hardware)
+    value = getattr(hardware, "inter_node_gbps", None)
+    return float(value) if isinstance(value, Real) and value > 0 else None

@@ -12,14 +12,19 @@
    fits is dropped with the device and the shortfall.
 2. The setups are taken in order of bound. A setup whose bound is at or above the best step
    time found so far is pruned (and so is every later one). Before a setup is balanced its
-   bound is tightened by the integer model (:func:`~sapptk.choosing.bounds.integer_bound`),
-   which may prune it after all.
+   bound is tightened by LP rows and whole layouts below the best step time
+   (:func:`~sapptk.choosing.layout_bound.layout_bound`, again after every better incumbent;
+   the integer model :func:`~sapptk.choosing.bounds.integer_bound` when the layouts are too
+   many), which may prune it after all.
 3. Survivors are balanced ``batch`` at a time through the sweep engine's executors
    (:func:`sapptk.sweeps.solving.solve_point`), each starting from the fastest plan so far of
    the same shape (stages and chunks); a ``cache`` folder keeps every balanced row (Parquet),
    so an interrupted choice resumes. The batches do not depend on the executor, so serial,
    processes and Dask give the same frame (with ``deterministic=True``, the same plans).
-4. The winner is proven when every other setup's bound (the balancer's own bound included)
+4. A balanced setup whose bound stays below the best step time goes back into the queue:
+   a longer layout bound, then (within ``_RETRY_WITHIN`` of the best) a second balance from
+   its own plan with ``retry × time_limit``.
+5. The winner is proven when every other setup's bound (the balancer's own bound included)
    is at or above its step time.
 """
 
@@ -37,26 +42,31 @@ import numpy as np
 
 from sapptk import checks
 from sapptk.choosing.bounds import SetupBound, integer_bound, pipeline_bound
+from sapptk.choosing.cards import hardware_bandwidth, is_model_card
+from sapptk.choosing.layout_bound import layout_bound
+from sapptk.choosing.records import all_infeasible, candidate_of, record, record_retry, sync_floor, twin_key
 from sapptk.choosing.result import Choice, typed_choice
 from sapptk.choosing.setups import (
     DEFAULT_GRADIENT_SHARE,
     Candidate,
-    dp_sync_ms,
     enumerate_setups,
-    program_digest,
 )
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.profile import resolve_profile
 from sapptk.request import SolveRequest
 from sapptk.sweeps.cache import LAYOUT_COLUMN, Cache
 from sapptk.sweeps.executors import check_executor, default_workers, open_executor
-from sapptk.sweeps.frame import SOLVED, input_row
+from sapptk.sweeps.frame import input_row
 from sapptk.sweeps.grid import CONFIG_FIELDS, point_key, profile_digest
 from sapptk.sweeps.solving import Layout, PointResult, SweepTask, no_plan, solve_point
 
 __all__ = ["choose", "choose_candidates"]
 
 _TIE = 1e-9  # relative: a bound within this of the best step time counts as reaching it
+_RETRY_WITHIN = 0.02
+"""A balanced setup is balanced a second time only when its bound is within this share of the
+best step time: a second balance at twice the time limit raised the balancer's bound by 1-1.5 %
+of the step on the llama2_70b two-chunk setups (docs/benchmarks.md); farther ones stay unproven."""
 
 
 def _check_float(name: str, value: Any, *, allow_none: bool = True, low: float = 0.0) -> float | None:
@@ -88,6 +98,7 @@ def choose(
     sequence_length: int | None = None,
     time_limit: float = 20.0,
     bound_time: float = 1.0,
+    retry: float = 2.0,
     batch: int = 2,
     executor: Any = "serial",
     workers: int | None = None,
@@ -116,7 +127,10 @@ def choose(
         leaves the synchronisation out (and the result's notes say so). ``gradient_share``:
         gradient MB per parameter MB of a bare profile.
     sequence_length: tokens per sample, for ``tokens_per_s_per_device``.
-    time_limit: seconds per balanced setup; ``bound_time``: seconds per integer bound.
+    time_limit: seconds per balanced setup; ``bound_time``: seconds per bound tightening (a
+        balanced setup whose bound stays below the best step time gets one of 4 × that).
+    retry: a balanced setup still unproven after that is balanced once more from its own plan
+        with ``retry × time_limit`` (0: never), best bound first.
     batch: setups balanced per round (fixed, so every executor gives the same frame).
     executor, workers, cache, progress, seed, deterministic: as in :func:`sapptk.sweep`.
 
@@ -132,6 +146,8 @@ def choose(
         raise ConfigError(f"sequence_length = {sequence_length!r}: expected an integer >= 1 or None")
     checks.solver_arguments(time_limit=time_limit, workers=workers, seed=seed, deterministic=deterministic)
     _check_float("bound_time", bound_time, allow_none=False)
+    if isinstance(retry, bool) or not isinstance(retry, Real) or not math.isfinite(retry) or retry < 0:
+        raise ConfigError(f"retry = {retry!r}: expected a finite number >= 0 (0: no second balance)")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"batch = {batch!r}: expected an integer >= 1")
     check_executor(executor)
@@ -139,7 +155,7 @@ def choose(
              "schedules": schedules, "stages": stages, "chunks": chunks, "memory_budget": memory_budget,
              "constant_memory": constant_memory, "comm": comm, "recompute": recompute, "max_chunks": max_chunks}
     notes: list[str] = []
-    if _is_model_card(source):
+    if is_model_card(source):
         from sapptk.choosing.cards import card_candidates
 
         candidates, card_notes = card_candidates(source, hardware, shape, parallel)
@@ -147,7 +163,7 @@ def choose(
         if sequence_length is None:
             sequence_length = int(parallel.get("seq_length", 4096))
         if bw is None and hardware is not None:
-            bw = _hardware_bandwidth(hardware)
+            bw = hardware_bandwidth(hardware)
     else:
         if parallel:
             name = next(iter(parallel))
@@ -162,38 +178,10 @@ def choose(
         notes.append("no DP gradient synchronisation counted (give dp_bandwidth= in MB/ms to count it)")
     return choose_candidates(candidates, global_batch=int(global_batch), devices=int(devices), dp_bandwidth=bw,
                              sequence_length=sequence_length, time_limit=float(time_limit),
-                             bound_time=float(bound_time), batch=batch, executor=executor, workers=workers,
+                             bound_time=float(bound_time), retry=float(retry), batch=batch, executor=executor,
+                             workers=workers,
                              cache=cache, progress=progress, seed=seed, deterministic=deterministic,
                              notes=notes, began=began)
-
-
-def _is_model_card(source: Any) -> bool:
-    return type(source).__name__ == "ModelCard" and type(source).__module__.startswith("sapptk.models")
-
-
-def _hardware_bandwidth(hardware: Any) -> float | None:
-    """The inter-node link of a hardware card (or bundled name) in MB/ms (= GB/s)."""
-    if isinstance(hardware, str):
-        from sapptk.models import hardware as hardware_card
-
-        hardware = hardware_card(hardware)
-    value = getattr(hardware, "inter_node_gbps", None)
-    return float(value) if isinstance(value, Real) and value > 0 else None
-
-
-def _twin_key(c: Candidate, digest: str) -> tuple[Any, ...]:
-    cfg = c.setup.config
-    return (program_digest(cfg), digest, cfg.memory_budget, cfg.constant_memory, cfg.comm, cfg.recompute,
-            cfg.splits)
-
-
-def _sync_floor(c: Candidate, bw: float | None) -> float:
-    """The least DP synchronisation any plan of the candidate has: its fullest device holds at
-    least the average parameter MB."""
-    prof, cfg = c.profile, c.setup.config
-    total = sum(g.count * g.params for g in prof.body)
-    total += sum(g.count * g.params for g in (prof.head, prof.tail) if g is not None)
-    return dp_sync_ms(total / cfg.stages, c.setup.dp, bw, c.gradient_share)
 
 
 def choose_candidates(
@@ -207,6 +195,7 @@ def choose_candidates(
     bound_time: float,
     batch: int,
     executor: Any,
+    retry: float = 2.0,
     workers: int | None,
     cache: Any,
     progress: bool,
@@ -246,7 +235,7 @@ def choose_candidates(
             t0 = time.perf_counter()
             try:
                 cfg.check(c.profile)
-                c.twin = _twin_key(c, digests.setdefault(id(c.profile), profile_digest(c.profile)))
+                c.twin = twin_key(c, digests.setdefault(id(c.profile), profile_digest(c.profile)))
                 if c.twin not in twins:
                     twins[c.twin] = (pipeline_bound(c.profile, cfg, max_rounds=1, deterministic=deterministic), 0)
                 c.bound, c.level = twins[c.twin]
@@ -260,12 +249,12 @@ def choose_candidates(
                 c.row["excess_mb"] = c.bound.excess_mb
                 done(c, "infeasible")
                 continue
-            c.sync_floor_ms = _sync_floor(c, dp_bandwidth)
+            c.sync_floor_ms = sync_floor(c, dp_bandwidth)
             c.lower_ms = float(c.bound.bound_ms) + c.sync_floor_ms
             heapq.heappush(heap, (c.lower_ms, i))
 
         if not heap:
-            _all_infeasible(candidates)
+            all_infeasible(candidates)
 
         store = Cache(cache) if cache is not None else None
         cached: dict[str, dict[str, Any]] = {}
@@ -277,8 +266,14 @@ def choose_candidates(
             store.open()
             stack.callback(store.close)
         runner = None
-        twin_results: dict[tuple[Any, ...], dict[str, Any]] = {}  # balanced results by program and profile
+        twin_results: dict[tuple[Any, ...], PointResult] = {}  # balanced results by program and profile
+        retry_results: dict[tuple[Any, ...], PointResult] = {}  # the same, of the longer second balance
+        long_bounds: dict[tuple[Any, ...], SetupBound] = {}  # the longer layout bound of a balanced setup
+        layouts_of: dict[tuple[Any, ...], bool] = {}  # whether the layout bound could enumerate the layouts
+        layout_ub: dict[tuple[Any, ...], float] = {}  # the incumbent (pipeline ms) it was computed below
         best = math.inf
+        leader: int | None = None  # the candidate holding the best step time
+        parked: list[tuple[float, int]] = []  # the leader's own queue entry: it needs no proof against itself
         seeds: dict[tuple[int, int, int], tuple[float, list]] = {}
         while heap:
             chosen: list[int] = []
@@ -289,18 +284,76 @@ def choose_candidates(
                     break
                 heapq.heappop(heap)
                 c = candidates[i]
-                if c.level < 2 and best < math.inf and c.twin not in twin_results:
+                if c.balanced:  # balanced with a gap and a bound below the best: prove it, or improve it
+                    if i == leader:
+                        parked.append((lower, i))
+                        continue
+                    if c.level == 3:  # a longer layout bound below the best step time
+                        c.level = 4
+                        if not c.layouts:  # too many layouts: a longer bound would not enumerate them either
+                            heapq.heappush(heap, (lower, i))
+                            continue
+                        t0 = time.perf_counter()
+                        if c.twin not in long_bounds:
+                            tight = layout_bound(c.profile, c.setup.config, c.bound, best - c.sync_floor_ms,
+                                                 time_limit=4 * bound_time, deterministic=deterministic)
+                            long_bounds[c.twin] = c.bound if tight is None else tight
+                        c.bound = long_bounds[c.twin]
+                        c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
+                        c.lower_ms = max(c.lower_ms, float(c.bound.bound_ms) + c.sync_floor_ms)
+                        c.row["bound_ms"] = c.lower_ms
+                        heapq.heappush(heap, (c.lower_ms, i))
+                        continue
+                    if c.level != 4 or not retry or lower < best * (1 - _RETRY_WITHIN):
+                        continue  # tried, or too far below to be proven by a longer balance: it keeps its gap
+                    c.level = 5
+                    c.retry = True
+                shared = twins[c.twin][0] if not c.balanced and c.twin in twins else None
+                if shared is not None and shared is not c.bound and shared.bound_ms is not None:
+                    c.bound = shared  # a twin tightened the bound they share
+                    c.layouts = layouts_of.get(c.twin, False)
+                    if shared.bound_ms + c.sync_floor_ms > c.lower_ms:
+                        c.lower_ms = shared.bound_ms + c.sync_floor_ms
+                        heapq.heappush(heap, (c.lower_ms, i))
+                        continue
+                if (c.level == 2 and c.twin not in twin_results
+                        and best - c.sync_floor_ms < layout_ub.get(c.twin, math.inf) * (1 - _TIE)):
+                    # its layout bound was capped by a worse incumbent (or none): the layouts are fewer now
+                    t0 = time.perf_counter()
+                    if c.bound is twins[c.twin][0]:
+                        ub = best - c.sync_floor_ms
+                        tight = layout_bound(c.profile, c.setup.config, c.bound, ub, time_limit=bound_time,
+                                             deterministic=deterministic)
+                        if tight is not None:
+                            twins[c.twin] = (tight, 2)
+                            layouts_of[c.twin] = True
+                        layout_ub[c.twin] = ub
+                    c.bound = twins[c.twin][0]
+                    c.layouts = layouts_of.get(c.twin, False)
+                    c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
+                    c.lower_ms = max(c.lower_ms, float(c.bound.bound_ms) + c.sync_floor_ms)
+                    heapq.heappush(heap, (c.lower_ms, i))
+                    continue
+                if c.level < 2 and c.twin not in twin_results:
                     c.level += 1
                     t0 = time.perf_counter()
                     bound, level = twins[c.twin]
                     if level < c.level == 1:
-                        twins[c.twin] = (pipeline_bound(c.profile, c.setup.config, max_rounds=12,
-                                                        time_limit=max(1.0, bound_time),
-                                                        deterministic=deterministic), 1)
+                        rows = pipeline_bound(c.profile, c.setup.config, max_rounds=12,
+                                              time_limit=max(1.0, bound_time), deterministic=deterministic)
+                        rows = SetupBound(max(rows.bound_ms, bound.bound_ms), rounds=rows.rounds,
+                                          seconds=rows.seconds, paths=rows.paths) if not rows.infeasible else rows
+                        tight = layout_bound(c.profile, c.setup.config, rows, best - c.sync_floor_ms,
+                                             time_limit=bound_time, deterministic=deterministic)
+                        # whole layouts (when they could be enumerated) make the integer model needless
+                        twins[c.twin] = (rows, 1) if tight is None else (tight, 2)
+                        layouts_of[c.twin] = tight is not None
+                        layout_ub[c.twin] = best - c.sync_floor_ms
                     elif level < c.level == 2:
                         twins[c.twin] = (integer_bound(c.profile, c.setup.config, bound, time_limit=bound_time,
                                                        deterministic=deterministic), 2)
                     c.bound, level = twins[c.twin]
+                    c.layouts = layouts_of.get(c.twin, False)
                     c.level = max(c.level, level)
                     c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
                     if c.bound.infeasible:
@@ -324,15 +377,20 @@ def choose_candidates(
                 cfg = c.setup.config
                 digest = digests.setdefault(id(c.profile), profile_digest(c.profile))
                 fields = {f: getattr(cfg, f) for f in CONFIG_FIELDS}
-                key = point_key(c.profile.name, digest, fields, options)
+                opts = {**options, "time_limit": retry * options["time_limit"]} if c.retry else options
+                key = point_key(c.profile.name, digest, fields, opts)
                 c.row["key"] = key
                 shape_key = (cfg.stages, cfg.chunks, len(c.profile.body))
-                start = Layout(seeds[shape_key][1]) if shape_key in seeds else None
+                if c.retry and c.counts is not None:
+                    start = Layout(c.counts)  # its own plan: the second balance starts where the first ended
+                else:
+                    start = Layout(seeds[shape_key][1]) if shape_key in seeds else None
                 tasks.append((key, c, digest, start))
             results: dict[str, PointResult] = {}
             for i, (key, _c, _d, _s) in zip(chosen, tasks, strict=True):
-                if candidates[i].twin in twin_results and key not in cached:
-                    results[key] = twin_results[candidates[i].twin]
+                done_twins = retry_results if candidates[i].retry else twin_results
+                if candidates[i].twin in done_twins and key not in cached:
+                    results[key] = done_twins[candidates[i].twin]
             left = [t for t in tasks if t[0] not in cached and t[0] not in results]
             for key, _c, _d, _s in tasks:
                 if key in cached:
@@ -345,7 +403,8 @@ def choose_candidates(
                 todo = []
                 for key, c, digest, start in left:
                     try:
-                        request = SolveRequest(c.profile, c.setup.config, workers=per_solve, **options)
+                        opts = {**options, "time_limit": retry * options["time_limit"]} if c.retry else options
+                        request = SolveRequest(c.profile, c.setup.config, workers=per_solve, **opts)
                     except SapptkError as exc:
                         results[key] = no_plan(key, "invalid", str(exc))
                         continue
@@ -355,11 +414,11 @@ def choose_candidates(
                     for res in it:
                         results[res.key] = res
                         if store is not None and res.status != "error":
-                            owner = _candidate_of(candidates, chosen, res.key)
+                            owner = candidate_of(candidates, chosen, res.key)
                             row = {**input_row(owner.profile.name,
                                                {f: getattr(owner.setup.config, f) for f in CONFIG_FIELDS},
                                                time_limit),
-                                   **res.columns(),
+                                   **res.columns(), "key": res.key,
                                    LAYOUT_COLUMN: None if res.layout is None else res.layout.to_json()}
                             store.append(row)
                 finally:
@@ -367,19 +426,36 @@ def choose_candidates(
             for i in chosen:  # in batch order: the same frame whatever the executor
                 c = candidates[i]
                 res = results.get(c.row["key"], no_plan(c.row["key"], "error", "not run"))
-                if c.twin not in twin_results and res.status != "error":
-                    twin_results[c.twin] = res
-                _record(c, res, dp_bandwidth)
+                done_twins = retry_results if c.retry else twin_results
+                if c.twin not in done_twins and res.status != "error":
+                    done_twins[c.twin] = res
+                if c.retry:
+                    record_retry(c, res, dp_bandwidth)
+                else:
+                    record(c, res, dp_bandwidth)
                 if c.row.get("step_time_ms") is not None and math.isfinite(c.row["step_time_ms"]):
                     cfg = c.setup.config
                     shape_key = (cfg.stages, cfg.chunks, len(c.profile.body))
                     better = shape_key not in seeds or c.row["pipeline_ms"] < seeds[shape_key][0]
                     if better and res.layout is not None:
                         seeds[shape_key] = (c.row["pipeline_ms"], res.layout.counts)
-                    best = min(best, c.row["step_time_ms"])
-                done(c, c.row["status"])
+                    if c.row["step_time_ms"] < best:
+                        best, leader = c.row["step_time_ms"], i
+                        for item in parked:  # the old leader must now be proven slower like the rest
+                            heapq.heappush(heap, item)
+                        parked.clear()
+                if c.retry:
+                    c.retry = False
+                else:
+                    done(c, c.row["status"])
+                if c.row["status"] == "balanced":
+                    if not c.balanced:
+                        c.balanced, c.level = True, 3
+                    heapq.heappush(heap, (c.lower_ms, i))
         for _lower, i in heap:
             c = candidates[i]
+            if c.balanced:
+                continue
             c.row["bound_ms"] = c.lower_ms
             c.row["reason"] = (f"pruned: proven bound {c.lower_ms:,.1f} ms >= best step time {best:,.1f} ms"
                                if best < math.inf else "not balanced")
@@ -418,54 +494,3 @@ def choose_candidates(
     best_plan = plans[int(frame.index[0])]
     return Choice(frame=frame, best=best_plan, proven=proven, plans=plans,
                   seconds=time.perf_counter() - began, notes=notes)
-
-
-def _candidate_of(candidates: list[Candidate], chosen: list[int], key: str) -> Candidate:
-    for i in chosen:
-        if candidates[i].row.get("key") == key:
-            return candidates[i]
-    raise KeyError(key)  # pragma: no cover - every result answers a task of the batch
-
-
-def _record(c: Candidate, res: PointResult, bw: float | None) -> None:
-    """A balanced setup's row from its sweep result."""
-    status = str(res.status)
-    c.row["solver_status"] = status if status in ("optimal", "feasible", "unknown", "infeasible") else None
-    c.row["solve_seconds"] = res.solve_seconds
-    counts = None if res.layout is None else res.layout.counts
-    if status not in SOLVED or counts is None:
-        c.row["reason"] = str(res.error or f"solver status {status}")
-        c.row["status"] = "infeasible" if status == "infeasible" else "unsolved"
-        if status == "infeasible":
-            c.lower_ms = math.inf
-        return
-    c.counts = counts
-    from sapptk.costs import stage_costs
-
-    cfg = c.setup.config
-    sc = stage_costs(c.profile, cfg, np.asarray(counts, dtype=np.int64))
-    params = np.asarray(sc.params, dtype=float)
-    device_params = [float(params[list(st)].sum()) for st in cfg.program().device_stages]
-    sync = dp_sync_ms(max(device_params), c.setup.dp, bw, c.gradient_share)
-    pipeline = float(res.step_time_ms)
-    c.row.update(status="balanced", pipeline_ms=pipeline, dp_sync_ms=sync, step_time_ms=pipeline + sync,
-                 peak_mb_max=res.peak_mb_max, bubble_of_step=res.bubble_of_step,
-                 solver_bound_ms=res.bound_ms, solver_gap=res.gap)
-    solver_lower = pipeline if status == "optimal" else res.bound_ms
-    if solver_lower is not None and math.isfinite(float(solver_lower)):
-        c.lower_ms = max(c.lower_ms, float(solver_lower) + c.sync_floor_ms)
-    c.row["bound_ms"] = c.lower_ms
-
-
-def _all_infeasible(candidates: list[Candidate]) -> None:
-    """Raise the error for a choice where no setup can fit: the nearest one and what binds."""
-    infeasible = [c for c in candidates if c.row.get("status") == "infeasible"]
-    if not infeasible:
-        reasons = sorted({str(c.row.get("reason")) for c in candidates})
-        raise ConfigError(f"choose: no valid setup among {len(candidates)} ({'; '.join(reasons[:3])})")
-    nearest = min(infeasible, key=lambda c: c.row.get("excess_mb", math.inf))
-    budget = nearest.setup.config.memory_budget
-    raise ConfigError(
-        f"memory_budget = {budget!r}: no setup fits (all {len(candidates)} infeasible); the nearest is "
-        f"{nearest.setup.label}: {nearest.row.get('reason')}"
-    )

@@ -203,5 +203,8 @@ class Candidate:
     sync_floor_ms: float = 0.0
     row: dict[str, Any] = field(default_factory=dict)
     counts: Any = None
-    level: int = 0  # 0: work bound (device chains), 1: LP with row generation, 2: integer model
+    level: int = 0  # 0: work bound (device chains), 1: LP rows and layouts, 2: integer model, 3-5: after balancing
+    balanced: bool = False  # balanced once (then it may be bounded longer and balanced again)
+    retry: bool = False  # its next balance is the longer second one
+    layouts: bool = False  # its layout bound could enumerate the layouts
     twin: tuple[Any, ...] = ()  # setups with the same program, profile and limits share bounds and plans
