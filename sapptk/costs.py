@@ -394,6 +394,16 @@ _STAGE_COST_ARGS = frozenset({"forward", "backward", "weight", "activation", "pa
                               "host_bandwidth"})
 
 
+def _whole_layers(arr: np.ndarray, name: str) -> np.ndarray:
+    """``arr`` as int64 layer counts; a :class:`~sapptk.errors.ConfigError` naming ``name`` unless
+    every entry is a whole number (integers, or finite floats without a fraction)."""
+    if arr.dtype.kind not in "iu" and (
+        arr.dtype.kind != "f" or not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr))
+    ):
+        raise ConfigError(f"{name}: expected whole numbers of layers")
+    return arr.astype(np.int64)
+
+
 def check_counts(profile: Profile, config: PipelineConfig, counts: Any) -> np.ndarray:
     """Validate an assignment; return it as an int64 array or raise :class:`ConfigError`.
 
@@ -406,11 +416,7 @@ def check_counts(profile: Profile, config: PipelineConfig, counts: Any) -> np.nd
     arr = np.asarray(counts)
     if arr.shape != shape:
         raise ConfigError(f"counts: expected shape {shape} (groups, modes, virtual stages), got {arr.shape}")
-    if arr.dtype.kind not in "iu" and (
-        arr.dtype.kind != "f" or not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr))
-    ):
-        raise ConfigError("counts: expected whole numbers of layers")
-    arr = arr.astype(np.int64)
+    arr = _whole_layers(arr, "counts")
     if (arr < 0).any():
         g, r, vs = (int(i) for i in np.argwhere(arr < 0)[0])
         raise ConfigError(f"counts: negative layer count for group {g}, mode {MODES[r]!r}, virtual stage {vs}")
@@ -541,11 +547,7 @@ def check_offload(profile: Profile, config: PipelineConfig, counts: Any, offload
         raise ConfigError(f"offload: expected an integer array of shape {shape} (groups, virtual stages)") from None
     if raw.shape != shape:
         raise ConfigError(f"offload: expected shape {shape} (body groups, virtual stages), got {raw.shape}")
-    if raw.dtype.kind not in "iu" and (
-        raw.dtype.kind != "f" or not np.all(np.isfinite(raw)) or np.any(raw != np.round(raw))
-    ):
-        raise ConfigError("offload: expected whole numbers of layers")
-    arr = raw.astype(np.int64)
+    arr = _whole_layers(raw, "offload")
     if (arr < 0).any():
         g, vs = (int(i) for i in np.argwhere(arr < 0)[0])
         raise ConfigError(f"offload: negative layer count {arr[g, vs]} for group {profile.body[g].name!r}, "
