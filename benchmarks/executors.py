@@ -38,6 +38,9 @@ import textwrap
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the /proc walk the tests use
+from support import descendants  # noqa: E402
+
 BACKENDS = ("processes", "stdlib", "loky")
 
 CHILD = textwrap.dedent('''
@@ -86,21 +89,6 @@ CHILD = textwrap.dedent('''
 ''')
 
 
-def _descendants(pid: int) -> set[int]:
-    parent_of: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent_of[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {c for c, p in parent_of.items() if p in frontier} - found
-        found |= frontier
-    return found
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -131,7 +119,7 @@ def _kill(script: Path, backend: str, seconds: float) -> str:
         while len(list(Path(marks).glob("started-*"))) < 2 and time.monotonic() < end:
             time.sleep(0.05)
         workers = {int(m.name.rsplit("-", 1)[1]) for m in Path(marks).glob("started-*")}
-        family = _descendants(proc.pid) | workers
+        family = descendants(proc.pid) | workers
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         t0 = time.monotonic()
