@@ -144,6 +144,10 @@ class TotalsBound:
             self.keys.append(keys)
             self.key_of.append(inverse.ravel())
         self.key_total = [k.sum(axis=1) for k in self.keys]
+        self.alive = [np.ones(len(lay), dtype=bool) for lay in self.layouts]  # layouts not pruned (see prune)
+        self.key_alive = [np.ones(len(k), dtype=bool) for k in self.keys]
+        self.cutoff: float = math.inf  # the cutoff of the last prune
+        self._ub = [np.ones(len(lay), dtype=bool) for lay in self.layouts]  # the node LP's column bounds now
         self.shape = tuple(int(c) + 1 for c in self.counts)
         self.lengths: list[np.ndarray] = [np.zeros((0, len(lay)), dtype=np.float64) for lay in self.layouts]
         self.crossings = np.zeros(0, dtype=np.float64)
@@ -157,6 +161,53 @@ class TotalsBound:
         self.out = TotalsResult()
         self.t0: float | None = None
         self._push(lo, hi, 0.0)
+
+    # ------------------------------------------------------------------ pruning
+    def prune(self, cutoff: float) -> int:
+        """Drop the layouts no plan faster than ``cutoff`` (ticks) can use; returns how many
+        are left. Layout ``o`` of device ``d`` goes when the step time with ``o`` on ``d`` and
+        every other op at its least duration over the other devices' remaining layouts is at
+        least ``cutoff``: the step is monotone in every op's duration, so every plan with ``o``
+        on ``d`` is at least that long (the longest paths through ``d``'s fill and drain, not
+        only its own chain). Repeated until nothing more goes (the least durations rise as
+        layouts go). The node bounds and node LPs then range over the layouts left only."""
+        if cutoff >= self.cutoff:
+            return int(sum(int(a.sum()) for a in self.alive))
+        self.cutoff = float(cutoff)
+        paths, nvs, comm = self.lp.paths, self.lp.paths.nvs, self.lp.coef.comm
+        tables = [(np.asarray(lay.stages), (lay.forward, lay.backward, lay.weight)) for lay in self.layouts]
+        while True:
+            if not all(a.any() for a in self.alive):
+                break  # no plan faster than the cutoff at all: every box is empty
+            least = np.zeros(3 * nvs)
+            for (st, tabs), alive in zip(tables, self.alive, strict=True):
+                for kind, table in enumerate(tabs):
+                    least[kind * nvs + st] = table[alive].min(axis=0)
+            changed = False
+            for (st, tabs), alive in zip(tables, self.alive, strict=True):
+                idx = np.flatnonzero(alive)
+                costs = np.repeat(least[None, :], len(idx), axis=0)
+                for kind, table in enumerate(tabs):
+                    costs[:, kind * nvs + st] = table[idx]
+                for start in range(0, len(idx), 256):  # bounded working memory
+                    part = idx[start:start + 256]
+                    steps = paths.steps(costs[start:start + 256], comm)
+                    gone = part[steps >= cutoff]
+                    if len(gone):
+                        alive[gone] = False
+                        changed = True
+            if not changed:
+                break
+        for d in range(len(self.layouts)):
+            self.key_alive[d] = np.bincount(self.key_of[d][self.alive[d]], minlength=len(self.keys[d])) > 0
+        self._refresh_key_costs()
+        return int(sum(int(a.sum()) for a in self.alive))
+
+    def _refresh_key_costs(self) -> None:
+        """Every vector's per-key costs over the layouts left (after a prune)."""
+        self.key_costs = [np.zeros((0, len(k))) for k in self.keys]
+        for w in self.weights:
+            self._add_key_costs(w)
 
     # ------------------------------------------------------------------ the bundle
     def _sync_paths(self) -> None:
@@ -182,13 +233,16 @@ class TotalsBound:
         w = w / total
         self.weights = np.vstack([self.weights.reshape(-1, len(w)), w[None, :]])
         self.consts = np.r_[self.consts, float(w @ self.crossings) * self.lp.comm_ticks]
+        self._add_key_costs(w)
+        self.out.weights = len(self.consts)
+        return True
+
+    def _add_key_costs(self, w: np.ndarray) -> None:
         for d, length in enumerate(self.lengths):
             cost = w @ length  # per layout
             per_key = np.full(len(self.keys[d]), np.inf)
-            np.minimum.at(per_key, self.key_of[d], cost)
+            np.minimum.at(per_key, self.key_of[d][self.alive[d]], cost[self.alive[d]])
             self.key_costs[d] = np.vstack([self.key_costs[d], per_key[None, :]])
-        self.out.weights = len(self.consts)
-        return True
 
     def box_bounds(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """For every weight vector, ``min f_w(n)`` over totals in [lo, hi] with the groups
@@ -200,7 +254,7 @@ class TotalsBound:
     def box_feasible(self, lo: np.ndarray, hi: np.ndarray) -> bool:
         """Whether some choice of one layout per device has its totals in [lo, hi] and the
         groups adding up (exact, in integers: the same program with every cost zero)."""
-        zeros = [np.zeros((1, len(k))) for k in self.keys]
+        zeros = [np.where(alive, 0.0, np.inf)[None, :] for alive in self.key_alive]
         return bool(np.isfinite(self._box_minimum(lo, hi, zeros, np.zeros(1))[0]))
 
     def _box_minimum(
@@ -211,7 +265,8 @@ class TotalsBound:
         best[(slice(None),) + (0,) * len(self.shape)] = 0.0
         for d in range(len(self.layouts)):
             nxt = np.full_like(best, np.inf)
-            ok = (self.key_total[d] >= lo[d]) & (self.key_total[d] <= hi[d]) & (self.keys[d] <= self.counts).all(axis=1)
+            ok = ((self.key_total[d] >= lo[d]) & (self.key_total[d] <= hi[d])
+                  & (self.keys[d] <= self.counts).all(axis=1) & self.key_alive[d])
             for i in np.flatnonzero(ok):
                 key = self.keys[d][i]
                 src = (slice(None),) + tuple(slice(0, n - int(c)) for n, c in zip(self.shape, key, strict=True))
@@ -242,6 +297,9 @@ class TotalsBound:
         if self.t0 is None:
             self.t0 = now
         out = self.out
+        if cutoff < self.cutoff:
+            self.prune(cutoff)
+            self._rebound()
         while self.heap and time.perf_counter() < until and not (stopped is not None and stopped()):
             node = self.heap[0]
             if node.bound >= cutoff or node.final:
@@ -270,9 +328,17 @@ class TotalsBound:
                 self._split(node, bound, y_totals)
             self._record()
         self._record()
+        self.release()
         out.open = len(self.heap)
         out.seconds = time.perf_counter() - self.t0
         return self._result(cutoff)
+
+    def _rebound(self) -> None:
+        """The open nodes' bounds again, over the layouts left after a prune (never lower)."""
+        nodes, self.heap = self.heap, []
+        for node in nodes:
+            node.bound = max(node.bound, self._bound_of(node.lo, node.hi))
+            heapq.heappush(self.heap, node)
 
     def _result(self, cutoff: int) -> TotalsResult:
         best = min(self.global_bound(), float(cutoff))
@@ -319,6 +385,18 @@ class TotalsBound:
             lo[d], hi[d] = lo_d, hi_d
             self._push(lo, hi, max(node.bound, self._bound_of(lo, hi)))
 
+    def _set_columns(self, d: int, allowed: np.ndarray) -> None:
+        """Open the node LP's columns of device ``d`` where ``allowed``, close the others (only
+        the bounds that change are set: a bound change costs the LP solver a call each)."""
+        for o in np.flatnonzero(allowed != self._ub[d]):
+            self.lp.y[d][o].SetUb(1.0 if allowed[o] else 0.0)
+        self._ub[d] = allowed.copy()
+
+    def release(self) -> None:
+        """Open every column of the shared LP again (the relaxation's own runs need them all)."""
+        for d in range(len(self.layouts)):
+            self._set_columns(d, np.ones(len(self.layouts[d]), dtype=bool))
+
     def _solve_box(
         self, lo: np.ndarray, hi: np.ndarray, until: float, stopped: Callable[[], bool] | None
     ) -> list[tuple[np.ndarray, np.ndarray]] | str:
@@ -330,21 +408,14 @@ class TotalsBound:
         lp = self.lp
         for d in range(len(self.layouts)):
             tot = self.key_total[d][self.key_of[d]]
-            allowed = (tot >= lo[d]) & (tot <= hi[d])
-            for o, var in enumerate(lp.y[d]):
-                var.SetUb(1.0 if allowed[o] else 0.0)
-        try:
-            lp.run(until=until, stopped=stopped, max_iterations=self.lp_iterations)
-            self.out.lps += 1
-            if not lp.last_optimal:
-                if lp.last_infeasible:
-                    return "infeasible"
-                cut_short = time.perf_counter() >= until or (stopped is not None and stopped())
-                return "stopped" if cut_short else "failed"
-            y = [np.array([v.solution_value() for v in lp.y[d]]) for d in range(len(self.layouts))]
-        finally:
-            for ys in lp.y:
-                for var in ys:
-                    var.SetUb(1.0)
+            self._set_columns(d, (tot >= lo[d]) & (tot <= hi[d]) & self.alive[d])
+        lp.run(until=until, stopped=stopped, max_iterations=self.lp_iterations, lagrangian=False)
+        self.out.lps += 1
+        if not lp.last_optimal:
+            if lp.last_infeasible:
+                return "infeasible"
+            cut_short = time.perf_counter() >= until or (stopped is not None and stopped())
+            return "stopped" if cut_short else "failed"
+        y = [np.array([v.solution_value() for v in lp.y[d]]) for d in range(len(self.layouts))]
         self.add_weights(lp.last_duals)
         return [(y[d], self.key_total[d][self.key_of[d]]) for d in range(len(self.layouts))]
