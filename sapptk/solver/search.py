@@ -496,6 +496,8 @@ class _Phases:
         self.totals_bound = max(self.totals_bound, min(found.bound, inc.ticks))
         self.rates.tree(min(self.totals_bound, inc.ticks) - before, self.clock.now() - began)
         assert self.master is not None
+        if self.clock.expired():  # no master solve follows: adding hundreds of cuts would only run past the limit
+            return self.proven(self.lower_bound())
         for sig, crossings in self.lp.out.cuts[known:]:  # the paths its LPs added join the master
             self.incumbent.paths.setdefault(_key(sig, crossings), (sig, crossings))
             self.master.add_cut(sig, crossings)
