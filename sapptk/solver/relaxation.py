@@ -11,6 +11,8 @@ directly, and hands the paths it needed to the master.
    longest path under those durations is the most violated path constraint
    (:meth:`~sapptk.solver.paths.PathModel.longest` with fractional costs). It joins the LP
    until none is violated: the LP then holds the optimum of the relaxation with *all* paths.
+   Each op duration of a virtual stage is one LP variable, defined by its device's layouts,
+   so a path row names at most ``3 · V`` durations rather than every layout of every device.
 2. **A Lagrangian bound, in exact arithmetic over the integers.** Any weights ``λ ≥ 0`` on
    the path constraints give ``z ≥ Σ_P λ_P len_P(y) / Σ_P λ_P`` for every plan, so
    ``min`` of that over integer plans (one layout per device, the layers of every group
