@@ -340,3 +340,16 @@ def test_the_lp_durations_are_the_layouts_average(case):
         cost[2 * nvs + st] += y @ lay.weight
     step, _ = problem.paths.longest(cost[None, :], problem.coef.comm)
     assert float(step[0]) == pytest.approx(relaxed.lp, rel=1e-6)
+
+
+def test_pruning_stops_at_its_deadline():
+    """A prune out of time drops nothing more (what it dropped stays valid) and is not repeated
+    for the same cutoff; a lower cutoff prunes again."""
+    rng = np.random.default_rng(seed_of("totals-prune", 0))
+    _, layouts, lp, best, _, _ = random_case(rng)
+    lp.run(until=time.perf_counter() + 10, max_iterations=2)
+    tree = TotalsBound(lp)
+    everything = sum(len(lay) for lay in layouts)
+    assert tree.prune(best + 1, until=0.0) == everything  # out of time before the first batch
+    assert tree.prune(best + 1) == everything  # the same cutoff: not repeated
+    assert tree.prune(best) < everything  # a lower one: pruned (nothing reaches below the optimum)

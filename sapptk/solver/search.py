@@ -486,7 +486,8 @@ class _Phases:
                 or self.problem.config.chunks < 2 or self.clock.expired()):
             return self.lower_bound()
         if self.totals is None:
-            self.totals = TotalsBound(self.lp, lp_iterations=self.options.totals_lp_iterations)
+            self.totals = TotalsBound(self.lp, lp_iterations=self.options.totals_lp_iterations,
+                                      evaluation_bytes=self.options.evaluation_bytes)
             self.totals.add_weights(self.lp.last_duals)
         began = self.clock.now()
         before = max(self.lower_bound(), self.bounds[-1][1] if self.bounds else 0)  # the proven bound so far

@@ -135,8 +135,10 @@ class TotalsBound:
     """Branch and bound on per-device layer totals over the layouts of ``lp`` (see the module
     docstring). ``run`` may be called repeatedly; the tree and the bundle are kept between calls."""
 
-    def __init__(self, lp: LinearRelaxation, *, lp_iterations: int = 40) -> None:
+    def __init__(self, lp: LinearRelaxation, *, lp_iterations: int = 40, evaluation_bytes: int | None = None) -> None:
         self.lp = lp
+        # step times evaluated at once by prune (``evaluation_bytes``: working memory of one batch)
+        self.batch = 256 if evaluation_bytes is None else max(1, min(256, lp.paths.batch_size(evaluation_bytes)))
         self.layouts: list[DeviceLayouts] = lp.layouts
         self.counts = np.asarray(lp.coef.counts, dtype=np.int64)
         self.lp_iterations = lp_iterations
@@ -167,20 +169,23 @@ class TotalsBound:
         self._push(lo, hi, 0.0)
 
     # ------------------------------------------------------------------ pruning
-    def prune(self, cutoff: float) -> int:
+    def prune(self, cutoff: float, until: float = math.inf) -> int:
         """Drop the layouts no plan faster than ``cutoff`` (ticks) can use; returns how many
         are left. Layout ``o`` of device ``d`` goes when the step time with ``o`` on ``d`` and
         every other op at its least duration over the other devices' remaining layouts is at
         least ``cutoff``: the step is monotone in every op's duration, so every plan with ``o``
         on ``d`` is at least that long (the longest paths through ``d``'s fill and drain, not
         only its own chain). Repeated until nothing more goes (the least durations rise as
-        layouts go). The node bounds and node LPs then range over the layouts left only."""
+        layouts go). The node bounds and node LPs then range over the layouts left only. Stops
+        at ``until`` (a ``perf_counter`` time) with what it has dropped so far (each drop is
+        valid on its own), and is not repeated until the cutoff falls."""
         if cutoff >= self.cutoff:
             return int(sum(int(a.sum()) for a in self.alive))
         self.cutoff = float(cutoff)
         paths, nvs, comm = self.lp.paths, self.lp.paths.nvs, self.lp.coef.comm
         tables = [(np.asarray(lay.stages), (lay.forward, lay.backward, lay.weight)) for lay in self.layouts]
-        while True:
+        out_of_time = False
+        while not out_of_time:
             if not all(a.any() for a in self.alive):
                 break  # no plan faster than the cutoff at all: every box is empty
             least = np.zeros(3 * nvs)
@@ -193,9 +198,12 @@ class TotalsBound:
                 costs = np.repeat(least[None, :], len(idx), axis=0)
                 for kind, table in enumerate(tabs):
                     costs[:, kind * nvs + st] = table[idx]
-                for start in range(0, len(idx), 256):  # bounded working memory
-                    part = idx[start:start + 256]
-                    steps = paths.steps(costs[start:start + 256], comm)
+                for start in range(0, len(idx), self.batch):  # bounded working memory
+                    if time.perf_counter() >= until:
+                        out_of_time = True
+                        break
+                    part = idx[start:start + self.batch]
+                    steps = paths.steps(costs[start:start + self.batch], comm)
                     gone = part[steps >= cutoff]
                     if len(gone):
                         alive[gone] = False
@@ -302,7 +310,7 @@ class TotalsBound:
             self.t0 = now
         out = self.out
         if cutoff < self.cutoff:
-            self.prune(cutoff)
+            self.prune(cutoff, until)
             self._rebound()
         while self.heap and time.perf_counter() < until and not (stopped is not None and stopped()):
             node = self.heap[0]
