@@ -312,35 +312,37 @@ class TotalsBound:
         if cutoff < self.cutoff:
             self.prune(cutoff, until)
             self._rebound()
-        while self.heap and time.perf_counter() < until and not (stopped is not None and stopped()):
-            node = self.heap[0]
-            if node.bound >= cutoff or node.final:
-                break
-            heapq.heappop(self.heap)
-            y_totals = self._solve_box(node.lo, node.hi, until, stopped)
-            if y_totals == "infeasible":
-                if not self.box_feasible(node.lo, node.hi):  # proven in integers: no plan has totals in this box
+        try:
+            while self.heap and time.perf_counter() < until and not (stopped is not None and stopped()):
+                node = self.heap[0]
+                if node.bound >= cutoff or node.final:
+                    break
+                heapq.heappop(self.heap)
+                y_totals = self._solve_box(node.lo, node.hi, until, stopped)
+                if y_totals == "infeasible":
+                    if not self.box_feasible(node.lo, node.hi):  # proven in integers: no plan has totals in this box
+                        self._record()
+                        continue
+                    self._push(node.lo, node.hi, node.bound, final=True)  # the LP solver's word alone: kept, not split
+                    continue
+                if y_totals == "stopped":  # cut short: the node goes back as it was
+                    heapq.heappush(self.heap, node)
+                    break
+                if y_totals == "failed":  # the LP solver gave no answer with time left: split without it
+                    self.out.failed += 1
+                    self._split_widest(node)
                     self._record()
                     continue
-                self._push(node.lo, node.hi, node.bound, final=True)  # the LP solver's word alone: kept, not split
-                continue
-            if y_totals == "stopped":  # cut short: the node goes back as it was
-                heapq.heappush(self.heap, node)
-                break
-            if y_totals == "failed":  # the LP solver gave no answer with time left: split without it
-                self.out.failed += 1
-                self._split_widest(node)
+                bound = max(node.bound, self._bound_of(node.lo, node.hi))
+                out.nodes += 1
+                if bound > node.bound * (1 + 1e-6) + 1.0:
+                    self._push(node.lo, node.hi, bound)
+                else:
+                    self._split(node, bound, y_totals)
                 self._record()
-                continue
-            bound = max(node.bound, self._bound_of(node.lo, node.hi))
-            out.nodes += 1
-            if bound > node.bound * (1 + 1e-6) + 1.0:
-                self._push(node.lo, node.hi, bound)
-            else:
-                self._split(node, bound, y_totals)
-            self._record()
+        finally:
+            self.release()  # the shared LP's columns all open again, whatever happened
         self._record()
-        self.release()
         out.open = len(self.heap)
         out.seconds = time.perf_counter() - self.t0
         return self._result(cutoff)
