@@ -286,3 +286,70 @@ def test_options_of_the_tree_are_checked():
             SearchOptions(totals_share=bad)
     with pytest.raises(ConfigError, match="totals_lp_iterations"):
         SearchOptions(totals_lp_iterations=0)
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_pruning_keeps_every_layout_of_a_faster_plan(case):
+    """``TotalsBound.prune(cutoff)`` drops only layouts no plan faster than the cutoff uses:
+    for every fitting plan faster than the cutoff, the layout each device takes for it (its
+    composition, no longer backwards) is kept; with the cutoff just above the optimum some
+    layouts go (the test can tell pruning from none)."""
+    rng = np.random.default_rng(seed_of("totals-prune", case))
+    problem, layouts, lp, best, steps, _ = random_case(rng)
+    fitting = [c for c in _fitting_plans(problem)]
+    lp.run(until=time.perf_counter() + 10, max_iterations=2)
+    for cutoff in (int(np.quantile(steps, 0.3)) + 1, best + 1):
+        tree = TotalsBound(lp)
+        left = tree.prune(cutoff)
+        assert left == sum(int(a.sum()) for a in tree.alive)
+        for counts, step in zip(fitting, steps, strict=True):
+            if step >= cutoff:
+                continue
+            for d, lay in enumerate(layouts):
+                o = lay.find(problem.coef, counts)
+                assert o is not None and tree.alive[d][o], (case, cutoff, d)
+    # just above the optimum, layouts of slower plans go
+    assert left < sum(len(lay) for lay in layouts)
+
+
+def _fitting_plans(problem) -> list[np.ndarray]:  # noqa: ANN001
+    """Every fitting plan of a random case, in the order of ``random_case``'s ``steps``."""
+    prof, cfg = problem.profile, problem.config
+    unlimited = make_problem(prof, cfg.replace(memory_budget=None), allow_empty=False, options=SearchOptions())
+    candidates = [unlimited.groups.merge(c)
+                  for c in all_assignments(prof, cfg, (MODES.index("none"), MODES.index("full")))]
+    return [c for c in candidates if problem.fits(c)]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_the_lp_durations_are_the_layouts_average(case):
+    """The LP names each op's duration once (a variable per virtual stage and kind, defined by its
+    device's layouts): at a converged LP its value is the longest path under the durations
+    averaged from the layouts' own weights ``y``, recomputed here without those variables."""
+    rng = np.random.default_rng(seed_of("lp-durations", case))
+    problem, layouts, lp, best, _, _ = random_case(rng)
+    relaxed = lp.run(until=time.perf_counter() + 10)
+    assert relaxed.converged and relaxed.lp <= best * (1 + 1e-9)
+    nvs = problem.paths.nvs
+    cost = np.zeros(3 * nvs)
+    for d, lay in enumerate(layouts):
+        y = np.array([v.solution_value() for v in lp.y[d]])
+        st = np.asarray(lay.stages)
+        cost[st] += y @ lay.forward
+        cost[nvs + st] += y @ lay.backward
+        cost[2 * nvs + st] += y @ lay.weight
+    step, _ = problem.paths.longest(cost[None, :], problem.coef.comm)
+    assert float(step[0]) == pytest.approx(relaxed.lp, rel=1e-6)
+
+
+def test_pruning_stops_at_its_deadline():
+    """A prune out of time drops nothing more (what it dropped stays valid) and is not repeated
+    for the same cutoff; a lower cutoff prunes again."""
+    rng = np.random.default_rng(seed_of("totals-prune", 0))
+    _, layouts, lp, best, _, _ = random_case(rng)
+    lp.run(until=time.perf_counter() + 10, max_iterations=2)
+    tree = TotalsBound(lp)
+    everything = sum(len(lay) for lay in layouts)
+    assert tree.prune(best + 1, until=0.0) == everything  # out of time before the first batch
+    assert tree.prune(best + 1) == everything  # the same cutoff: not repeated
+    assert tree.prune(best) < everything  # a lower one: pruned (nothing reaches below the optimum)

@@ -11,6 +11,8 @@ directly, and hands the paths it needed to the master.
    longest path under those durations is the most violated path constraint
    (:meth:`~sapptk.solver.paths.PathModel.longest` with fractional costs). It joins the LP
    until none is violated: the LP then holds the optimum of the relaxation with *all* paths.
+   Each op duration of a virtual stage is one LP variable, defined by its device's layouts,
+   so a path row names at most ``3 · V`` durations rather than every layout of every device.
 2. **A Lagrangian bound, in exact arithmetic over the integers.** Any weights ``λ ≥ 0`` on
    the path constraints give ``z ≥ Σ_P λ_P len_P(y) / Σ_P λ_P`` for every plan, so
    ``min`` of that over integer plans (one layout per device, the layers of every group
@@ -140,7 +142,8 @@ class LinearRelaxation:
         self.rows: list[pywraplp.Constraint] = []
         self.seen: set[bytes] = set()
         self.generated: set[bytes] = set()
-        # the last LP solve of :meth:`run`: optimal, proven infeasible, and its row duals
+        # the last LP solve of :meth:`run`: optimal, proven infeasible; the row duals of the last
+        # optimal solve at which a run stopped (any weights >= 0 give a valid bound)
         self.last_optimal = False
         self.last_infeasible = False
         self.last_duals = np.zeros(0)
@@ -149,8 +152,11 @@ class LinearRelaxation:
             return
         solver = self.solver
         # each new row cuts the last solution off while its basis stays dual feasible: dual simplex
-        # restarts from there (measured about 20 % faster than the default on the benchmarks)
-        solver.SetSolverSpecificParametersAsString("use_dual_simplex: true")
+        # restarts from there (measured about 20 % faster than the default on the benchmarks). Without
+        # presolve and scaling GLOP keeps its basis between solves (a new row, changed column bounds):
+        # a node LP of the totals tree re-solves in a few ms instead of 30 (the rows are normalised)
+        solver.SetSolverSpecificParametersAsString(
+            "use_dual_simplex: true, use_preprocessing: false, use_scaling: false")
         self.y = [[solver.NumVar(0.0, 1.0, f"y_{d}_{o}") for o in range(len(lay))] for d, lay in enumerate(layouts)]
         for ys in self.y:
             row = solver.Constraint(1.0, 1.0)
@@ -164,6 +170,18 @@ class LinearRelaxation:
                     row.SetCoefficient(self.y[d][o], float(totals[d][o, g]))
         # lengths are normalised by the longest device chain so that the LP's numbers are near 1
         self.norm = float(max(int(lay.chain.max()) for lay in layouts) or 1)
+        # one variable per op duration of each virtual stage (forward, backward, weight), defined by
+        # the layouts of its device: a path row then names at most 3 · V durations instead of every
+        # layout of every device (about ten times fewer nonzeros; the same LP in y and z)
+        nvs = paths.nvs
+        self.dur = [solver.NumVar(-solver.infinity(), solver.infinity(), f"d_{k}") for k in range(3 * nvs)]
+        for lay, ys in zip(layouts, self.y, strict=True):
+            for kind, table in enumerate((lay.forward, lay.backward, lay.weight)):
+                for c, vs in enumerate(lay.stages):
+                    row = solver.Constraint(0.0, 0.0)
+                    row.SetCoefficient(self.dur[kind * nvs + vs], 1.0)
+                    for o in np.flatnonzero(table[:, c]):
+                        row.SetCoefficient(ys[o], -float(table[o, c]) / self.norm)
         self.z = solver.NumVar(0.0, solver.infinity(), "z")
         objective = solver.Objective()
         objective.SetCoefficient(self.z, 1.0)
@@ -175,17 +193,11 @@ class LinearRelaxation:
         if key in self.seen or self.solver is None:
             return False
         self.seen.add(key)
-        solver, D = self.solver, len(self.layouts)
-        lengths = path_lengths(self.layouts, sig[None, :])
-        const = cross * self.comm_ticks
-        for d in range(D):
-            const += int(lengths[d].min())
-        row = solver.Constraint(const / self.norm, solver.infinity())
+        solver = self.solver
+        row = solver.Constraint(cross * self.comm_ticks / self.norm, solver.infinity())
         row.SetCoefficient(self.z, 1.0)
-        for d in range(D):
-            rel = lengths[d][0] - int(lengths[d].min())
-            for o in np.flatnonzero(rel):
-                row.SetCoefficient(self.y[d][o], -float(rel[o]) / self.norm)
+        for k in np.flatnonzero(sig):
+            row.SetCoefficient(self.dur[k], -float(sig[k]))
         self.sigs.append(np.asarray(sig, dtype=np.int64))
         self.crossings.append(int(cross))
         self.rows.append(row)
@@ -196,14 +208,17 @@ class LinearRelaxation:
         return lagrangian_bound(self.layouts, self.coef.counts, np.stack(self.sigs), np.asarray(self.crossings),
                                 self.comm_ticks, duals, max_states=self.max_dp_states)
 
-    def run(self, *, until: float, stopped: Callable[[], bool] | None = None, max_iterations: int = 1000) -> Relaxation:
+    def run(self, *, until: float, stopped: Callable[[], bool] | None = None, max_iterations: int = 1000,
+            lagrangian: bool = True) -> Relaxation:
         """Row generation until converged, ``until`` (a ``perf_counter`` time; each LP solve is
-        capped by it, but gets at least 0.1 s), ``stopped()`` or ``max_iterations`` LP solves."""
+        capped by it, but gets at least 0.1 s), ``stopped()`` or ``max_iterations`` LP solves.
+        ``lagrangian=False``: no Lagrangian bound from these duals (a caller that bounds with
+        ``last_duals`` itself, as :mod:`sapptk.solver.totals_bound` does; ``bound`` keeps its
+        value from earlier runs)."""
         t0 = time.perf_counter()
         out, solver = self.out, self.solver
         if solver is None or not self.rows:
             return out
-        nvs = self.paths.nvs
         for i in range(max_iterations):
             solver.SetTimeLimit(max(100, int(1000 * (until - time.perf_counter()))))
             status = _solve(solver, stopped)
@@ -212,27 +227,25 @@ class LinearRelaxation:
             self.last_infeasible = status == pywraplp.Solver.INFEASIBLE
             if status != pywraplp.Solver.OPTIMAL:
                 break
-            self.last_duals = np.array([row.dual_value() for row in self.rows])
             out.lp = self.z.solution_value() * self.norm
-            cost = np.zeros(3 * nvs)
-            for d, lay in enumerate(self.layouts):
-                yd = np.array([var.solution_value() for var in self.y[d]])
-                st = np.asarray(lay.stages)
-                cost[st] += yd @ lay.forward
-                cost[nvs + st] += yd @ lay.backward
-                cost[2 * nvs + st] += yd @ lay.weight
+            # the averaged durations are the duration variables' values
+            cost = np.array([var.solution_value() for var in self.dur]) * self.norm
             steps, found = self.paths.longest(cost[None, :], self.coef.comm)
             converged = float(steps[0]) <= out.lp * (1 + 1e-9) + 1e-6
             out_of_time = time.perf_counter() >= until or (stopped is not None and stopped())
             if converged or out_of_time or i == max_iterations - 1:
                 out.converged = converged
-                self.best = max(self.best, self._bound_now())  # these duals, before any row changes them
+                self.last_duals = np.array([row.dual_value() for row in self.rows])
+                if lagrangian:
+                    self.best = max(self.best, self._bound_now())  # these duals, before any row changes them
                 break
-            if out.iterations % 10 == 0:  # kept in case a later LP solve fails
+            if lagrangian and out.iterations % 10 == 0:  # kept in case a later LP solve fails
                 self.best = max(self.best, self._bound_now())
             sig, cross = found[0]
             if not self.add(sig, cross):  # a path already in the LP: tolerances; stop with what we have
-                self.best = max(self.best, self._bound_now())
+                self.last_duals = np.array([row.dual_value() for row in self.rows])
+                if lagrangian:
+                    self.best = max(self.best, self._bound_now())
                 break
             self.generated.add(path_key(sig, cross))
             out.cuts.append((self.sigs[-1], self.crossings[-1]))

@@ -486,7 +486,8 @@ class _Phases:
                 or self.problem.config.chunks < 2 or self.clock.expired()):
             return self.lower_bound()
         if self.totals is None:
-            self.totals = TotalsBound(self.lp, lp_iterations=self.options.totals_lp_iterations)
+            self.totals = TotalsBound(self.lp, lp_iterations=self.options.totals_lp_iterations,
+                                      evaluation_bytes=self.options.evaluation_bytes)
             self.totals.add_weights(self.lp.last_duals)
         began = self.clock.now()
         before = max(self.lower_bound(), self.bounds[-1][1] if self.bounds else 0)  # the proven bound so far
@@ -496,6 +497,8 @@ class _Phases:
         self.totals_bound = max(self.totals_bound, min(found.bound, inc.ticks))
         self.rates.tree(min(self.totals_bound, inc.ticks) - before, self.clock.now() - began)
         assert self.master is not None
+        if self.clock.expired():  # no master solve follows: adding hundreds of cuts would only run past the limit
+            return self.proven(self.lower_bound())
         for sig, crossings in self.lp.out.cuts[known:]:  # the paths its LPs added join the master
             self.incumbent.paths.setdefault(_key(sig, crossings), (sig, crossings))
             self.master.add_cut(sig, crossings)

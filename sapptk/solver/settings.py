@@ -39,7 +39,7 @@ class SearchOptions:
     tie_break_share: 0.5 — the least-recompute tie-break may use this much of what is left
         once the step time is proven (the rest goes to the smallest deviation from the even
         split).
-    totals_share: 0.8 — on schedules with two or more chunks per device, the share of the
+    totals_share: 0.9 — on schedules with two or more chunks per device, the share of the
         master phase's time (phase 6) given to the branch and bound on device layer totals
         (:mod:`sapptk.solver.totals_bound`), which raises the proven bound: after each capped
         master solve that brought no better plan, it runs for up to ``share / (1 − share)``
@@ -118,7 +118,7 @@ class SearchOptions:
     first_plan_share: float = 0.25
     master_cap_share: float = 0.05
     tie_break_share: float = 0.5
-    totals_share: float = 0.8
+    totals_share: float = 0.9
     diagnosis_seconds: float = 10.0
     stall_time: float | None = None
     offload_base_share: float = 0.45

@@ -27,8 +27,12 @@ brings the same relaxation within about 1 % of it. This module searches over the
    can stop whenever the clock says so.
 
 Layouts whose own op chain exceeds the incumbent are not enumerated (:mod:`sapptk.solver.layouts`),
-so the bound holds for every plan at least as good as the incumbent — which is what
-``min(bound, incumbent)`` needs. Group contiguity is relaxed (still a bound). The dynamic
+and before the search (again whenever the incumbent improves) :meth:`TotalsBound.prune` drops
+every layout whose step time, with every other op at its least duration over the other
+devices' layouts, already reaches the incumbent (the paths through the device's fill and
+drain, not only its own chain; about half the layouts on llama2_70b 16 × 32 × 2, all those
+holding more than 7 layers). So the bound holds for every plan faster than the incumbent —
+which is what ``min(bound, incumbent)`` needs. Group contiguity is relaxed (still a bound). The dynamic
 program sums in floating point: the result steps down by a relative 1e-9 before rounding up
 to a tick, as the relaxation's does.
 """
@@ -131,8 +135,10 @@ class TotalsBound:
     """Branch and bound on per-device layer totals over the layouts of ``lp`` (see the module
     docstring). ``run`` may be called repeatedly; the tree and the bundle are kept between calls."""
 
-    def __init__(self, lp: LinearRelaxation, *, lp_iterations: int = 40) -> None:
+    def __init__(self, lp: LinearRelaxation, *, lp_iterations: int = 40, evaluation_bytes: int | None = None) -> None:
         self.lp = lp
+        # step times evaluated at once by prune (``evaluation_bytes``: working memory of one batch)
+        self.batch = 256 if evaluation_bytes is None else max(1, min(256, lp.paths.batch_size(evaluation_bytes)))
         self.layouts: list[DeviceLayouts] = lp.layouts
         self.counts = np.asarray(lp.coef.counts, dtype=np.int64)
         self.lp_iterations = lp_iterations
@@ -144,6 +150,10 @@ class TotalsBound:
             self.keys.append(keys)
             self.key_of.append(inverse.ravel())
         self.key_total = [k.sum(axis=1) for k in self.keys]
+        self.alive = [np.ones(len(lay), dtype=bool) for lay in self.layouts]  # layouts not pruned (see prune)
+        self.key_alive = [np.ones(len(k), dtype=bool) for k in self.keys]
+        self.cutoff: float = math.inf  # the cutoff of the last prune
+        self._ub = [np.ones(len(lay), dtype=bool) for lay in self.layouts]  # the node LP's column bounds now
         self.shape = tuple(int(c) + 1 for c in self.counts)
         self.lengths: list[np.ndarray] = [np.zeros((0, len(lay)), dtype=np.float64) for lay in self.layouts]
         self.crossings = np.zeros(0, dtype=np.float64)
@@ -157,6 +167,65 @@ class TotalsBound:
         self.out = TotalsResult()
         self.t0: float | None = None
         self._push(lo, hi, 0.0)
+
+    # ------------------------------------------------------------------ pruning
+    def prune(self, cutoff: float, until: float = math.inf) -> int:
+        """Drop the layouts no plan faster than ``cutoff`` (ticks) can use; returns how many
+        are left. Layout ``o`` of device ``d`` goes when the step time with ``o`` on ``d`` and
+        every other op at its least duration over the other devices' remaining layouts is at
+        least ``cutoff``: the step is monotone in every op's duration, so every plan with ``o``
+        on ``d`` is at least that long (the longest paths through ``d``'s fill and drain, not
+        only its own chain). Repeated until nothing more goes (the least durations rise as
+        layouts go). The node bounds and node LPs then range over the layouts left only. Stops
+        at ``until`` (a ``perf_counter`` time) with what it has dropped so far (each drop is
+        valid on its own), and is not repeated until the cutoff falls."""
+        if cutoff >= self.cutoff:
+            return int(sum(int(a.sum()) for a in self.alive))
+        self.cutoff = float(cutoff)
+        paths, nvs, comm = self.lp.paths, self.lp.paths.nvs, self.lp.coef.comm
+        tables = [(np.asarray(lay.stages), (lay.forward, lay.backward, lay.weight)) for lay in self.layouts]
+        most = np.zeros(3 * nvs)
+        for st, tabs in tables:
+            for kind, table in enumerate(tabs):
+                most[kind * nvs + st] = table.max(axis=0) if len(table) else 0
+        if int(paths.steps(most[None, :], comm)[0]) < cutoff:
+            return int(sum(int(a.sum()) for a in self.alive))  # every op at its longest is still faster: nothing goes
+        out_of_time = False
+        while not out_of_time:
+            if not all(a.any() for a in self.alive):
+                break  # no plan faster than the cutoff at all: every box is empty
+            least = np.zeros(3 * nvs)
+            for (st, tabs), alive in zip(tables, self.alive, strict=True):
+                for kind, table in enumerate(tabs):
+                    least[kind * nvs + st] = table[alive].min(axis=0)
+            changed = False
+            for (st, tabs), alive in zip(tables, self.alive, strict=True):
+                idx = np.flatnonzero(alive)
+                costs = np.repeat(least[None, :], len(idx), axis=0)
+                for kind, table in enumerate(tabs):
+                    costs[:, kind * nvs + st] = table[idx]
+                for start in range(0, len(idx), self.batch):  # bounded working memory
+                    if time.perf_counter() >= until:
+                        out_of_time = True
+                        break
+                    part = idx[start:start + self.batch]
+                    steps = paths.steps(costs[start:start + self.batch], comm)
+                    gone = part[steps >= cutoff]
+                    if len(gone):
+                        alive[gone] = False
+                        changed = True
+            if not changed:
+                break
+        for d in range(len(self.layouts)):
+            self.key_alive[d] = np.bincount(self.key_of[d][self.alive[d]], minlength=len(self.keys[d])) > 0
+        self._refresh_key_costs()
+        return int(sum(int(a.sum()) for a in self.alive))
+
+    def _refresh_key_costs(self) -> None:
+        """Every vector's per-key costs over the layouts left (after a prune)."""
+        self.key_costs = [np.zeros((0, len(k))) for k in self.keys]
+        for w in self.weights:
+            self._add_key_costs(w)
 
     # ------------------------------------------------------------------ the bundle
     def _sync_paths(self) -> None:
@@ -182,13 +251,16 @@ class TotalsBound:
         w = w / total
         self.weights = np.vstack([self.weights.reshape(-1, len(w)), w[None, :]])
         self.consts = np.r_[self.consts, float(w @ self.crossings) * self.lp.comm_ticks]
+        self._add_key_costs(w)
+        self.out.weights = len(self.consts)
+        return True
+
+    def _add_key_costs(self, w: np.ndarray) -> None:
         for d, length in enumerate(self.lengths):
             cost = w @ length  # per layout
             per_key = np.full(len(self.keys[d]), np.inf)
-            np.minimum.at(per_key, self.key_of[d], cost)
+            np.minimum.at(per_key, self.key_of[d][self.alive[d]], cost[self.alive[d]])
             self.key_costs[d] = np.vstack([self.key_costs[d], per_key[None, :]])
-        self.out.weights = len(self.consts)
-        return True
 
     def box_bounds(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """For every weight vector, ``min f_w(n)`` over totals in [lo, hi] with the groups
@@ -200,7 +272,7 @@ class TotalsBound:
     def box_feasible(self, lo: np.ndarray, hi: np.ndarray) -> bool:
         """Whether some choice of one layout per device has its totals in [lo, hi] and the
         groups adding up (exact, in integers: the same program with every cost zero)."""
-        zeros = [np.zeros((1, len(k))) for k in self.keys]
+        zeros = [np.where(alive, 0.0, np.inf)[None, :] for alive in self.key_alive]
         return bool(np.isfinite(self._box_minimum(lo, hi, zeros, np.zeros(1))[0]))
 
     def _box_minimum(
@@ -211,7 +283,8 @@ class TotalsBound:
         best[(slice(None),) + (0,) * len(self.shape)] = 0.0
         for d in range(len(self.layouts)):
             nxt = np.full_like(best, np.inf)
-            ok = (self.key_total[d] >= lo[d]) & (self.key_total[d] <= hi[d]) & (self.keys[d] <= self.counts).all(axis=1)
+            ok = ((self.key_total[d] >= lo[d]) & (self.key_total[d] <= hi[d])
+                  & (self.keys[d] <= self.counts).all(axis=1) & self.key_alive[d])
             for i in np.flatnonzero(ok):
                 key = self.keys[d][i]
                 src = (slice(None),) + tuple(slice(0, n - int(c)) for n, c in zip(self.shape, key, strict=True))
@@ -242,37 +315,50 @@ class TotalsBound:
         if self.t0 is None:
             self.t0 = now
         out = self.out
-        while self.heap and time.perf_counter() < until and not (stopped is not None and stopped()):
-            node = self.heap[0]
-            if node.bound >= cutoff or node.final:
-                break
-            heapq.heappop(self.heap)
-            y_totals = self._solve_box(node.lo, node.hi, until, stopped)
-            if y_totals == "infeasible":
-                if not self.box_feasible(node.lo, node.hi):  # proven in integers: no plan has totals in this box
+        if cutoff < self.cutoff:
+            self.prune(cutoff, until)
+            self._rebound()
+        try:
+            while self.heap and time.perf_counter() < until and not (stopped is not None and stopped()):
+                node = self.heap[0]
+                if node.bound >= cutoff or node.final:
+                    break
+                heapq.heappop(self.heap)
+                y_totals = self._solve_box(node.lo, node.hi, until, stopped)
+                if y_totals == "infeasible":
+                    if not self.box_feasible(node.lo, node.hi):  # proven in integers: no plan has totals in this box
+                        self._record()
+                        continue
+                    self._push(node.lo, node.hi, node.bound, final=True)  # the LP solver's word alone: kept, not split
+                    continue
+                if y_totals == "stopped":  # cut short: the node goes back as it was
+                    heapq.heappush(self.heap, node)
+                    break
+                if y_totals == "failed":  # the LP solver gave no answer with time left: split without it
+                    self.out.failed += 1
+                    self._split_widest(node)
                     self._record()
                     continue
-                self._push(node.lo, node.hi, node.bound, final=True)  # the LP solver's word alone: kept, not split
-                continue
-            if y_totals == "stopped":  # cut short: the node goes back as it was
-                heapq.heappush(self.heap, node)
-                break
-            if y_totals == "failed":  # the LP solver gave no answer with time left: split without it
-                self.out.failed += 1
-                self._split_widest(node)
+                bound = max(node.bound, self._bound_of(node.lo, node.hi))
+                out.nodes += 1
+                if bound > node.bound * (1 + 1e-6) + 1.0:
+                    self._push(node.lo, node.hi, bound)
+                else:
+                    self._split(node, bound, y_totals)
                 self._record()
-                continue
-            bound = max(node.bound, self._bound_of(node.lo, node.hi))
-            out.nodes += 1
-            if bound > node.bound * (1 + 1e-6) + 1.0:
-                self._push(node.lo, node.hi, bound)
-            else:
-                self._split(node, bound, y_totals)
-            self._record()
+        finally:
+            self.release()  # the shared LP's columns all open again, whatever happened
         self._record()
         out.open = len(self.heap)
         out.seconds = time.perf_counter() - self.t0
         return self._result(cutoff)
+
+    def _rebound(self) -> None:
+        """The open nodes' bounds again, over the layouts left after a prune (never lower)."""
+        nodes, self.heap = self.heap, []
+        for node in nodes:
+            node.bound = max(node.bound, self._bound_of(node.lo, node.hi))
+            heapq.heappush(self.heap, node)
 
     def _result(self, cutoff: int) -> TotalsResult:
         best = min(self.global_bound(), float(cutoff))
@@ -319,6 +405,18 @@ class TotalsBound:
             lo[d], hi[d] = lo_d, hi_d
             self._push(lo, hi, max(node.bound, self._bound_of(lo, hi)))
 
+    def _set_columns(self, d: int, allowed: np.ndarray) -> None:
+        """Open the node LP's columns of device ``d`` where ``allowed``, close the others (only
+        the bounds that change are set: a bound change costs the LP solver a call each)."""
+        for o in np.flatnonzero(allowed != self._ub[d]):
+            self.lp.y[d][o].SetUb(1.0 if allowed[o] else 0.0)
+        self._ub[d] = allowed.copy()
+
+    def release(self) -> None:
+        """Open every column of the shared LP again (the relaxation's own runs need them all)."""
+        for d in range(len(self.layouts)):
+            self._set_columns(d, np.ones(len(self.layouts[d]), dtype=bool))
+
     def _solve_box(
         self, lo: np.ndarray, hi: np.ndarray, until: float, stopped: Callable[[], bool] | None
     ) -> list[tuple[np.ndarray, np.ndarray]] | str:
@@ -330,21 +428,14 @@ class TotalsBound:
         lp = self.lp
         for d in range(len(self.layouts)):
             tot = self.key_total[d][self.key_of[d]]
-            allowed = (tot >= lo[d]) & (tot <= hi[d])
-            for o, var in enumerate(lp.y[d]):
-                var.SetUb(1.0 if allowed[o] else 0.0)
-        try:
-            lp.run(until=until, stopped=stopped, max_iterations=self.lp_iterations)
-            self.out.lps += 1
-            if not lp.last_optimal:
-                if lp.last_infeasible:
-                    return "infeasible"
-                cut_short = time.perf_counter() >= until or (stopped is not None and stopped())
-                return "stopped" if cut_short else "failed"
-            y = [np.array([v.solution_value() for v in lp.y[d]]) for d in range(len(self.layouts))]
-        finally:
-            for ys in lp.y:
-                for var in ys:
-                    var.SetUb(1.0)
+            self._set_columns(d, (tot >= lo[d]) & (tot <= hi[d]) & self.alive[d])
+        lp.run(until=until, stopped=stopped, max_iterations=self.lp_iterations, lagrangian=False)
+        self.out.lps += 1
+        if not lp.last_optimal:
+            if lp.last_infeasible:
+                return "infeasible"
+            cut_short = time.perf_counter() >= until or (stopped is not None and stopped())
+            return "stopped" if cut_short else "failed"
+        y = [np.array([v.solution_value() for v in lp.y[d]]) for d in range(len(self.layouts))]
         self.add_weights(lp.last_duals)
         return [(y[d], self.key_total[d][self.key_of[d]]) for d in range(len(self.layouts))]
