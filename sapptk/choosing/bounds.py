@@ -24,6 +24,11 @@ minimum of the right-hand side over the product of simplices is a sum, per group
 ``N_g`` times its smallest coefficient. That minimum is the bound (less a rounding margin
 far above float64's error). The same argument on ``min t: mem_k(x) − budget ≤ t`` proves a
 setup infeasible and says by how many MB, on which device.
+
+The module runs past 500 lines because the relaxation's data, its kept GLOP model
+(:class:`RowLP`, which :mod:`sapptk.choosing.branching` extends by range rows), its
+certificate and the integer model over the same rows share private helpers; split, each part
+would import the others' internals.
 """
 
 from __future__ import annotations

@@ -26,6 +26,10 @@
    its own plan with ``retry × time_limit``.
 5. The winner is proven when every other setup's bound (the balancer's own bound included)
    is at or above its step time.
+
+The module runs past 500 lines because steps 2-4 are one queue loop whose levels share its
+local tables (twins, incumbents, parked and stalled entries); split, they would pass all of
+them around.
 """
 
 from __future__ import annotations
