@@ -24,6 +24,11 @@ minimum of the right-hand side over the product of simplices is a sum, per group
 ``N_g`` times its smallest coefficient. That minimum is the bound (less a rounding margin
 far above float64's error). The same argument on ``min t: mem_k(x) − budget ≤ t`` proves a
 setup infeasible and says by how many MB, on which device.
+
+The module runs past 500 lines because the relaxation's data, its kept GLOP model
+(:class:`RowLP`, which :mod:`sapptk.choosing.branching` extends by range rows), its
+certificate and the integer model over the same rows share private helpers; split, each part
+would import the others' internals.
 """
 
 from __future__ import annotations
@@ -40,11 +45,29 @@ from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients, memor
 from sapptk.profile import Profile
 from sapptk.solver.paths import live_rows, path_model
 
-__all__ = ["SetupBound", "pipeline_bound"]
+__all__ = ["FIRST_ROUNDS", "ROW_ROUNDS", "ROW_TIME", "RowLP", "SetupBound", "pipeline_bound"]
+
+ROW_ROUNDS = 400
+ROW_TIME = 3.0
+"""Row generation before a setup is balanced once :func:`sapptk.choose` has a best step time:
+at most this many rounds and this many times ``bound_time``, stopping at the best step time.
+The llama2_70b three- and four-chunk setups at eight stages need 140-290 rounds (1-3 s) to
+converge, 2.5-3.5 % above their bound after 12 rounds (docs/benchmarks.md)."""
+
+FIRST_ROUNDS = 12
+"""Rounds before any best step time exists (nothing to stop at yet: the setup is bounded again
+below the first best step time)."""
 
 _MARGIN = 1e-7
 """Relative margin taken off a certified bound (float64 sums of at most a few thousand terms
 err by about 1e-13 relative)."""
+
+_IN_OUT = 0.8
+"""Row generation separates at ``0.8 × centre + 0.2 × the LP's durations`` when that point's
+longest path is violated at the LP's solution (in-out stabilisation; the centre follows the
+separation points): on the llama2_70b three- and four-chunk setups it reached the same bound
+in 30-35 % fewer rounds than separating at the LP's solution (docs/benchmarks.md). Which
+violated row joins only changes the speed, never the validity of the certified bound."""
 
 _TOLERANCE_MB = 1e-3
 """A setup is proven infeasible only when its certified excess is above this many MB."""
@@ -201,15 +224,146 @@ def _infeasibility(lp: _Relaxation) -> tuple[float, int]:
     return value, device
 
 
+class RowLP:
+    """The relaxation as a GLOP model kept between solves: path rows by row generation, the
+    memory rows, and optional range rows ``lo ≤ a·x ≤ hi`` (branching on sums of ``x``); every
+    bound it reports is certified by weak duality (:meth:`certify`), never read off the LP."""
+
+    def __init__(self, lp: _Relaxation) -> None:
+        self.lp = lp
+        solver = self.solver = _new_solver()
+        self.x = _simplex_vars(solver, lp)
+        self.z = solver.NumVar(0.0, solver.infinity(), "z")
+        self.mem_cts: list[pywraplp.Constraint] = []
+        if lp.budget is not None:
+            for row, const in zip(lp.mem_rows, lp.mem_const, strict=True):
+                ct = solver.Constraint(-solver.infinity(), lp.budget - const)
+                for i in np.flatnonzero(row):
+                    ct.SetCoefficient(self.x[i], float(row[i]))
+                self.mem_cts.append(ct)
+        self.path_cts: list[pywraplp.Constraint] = []
+        self.path_rows: list[tuple[np.ndarray, float]] = []
+        self.range_cts: list[pywraplp.Constraint] = []
+        self.range_rows: list[np.ndarray] = []
+        self.seen: dict[bytes, None] = {}  # path keys in the order of their rows
+        self.last_values: np.ndarray | None = None  # x at the last optimal solve of :meth:`generate`
+        self.path_duals = np.zeros(0)  # the path rows' duals at the last certified solve
+        for sig in lp.paths.device_sig:
+            self.add(sig, 0)
+        solver.Minimize(self.z)
+
+    def add(self, sig: np.ndarray, crossings: int) -> bool:
+        """Add a path's row ``z ≥ len_P(x)``; False when it is already there."""
+        key = np.asarray(sig, dtype=np.int64).tobytes() + int(crossings).to_bytes(8, "little")
+        if key in self.seen:
+            return False
+        self.seen[key] = None
+        coeffs, const = self.lp.path_row(sig, crossings)
+        ct = self.solver.Constraint(const, self.solver.infinity())  # z - coeffs·x >= const
+        ct.SetCoefficient(self.z, 1.0)
+        for i in np.flatnonzero(coeffs):
+            ct.SetCoefficient(self.x[i], -float(coeffs[i]))
+        self.path_cts.append(ct)
+        self.path_rows.append((coeffs, const))
+        return True
+
+    def binding(self) -> tuple[tuple[bytes, int], ...]:
+        """The path rows with a positive dual at the last solve (all of them when there is none):
+        the rows that hold the bound up, as (signature bytes, crossings) to start other models from."""
+        keys = list(self.seen)
+        duals = self.path_duals
+        keep = [k for i, k in enumerate(keys) if i >= len(duals) or duals[i] > 0] if len(duals) else keys
+        return tuple((k[:-8], int.from_bytes(k[-8:], "little")) for k in keep)
+
+    def add_range(self, row: np.ndarray) -> int:
+        """A free row ``a·x`` (bounds set by :meth:`set_range`); returns its index."""
+        ct = self.solver.Constraint(-self.solver.infinity(), self.solver.infinity())
+        for i in np.flatnonzero(row):
+            ct.SetCoefficient(self.x[i], float(row[i]))
+        self.range_cts.append(ct)
+        self.range_rows.append(np.asarray(row, dtype=float))
+        return len(self.range_cts) - 1
+
+    def set_range(self, k: int, lo: float, hi: float) -> None:
+        inf = self.solver.infinity()
+        self.range_cts[k].SetBounds(-inf if lo == -math.inf else lo, inf if hi == math.inf else hi)
+
+    def values(self) -> np.ndarray:
+        return np.array([v.solution_value() for v in self.x])
+
+    def certify(self) -> float:
+        """The weak-duality bound of the current duals (ticks / 1000; module docstring): range
+        rows join like memory rows, ``α (lo − a·x) + β (a·x − hi) ≤ 0`` for every ``x`` in them."""
+        lp = self.lp
+        y = self.path_duals = np.maximum(0.0, np.array([ct.dual_value() for ct in self.path_cts]))
+        if y.sum() <= 0:
+            return 0.0
+        y = y / y.sum()
+        coeffs = y @ np.array([c for c, _ in self.path_rows])
+        value = float(y @ np.array([k for _, k in self.path_rows]))
+        if self.mem_cts:
+            mu = np.maximum(0.0, -np.array([ct.dual_value() for ct in self.mem_cts]))
+            coeffs = coeffs + mu @ lp.mem_rows
+            value += float(mu @ (lp.mem_const - lp.budget))
+        for ct, row in zip(self.range_cts, self.range_rows, strict=True):
+            dual = ct.dual_value()
+            if dual > 0 and ct.lb() > -self.solver.infinity():  # the lower end binds
+                coeffs = coeffs - dual * row
+                value += dual * ct.lb()
+            elif dual < 0 and ct.ub() < self.solver.infinity():  # the upper end binds
+                coeffs = coeffs - dual * row
+                value += dual * ct.ub()
+        value += lp.group_minimum(coeffs)
+        return max(0.0, value * (1 - _MARGIN))
+
+    def generate(self, *, max_rounds: int, deadline: float | None, enough: float = math.inf) -> tuple[float, int]:
+        """Row generation: (the best certified bound, ticks / 1000; the LP solves). Stops when no
+        path is violated, at ``max_rounds``, past ``deadline`` or once the bound reaches
+        ``enough``; 0.0 when the LP has no solution (infeasible ranges: the caller decides)."""
+        lp, z = self.lp, self.z
+        best, rounds = 0.0, 0
+        self.last_values = None
+        center: np.ndarray | None = None  # durations the separation leans towards (in-out stabilisation)
+        while rounds < max_rounds:
+            rounds += 1
+            if self.solver.Solve() != pywraplp.Solver.OPTIMAL:
+                break
+            best = max(best, self.certify())
+            values = self.last_values = self.values()
+            if rounds >= max_rounds or best >= enough:
+                break
+            cost = lp.cost_matrix @ values + lp.cost_fixed
+            level = z.solution_value() * (1 + 1e-6) + 1e-6
+            added = False
+            if center is not None:  # in-out separation: the longest path at a point towards the centre
+                center = _IN_OUT * center + (1 - _IN_OUT) * cost
+                _, found = lp.paths.longest(center[None, :], lp.comm)
+                coeffs, const = lp.path_row(*found[0])
+                if float(coeffs @ values + const) > level:
+                    added = self.add(*found[0])
+            if not added:
+                step, found = lp.paths.longest(cost[None, :], lp.comm)
+                if float(step[0]) / 1000.0 <= level or not self.add(*found[0]):
+                    break
+                if center is None:
+                    center = cost
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+        return best, rounds
+
+
 def pipeline_bound(profile: Profile, config: PipelineConfig, *, max_rounds: int = 40,
-                   time_limit: float = 10.0, deterministic: bool = False) -> SetupBound:
+                   time_limit: float = 10.0, deterministic: bool = False,
+                   enough_ms: float = math.inf) -> SetupBound:
     """A proven lower bound on the simulated step time (ms, without DP synchronisation) of every
     plan of ``profile`` on ``config`` that fits the memory budget; or a proof that none fits.
 
     ``config`` must be valid for ``profile`` (:meth:`PipelineConfig.check`) and name a
     schedule whose order does not depend on costs. ``max_rounds`` and ``time_limit`` (not
     with ``deterministic``: then the rounds alone, so the same input gives the same bound) cap the
-    row generation; stopping early only makes the bound weaker, never wrong.
+    row generation; stopping early only makes the bound weaker, never wrong. The rounds also
+    stop once the certified bound reaches ``enough_ms`` (a caller that prunes at that step time
+    needs no more).
     """
     began = time.perf_counter()
     lp = _Relaxation(profile, config)
@@ -218,74 +372,13 @@ def pipeline_bound(profile: Profile, config: PipelineConfig, *, max_rounds: int 
         if excess > _TOLERANCE_MB:
             return SetupBound(None, infeasible=True, excess_mb=excess, device=device,
                               seconds=time.perf_counter() - began)
-    solver = _new_solver()
-    x = _simplex_vars(solver, lp)
-    z = solver.NumVar(0.0, solver.infinity(), "z")
-    mem_cts = []
-    if lp.budget is not None:
-        for row, const in zip(lp.mem_rows, lp.mem_const, strict=True):
-            ct = solver.Constraint(-solver.infinity(), lp.budget - const)
-            for i in np.flatnonzero(row):
-                ct.SetCoefficient(x[i], float(row[i]))
-            mem_cts.append(ct)
-    path_cts: list[pywraplp.Constraint] = []
-    path_rows: list[tuple[np.ndarray, float]] = []
-    seen: set[bytes] = set()
-
-    def add(sig: np.ndarray, crossings: int) -> bool:
-        key = np.asarray(sig, dtype=np.int64).tobytes() + int(crossings).to_bytes(8, "little")
-        if key in seen:
-            return False
-        seen.add(key)
-        coeffs, const = lp.path_row(sig, crossings)
-        ct = solver.Constraint(const, solver.infinity())  # z - coeffs·x >= const
-        ct.SetCoefficient(z, 1.0)
-        for i in np.flatnonzero(coeffs):
-            ct.SetCoefficient(x[i], -float(coeffs[i]))
-        path_cts.append(ct)
-        path_rows.append((coeffs, const))
-        return True
-
-    for sig in lp.paths.device_sig:
-        add(sig, 0)
-    solver.Minimize(z)
-    best = 0.0
-    rounds = 0
-    while rounds < max_rounds:
-        rounds += 1
-        if solver.Solve() != pywraplp.Solver.OPTIMAL:
-            break
-        best = max(best, _certify(lp, path_rows, path_cts, mem_cts))
-        if rounds >= max_rounds:
-            break
-        values = np.array([v.solution_value() for v in x])
-        cost = lp.cost_matrix @ values + lp.cost_fixed
-        step, found = lp.paths.longest(cost[None, :], lp.comm)
-        if float(step[0]) / 1000.0 <= z.solution_value() * (1 + 1e-6) + 1e-6:
-            break
-        if not add(*found[0]) or (not deterministic and time.perf_counter() - began > time_limit):
-            break
+    rows = RowLP(lp)
+    enough = enough_ms / (1000.0 * TIME_UNIT_MS / config.splits)
+    best, rounds = rows.generate(max_rounds=max_rounds, deadline=None if deterministic else began + time_limit,
+                                 enough=enough)
     ms = best * 1000.0 * TIME_UNIT_MS / config.splits
-    found_paths = tuple((k[:-8], int.from_bytes(k[-8:], "little")) for k in seen)
+    found_paths = rows.binding()
     return SetupBound(ms, rounds=rounds, seconds=time.perf_counter() - began, paths=found_paths)
-
-
-def _certify(lp: _Relaxation, path_rows: list[tuple[np.ndarray, float]], path_cts: list[pywraplp.Constraint],
-             mem_cts: list[pywraplp.Constraint]) -> float:
-    """The weak-duality bound of the LP's current duals (ticks / 1000); see the module docstring."""
-    y = np.maximum(0.0, np.array([ct.dual_value() for ct in path_cts]))
-    if y.sum() <= 0:
-        return 0.0
-    y /= y.sum()
-    coeffs = y @ np.array([c for c, _ in path_rows])
-    value = float(y @ np.array([k for _, k in path_rows]))
-    if mem_cts:
-        mu = np.maximum(0.0, -np.array([ct.dual_value() for ct in mem_cts]))
-        coeffs = coeffs + mu @ lp.mem_rows
-        value += float(mu @ (lp.mem_const - lp.budget))
-    value += lp.group_minimum(coeffs)
-    return max(0.0, value * (1 - _MARGIN))
-
 
 
 def integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, *, time_limit: float = 2.0,

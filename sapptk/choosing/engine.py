@@ -26,6 +26,10 @@
    its own plan with ``retry × time_limit``.
 5. The winner is proven when every other setup's bound (the balancer's own bound included)
    is at or above its step time.
+
+The module runs past 500 lines because steps 2-4 are one queue loop whose levels share its
+local tables (twins, incumbents, parked and stalled entries); split, they would pass all of
+them around.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from typing import Any
 import numpy as np
 
 from sapptk import checks
-from sapptk.choosing.bounds import SetupBound, integer_bound, pipeline_bound
+from sapptk.choosing.bounds import FIRST_ROUNDS, ROW_ROUNDS, ROW_TIME, SetupBound, integer_bound, pipeline_bound
+from sapptk.choosing.branching import BRANCH_TIME, branch_bound
 from sapptk.choosing.cards import hardware_bandwidth, is_model_card
 from sapptk.choosing.layout_bound import layout_bound
 from sapptk.choosing.records import all_infeasible, candidate_of, record, record_retry, sync_floor, twin_key
@@ -269,11 +274,13 @@ def choose_candidates(
         twin_results: dict[tuple[Any, ...], PointResult] = {}  # balanced results by program and profile
         retry_results: dict[tuple[Any, ...], PointResult] = {}  # the same, of the longer second balance
         long_bounds: dict[tuple[Any, ...], SetupBound] = {}  # the longer layout bound of a balanced setup
+        long_ub: dict[tuple[Any, ...], float] = {}  # the incumbent (pipeline ms) it was computed below
         layouts_of: dict[tuple[Any, ...], bool] = {}  # whether the layout bound could enumerate the layouts
         layout_ub: dict[tuple[Any, ...], float] = {}  # the incumbent (pipeline ms) it was computed below
         best = math.inf
         leader: int | None = None  # the candidate holding the best step time
         parked: list[tuple[float, int]] = []  # the leader's own queue entry: it needs no proof against itself
+        stalled: list[tuple[float, int]] = []  # balanced with a gap, nothing left to try below this best
         seeds: dict[tuple[int, int, int], tuple[float, list]] = {}
         while heap:
             chosen: list[int] = []
@@ -288,16 +295,24 @@ def choose_candidates(
                     if i == leader:
                         parked.append((lower, i))
                         continue
-                    if c.level == 3:  # a longer layout bound below the best step time
-                        c.level = 4
-                        if not c.layouts:  # too many layouts: a longer bound would not enumerate them either
-                            heapq.heappush(heap, (lower, i))
+                    if c.level == 3 or (c.level >= 4 and not deterministic and best - c.sync_floor_ms
+                                        < long_ub.get(c.twin, math.inf) * (1 - _TIE)):
+                        # a longer bound below the best step time (again below a better best)
+                        c.level = max(c.level, 4)
+                        if not c.layouts and deterministic:  # too many layouts: a longer bound would not
+                            heapq.heappush(heap, (lower, i))  # enumerate them either
                             continue
                         t0 = time.perf_counter()
-                        if c.twin not in long_bounds:
+                        if c.twin not in long_bounds or best - c.sync_floor_ms < long_ub[c.twin] * (1 - _TIE):
+                            long_ub[c.twin] = best - c.sync_floor_ms
                             tight = layout_bound(c.profile, c.setup.config, c.bound, best - c.sync_floor_ms,
-                                                 time_limit=4 * bound_time, deterministic=deterministic)
-                            long_bounds[c.twin] = c.bound if tight is None else tight
+                                                 time_limit=4 * bound_time,
+                                                 deterministic=deterministic) if c.layouts else None
+                            tight = c.bound if tight is None else tight
+                            if not deterministic:
+                                tight = branch_bound(c.profile, c.setup.config, tight, best - c.sync_floor_ms,
+                                                     time_limit=BRANCH_TIME * bound_time)
+                            long_bounds[c.twin] = tight
                         c.bound = long_bounds[c.twin]
                         c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
                         c.lower_ms = max(c.lower_ms, float(c.bound.bound_ms) + c.sync_floor_ms)
@@ -305,6 +320,7 @@ def choose_candidates(
                         heapq.heappush(heap, (c.lower_ms, i))
                         continue
                     if c.level != 4 or not retry or lower < best * (1 - _RETRY_WITHIN):
+                        stalled.append((lower, i))  # bounded again below a better best, if one comes
                         continue  # tried, or too far below to be proven by a longer balance: it keeps its gap
                     c.level = 5
                     c.retry = True
@@ -327,6 +343,9 @@ def choose_candidates(
                         if tight is not None:
                             twins[c.twin] = (tight, 2)
                             layouts_of[c.twin] = True
+                        if not deterministic:  # whole layers per device, below the better best
+                            twins[c.twin] = (branch_bound(c.profile, c.setup.config, twins[c.twin][0], ub,
+                                                          time_limit=BRANCH_TIME * bound_time), 2)
                         layout_ub[c.twin] = ub
                     c.bound = twins[c.twin][0]
                     c.layouts = layouts_of.get(c.twin, False)
@@ -339,8 +358,11 @@ def choose_candidates(
                     t0 = time.perf_counter()
                     bound, level = twins[c.twin]
                     if level < c.level == 1:
-                        rows = pipeline_bound(c.profile, c.setup.config, max_rounds=12,
-                                              time_limit=max(1.0, bound_time), deterministic=deterministic)
+                        long = best < math.inf and not deterministic  # no incumbent yet: the quick rows
+                        rows = pipeline_bound(c.profile, c.setup.config,
+                                              max_rounds=ROW_ROUNDS if long else FIRST_ROUNDS,
+                                              time_limit=(ROW_TIME if long else 1.0) * bound_time,
+                                              deterministic=deterministic, enough_ms=best - c.sync_floor_ms)
                         rows = SetupBound(max(rows.bound_ms, bound.bound_ms), rounds=rows.rounds,
                                           seconds=rows.seconds, paths=rows.paths) if not rows.infeasible else rows
                         tight = layout_bound(c.profile, c.setup.config, rows, best - c.sync_floor_ms,
@@ -349,6 +371,10 @@ def choose_candidates(
                         twins[c.twin] = (rows, 1) if tight is None else (tight, 2)
                         layouts_of[c.twin] = tight is not None
                         layout_ub[c.twin] = best - c.sync_floor_ms
+                        if not deterministic and best < math.inf:  # whole layers per device, below the best
+                            twins[c.twin] = (branch_bound(c.profile, c.setup.config, twins[c.twin][0],
+                                                          best - c.sync_floor_ms,
+                                                          time_limit=BRANCH_TIME * bound_time), twins[c.twin][1])
                     elif level < c.level == 2:
                         twins[c.twin] = (integer_bound(c.profile, c.setup.config, bound, time_limit=bound_time,
                                                        deterministic=deterministic), 2)
@@ -441,9 +467,10 @@ def choose_candidates(
                         seeds[shape_key] = (c.row["pipeline_ms"], res.layout.counts)
                     if c.row["step_time_ms"] < best:
                         best, leader = c.row["step_time_ms"], i
-                        for item in parked:  # the old leader must now be proven slower like the rest
+                        for item in parked + stalled:  # the old leader must now be proven slower like the rest
                             heapq.heappush(heap, item)
                         parked.clear()
+                        stalled.clear()
                 if c.retry:
                     c.retry = False
                 else:

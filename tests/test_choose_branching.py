@@ -1,0 +1,44 @@
+"""The branch and bound on whole layers (sapptk.choosing.branching) against exhaustive optima:
+never above the least simulated step time of every assignment, nor above the incumbent it
+is given (unless the LP bound already was)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from support import EXHAUSTIVE, all_assignments, fast_step, peaks_mb, small_profile, two_mode_profile
+
+from sapptk.choosing.bounds import pipeline_bound
+from sapptk.choosing.branching import branch_bound
+from sapptk.config import PipelineConfig
+from sapptk.profile import MODES
+
+
+def _cases(rng: np.random.Generator, trials: int):
+    for trial in range(trials):
+        schedule, p, m, v, k = EXHAUSTIVE[trial % len(EXHAUSTIVE)]
+        profile = small_profile(rng, groups=2, layers=(int(rng.integers(2, 4)), int(rng.integers(2, 4))))
+        if not all("full" in g.modes for g in profile.body):
+            profile = two_mode_profile((3, 3) if v > 1 else (4, 3))
+        free = PipelineConfig(p, m, v, schedule, splits=k, recompute=("none", "full"),
+                              comm=float(rng.choice([0.0, 0.05])))
+        found = np.array([(fast_step(free, profile, c), peaks_mb(free, profile, c).max())
+                          for c in all_assignments(profile, free, (0, MODES.index("full")))])
+        lo, hi = found[:, 1].min(), found[:, 1].max()
+        for budget in (None, lo + float(rng.uniform(0, 1)) * (hi - lo)):
+            fits = found[:, 1] <= (math.inf if budget is None else budget)
+            yield trial, profile, free.replace(memory_budget=budget), float(found[fits, 0].min())
+
+
+def test_branch_bound_never_exceeds_the_exhaustive_optimum(rng: np.random.Generator) -> None:
+    cases = gains = 0
+    for trial, profile, config, best in _cases(rng, 16):
+        start = pipeline_bound(profile, config)
+        for ub in (10 * best, best, 0.98 * best):
+            tight = branch_bound(profile, config, start, ub, time_limit=1.0, within=1.0)
+            assert start.bound_ms <= tight.bound_ms <= min(best, max(ub, start.bound_ms)) + 1e-9, (
+                trial, config.schedule, config.memory_budget, ub, tight.bound_ms, best)
+            cases += 1
+            gains += tight.bound_ms > start.bound_ms + 1e-6
+    assert cases >= 90 and gains >= cases // 4, (cases, gains)
