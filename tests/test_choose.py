@@ -12,6 +12,7 @@ from support import EXHAUSTIVE, all_assignments, fast_step, peaks_mb, small_prof
 
 import sapptk
 from sapptk.choosing.bounds import integer_bound, pipeline_bound
+from sapptk.choosing.engine import STEPS
 from sapptk.choosing.layout_bound import chain_minmax, fill_drain, layout_bound
 from sapptk.choosing.setups import dp_sync_ms, enumerate_setups
 from sapptk.config import PipelineConfig
@@ -256,6 +257,12 @@ def test_choice_frame_conventions(small_choice: tuple[Profile, sapptk.Choice]) -
     assert not front.empty and (front["step_time_ms"].diff().dropna() > 0).all()
     assert (front["peak_mb_max"].diff().dropna() < 0).all()
     assert "winner" in choice.summary() and sum(choice.counts.values()) == len(frame)
+    # the timings book every second of the choice to one step, and the balances to "balance"
+    assert tuple(choice.timings) == STEPS and min(choice.timings.values()) >= 0
+    assert sum(choice.timings.values()) == pytest.approx(choice.seconds, rel=1e-6)
+    t = choice.timings
+    assert t["balance"] + t["retry"] >= 0.5 * balanced["solve_seconds"].drop_duplicates().sum() > 0
+    assert t["bound"] + t["tighten"] + t["prove"] == pytest.approx(frame["bound_seconds"].sum(), rel=1e-6)
 
 
 @pytest.mark.slow

@@ -60,9 +60,14 @@ from sapptk.sweeps.frame import input_row
 from sapptk.sweeps.grid import CONFIG_FIELDS, point_key, profile_digest
 from sapptk.sweeps.solving import Layout, PointResult, SweepTask, no_plan, solve_point
 
-__all__ = ["choose", "choose_candidates"]
+__all__ = ["STEPS", "choose", "choose_candidates"]
 
 _TIE = 1e-9  # relative: a bound within this of the best step time counts as reaching it
+STEPS: tuple[str, ...] = ("bound", "tighten", "balance", "prove", "retry", "other")
+"""The steps of :attr:`Choice.timings <sapptk.choosing.result.Choice.timings>`: first bounds, bound
+tightenings before a balance (and again below a better incumbent), first balances, the longer
+layout bounds of balanced setups, second balances, and the rest (setup, cache, plans)."""
+
 _RETRY_WITHIN = 0.02
 """A balanced setup is balanced a second time only when its bound is within this share of the
 best step time: a second balance at twice the time limit raised the balancer's bound by 1-1.5 %
@@ -225,6 +230,8 @@ def choose_candidates(
             if on_row is not None:
                 on_row(c)
 
+        clock = dict.fromkeys(STEPS, 0.0)  # wall seconds by step (Choice.timings)
+
         digests: dict[int, str] = {}
         twins: dict[tuple[Any, ...], tuple[SetupBound, int]] = {}  # (bound, level) by program and profile
         for i, c in enumerate(candidates):
@@ -244,6 +251,7 @@ def choose_candidates(
                 done(c, "invalid")
                 continue
             c.row["bound_seconds"] = time.perf_counter() - t0
+            clock["bound"] += c.row["bound_seconds"]
             if c.bound.infeasible:
                 c.row["reason"] = c.bound.reason
                 c.row["excess_mb"] = c.bound.excess_mb
@@ -299,7 +307,9 @@ def choose_candidates(
                                                  time_limit=4 * bound_time, deterministic=deterministic)
                             long_bounds[c.twin] = c.bound if tight is None else tight
                         c.bound = long_bounds[c.twin]
-                        c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
+                        dt = time.perf_counter() - t0
+                        clock["prove"] += dt
+                        c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + dt
                         c.lower_ms = max(c.lower_ms, float(c.bound.bound_ms) + c.sync_floor_ms)
                         c.row["bound_ms"] = c.lower_ms
                         heapq.heappush(heap, (c.lower_ms, i))
@@ -330,7 +340,9 @@ def choose_candidates(
                         layout_ub[c.twin] = ub
                     c.bound = twins[c.twin][0]
                     c.layouts = layouts_of.get(c.twin, False)
-                    c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
+                    dt = time.perf_counter() - t0
+                    clock["tighten"] += dt
+                    c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + dt
                     c.lower_ms = max(c.lower_ms, float(c.bound.bound_ms) + c.sync_floor_ms)
                     heapq.heappush(heap, (c.lower_ms, i))
                     continue
@@ -355,7 +367,9 @@ def choose_candidates(
                     c.bound, level = twins[c.twin]
                     c.layouts = layouts_of.get(c.twin, False)
                     c.level = max(c.level, level)
-                    c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
+                    dt = time.perf_counter() - t0
+                    clock["tighten"] += dt
+                    c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + dt
                     if c.bound.infeasible:
                         c.row["reason"] = c.bound.reason
                         done(c, "infeasible")
@@ -398,7 +412,8 @@ def choose_candidates(
                     results[key] = PointResult.from_row(rec, Layout.from_json(rec.get(LAYOUT_COLUMN)))
             if left:
                 if runner is None:
-                    runner, slots = open_executor(executor, left, solve_point, workers, stack)
+                    # sized for a whole batch, though the first may hold fewer setups
+                    runner, slots = open_executor(executor, (left * batch)[:batch], solve_point, workers, stack)
                     per_solve = workers or default_workers(min(slots, batch))
                 todo = []
                 for key, c, digest, start in left:
@@ -409,6 +424,7 @@ def choose_candidates(
                         results[key] = no_plan(key, "invalid", str(exc))
                         continue
                     todo.append(SweepTask(key, c.profile.name, digest, request, start))
+                t0 = time.perf_counter()
                 it = runner(todo, lambda r: None)
                 try:
                     for res in it:
@@ -423,6 +439,8 @@ def choose_candidates(
                             store.append(row)
                 finally:
                     it.close()
+                    _share_wall(clock, time.perf_counter() - t0,
+                                [(results.get(key), c.retry) for key, c, _d, _s in left])
             for i in chosen:  # in batch order: the same frame whatever the executor
                 c = candidates[i]
                 res = results.get(c.row["key"], no_plan(c.row["key"], "error", "not run"))
@@ -492,5 +510,18 @@ def choose_candidates(
                 step_time=c.row["pipeline_ms"], bound=c.row.get("solver_bound_ms"), gap=c.row.get("solver_gap"),
                 solve_seconds=c.row.get("solve_seconds") or 0.0, source=f"choose: {c.setup.label}")
     best_plan = plans[int(frame.index[0])]
-    return Choice(frame=frame, best=best_plan, proven=proven, plans=plans,
-                  seconds=time.perf_counter() - began, notes=notes)
+    seconds = time.perf_counter() - began
+    clock["other"] = max(0.0, seconds - sum(clock.values()))
+    return Choice(frame=frame, best=best_plan, proven=proven, plans=plans, seconds=seconds, notes=notes,
+                  timings=clock)
+
+
+def _share_wall(clock: dict[str, float], wall: float, solves: list[tuple[PointResult | None, bool]]) -> None:
+    """Book a batch's wall time to ``balance`` and ``retry`` in proportion to the seconds of its
+    first and second balances (``(result, is_retry)`` each; in processes they overlap)."""
+    seconds = {"balance": 0.0, "retry": 0.0}
+    for res, is_retry in solves:
+        seconds["retry" if is_retry else "balance"] += (res.solve_seconds or 0.0) if res is not None else 0.0
+    total = sum(seconds.values())
+    for step, sec in seconds.items():
+        clock[step] += wall * (sec / total) if total else (wall if step == "balance" else 0.0)
