@@ -3,6 +3,7 @@ ranked frame, the winner against brute force, bad input at the boundary."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -263,6 +264,37 @@ def test_choice_frame_conventions(small_choice: tuple[Profile, sapptk.Choice]) -
     t = choice.timings
     assert t["balance"] + t["retry"] >= 0.5 * balanced["solve_seconds"].drop_duplicates().sum() > 0
     assert t["bound"] + t["tighten"] + t["prove"] == pytest.approx(frame["bound_seconds"].sum(), rel=1e-6)
+
+
+def test_prove_false_spends_nothing_on_proofs(monkeypatch) -> None:
+    """Balances that stop with a 5 % gap: prove=True spends longer bounds and second balances on
+    them, prove=False none, and both decide every setup the same way."""
+    from sapptk.choosing import engine
+    from sapptk.sweeps.solving import solve_point
+
+    limits: list[float] = []
+
+    def gapped(task):  # the balancer's plan, reported with a gap as a time-limited solve would be
+        res = solve_point(task)
+        limits.append(task.request.time_limit)
+        if res.status != "optimal":
+            return res
+        return dataclasses.replace(res, status="feasible", bound_ms=0.95 * res.step_time_ms, gap=0.05)
+
+    monkeypatch.setattr(engine, "solve_point", gapped)
+    profile = small_profile(np.random.default_rng(19), groups=2, layers=(4, 6))
+    kw = dict(devices=4, global_batch=16, memory_budget=60.0, schedules=["1f1b", "interleaved", "zb-h1"],
+              max_chunks=2, time_limit=2, dp_bandwidth=2.0, deterministic=True)
+    proving = sapptk.choose(profile, **kw)
+    assert proving.timings["prove"] + proving.timings["retry"] > 0  # longer bounds or second balances
+    limits.clear()
+    fast = sapptk.choose(profile, prove=False, **kw)
+    assert set(limits) == {2.0} and fast.timings["prove"] == fast.timings["retry"] == 0
+    assert set(fast.frame["status"]) <= {"balanced", "pruned", "infeasible", "invalid"}
+    first = proving.frame.iloc[0]
+    assert (fast.frame.iloc[0][["schedule", "stages", "chunks"]] == first[["schedule", "stages", "chunks"]]).all()
+    with pytest.raises(ConfigError, match="prove = 1"):
+        sapptk.choose(profile, prove=1, **kw)
 
 
 @pytest.mark.slow

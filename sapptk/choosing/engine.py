@@ -23,7 +23,7 @@
    processes and Dask give the same frame (with ``deterministic=True``, the same plans).
 4. A balanced setup whose bound stays below the best step time goes back into the queue:
    a longer layout bound, then (within ``_RETRY_WITHIN`` of the best) a second balance from
-   its own plan with ``retry × time_limit``.
+   its own plan with ``retry × time_limit``. With ``prove=False`` it keeps its gap.
 5. The winner is proven when every other setup's bound (the balancer's own bound included)
    is at or above its step time.
 """
@@ -104,6 +104,7 @@ def choose(
     time_limit: float = 20.0,
     bound_time: float = 1.0,
     retry: float = 2.0,
+    prove: bool = True,
     batch: int = 2,
     executor: Any = "serial",
     workers: int | None = None,
@@ -136,6 +137,10 @@ def choose(
         balanced setup whose bound stays below the best step time gets one of 4 × that).
     retry: a balanced setup still unproven after that is balanced once more from its own plan
         with ``retry × time_limit`` (0: never), best bound first.
+    prove: False spends nothing on proving balanced setups that kept a gap (neither the longer
+        layout bound nor the second balance): every setup is still decided (balanced, or pruned
+        by a bound computed before it would be balanced), the winner is proven only when those
+        bounds already prove it. For throughput over many choices.
     batch: setups balanced per round (fixed, so every executor gives the same frame).
     executor, workers, cache, progress, seed, deterministic: as in :func:`sapptk.sweep`.
 
@@ -153,6 +158,8 @@ def choose(
     _check_float("bound_time", bound_time, allow_none=False)
     if isinstance(retry, bool) or not isinstance(retry, Real) or not math.isfinite(retry) or retry < 0:
         raise ConfigError(f"retry = {retry!r}: expected a finite number >= 0 (0: no second balance)")
+    if not isinstance(prove, bool):
+        raise ConfigError(f"prove = {prove!r}: expected True or False")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"batch = {batch!r}: expected an integer >= 1")
     check_executor(executor)
@@ -183,8 +190,8 @@ def choose(
         notes.append("no DP gradient synchronisation counted (give dp_bandwidth= in MB/ms to count it)")
     return choose_candidates(candidates, global_batch=int(global_batch), devices=int(devices), dp_bandwidth=bw,
                              sequence_length=sequence_length, time_limit=float(time_limit),
-                             bound_time=float(bound_time), retry=float(retry), batch=batch, executor=executor,
-                             workers=workers,
+                             bound_time=float(bound_time), retry=float(retry), prove=prove, batch=batch,
+                             executor=executor, workers=workers,
                              cache=cache, progress=progress, seed=seed, deterministic=deterministic,
                              notes=notes, began=began)
 
@@ -201,6 +208,7 @@ def choose_candidates(
     batch: int,
     executor: Any,
     retry: float = 2.0,
+    prove: bool = True,
     workers: int | None,
     cache: Any,
     progress: bool,
@@ -469,7 +477,8 @@ def choose_candidates(
                 if c.row["status"] == "balanced":
                     if not c.balanced:
                         c.balanced, c.level = True, 3
-                    heapq.heappush(heap, (c.lower_ms, i))
+                    if prove:  # back in the queue: a longer bound, a second balance
+                        heapq.heappush(heap, (c.lower_ms, i))
         for _lower, i in heap:
             c = candidates[i]
             if c.balanced:
