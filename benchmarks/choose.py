@@ -10,7 +10,7 @@ Run: python benchmarks/choose.py [--part winner throughput card] [--time-limit 1
 * ``throughput``: sixteen-stage setups of llama2_70b decided (balanced or pruned) per
   minute: ``choose`` on 16 devices (dp = 1) for global batches 32-128 and budgets
   48000-72000 MB, every fixed schedule, chunks 1-4 (``--executor``, ``--retry``,
-  ``--bound-time``, ``--no-prove``: choose's levers; prints the seconds by step).
+  ``--bound-time``, ``--no-prove``, ``--no-tighten``: choose's levers; prints the seconds by step).
 * ``card``: DeepSeek-V3 from its model card on 256 H800s (tp, ep, stages, dp, chunks,
   schedules), then Megatron-LM's published DeepSeek-V3 layouts simulated on the bundled
   deepseek_v3 profile against the balanced plan at the same shape and budget.
@@ -81,7 +81,7 @@ def winner(time_limit: float) -> None:
 
 
 def throughput(time_limit: float, minutes: float, **levers: Any) -> None:
-    """``levers``: ``executor``, ``retry``, ``bound_time``, ``prove`` as in :func:`sapptk.choose`."""
+    """``levers``: ``executor``, ``retry``, ``bound_time``, ``prove``, ``tighten`` as in :func:`sapptk.choose`."""
     profile = sapptk.bundled_profile("llama2_70b")
     decided = total = 0
     steps: dict[str, float] = {}
@@ -158,6 +158,7 @@ def main() -> None:
     parser.add_argument("--retry", type=float, default=2.0, help="throughput: choose's retry")
     parser.add_argument("--bound-time", type=float, default=1.0, help="throughput: choose's bound_time")
     parser.add_argument("--no-prove", action="store_true", help="throughput: choose(prove=False)")
+    parser.add_argument("--no-tighten", action="store_true", help="throughput: choose(tighten=False)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     for part in args.part:
@@ -168,7 +169,8 @@ def main() -> None:
             sweep_only(args.time_limit)
         elif part == "throughput":
             throughput(args.time_limit, args.minutes, executor=args.executor, retry=args.retry,
-                       bound_time=args.bound_time, prove=not args.no_prove)
+                       bound_time=args.bound_time, prove=not args.no_prove,
+                       tighten=not args.no_tighten)
         elif part == "card":
             card(args.time_limit)
         else:

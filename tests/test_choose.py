@@ -297,6 +297,28 @@ def test_prove_false_spends_nothing_on_proofs(monkeypatch) -> None:
         sapptk.choose(profile, prove=1, **kw)
 
 
+def test_tighten_false_balances_what_the_first_bound_leaves(monkeypatch, small_choice) -> None:
+    """tighten=False (with prove=False) never calls the tightenings, and names the same winner."""
+    from sapptk.choosing import engine
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a tightening ran")
+
+    monkeypatch.setattr(engine, "layout_bound", refuse)
+    monkeypatch.setattr(engine, "integer_bound", refuse)
+    profile, choice = small_choice
+    fast = sapptk.choose(profile, devices=4, global_batch=16, memory_budget=60.0,
+                         schedules=["1f1b", "interleaved", "zb-h1"], max_chunks=2, time_limit=5, dp_bandwidth=2.0,
+                         deterministic=True, sequence_length=8, prove=False, tighten=False)
+    assert fast.timings["tighten"] == 0
+    frame = fast.frame
+    dims = ["schedule", "stages", "chunks"]
+    assert (frame.iloc[0][dims] == choice.frame.iloc[0][dims]).all()
+    assert frame.iloc[0]["step_time_ms"] == pytest.approx(choice.frame.iloc[0]["step_time_ms"], rel=1e-9)
+    assert (frame["status"] == "balanced").sum() > (choice.frame["status"] == "balanced").sum()
+    assert (frame.loc[frame["status"] == "pruned", "bound_ms"] >= frame.iloc[0]["step_time_ms"] * (1 - 1e-9)).all()
+
+
 @pytest.mark.slow
 def test_processes_and_cache_give_the_same_frame(tmp_path, small_choice) -> None:
     profile, choice = small_choice

@@ -105,6 +105,7 @@ def choose(
     bound_time: float = 1.0,
     retry: float = 2.0,
     prove: bool = True,
+    tighten: bool = True,
     batch: int = 2,
     executor: Any = "serial",
     workers: int | None = None,
@@ -141,6 +142,9 @@ def choose(
         layout bound nor the second balance): every setup is still decided (balanced, or pruned
         by a bound computed before it would be balanced), the winner is proven only when those
         bounds already prove it. For throughput over many choices.
+    tighten: False balances every setup its first bound (the LP over device work, one round)
+        does not prune, without tightening it first (LP paths, whole layouts, integer model):
+        for time limits so short that a balance costs about what a tightening does.
     batch: setups balanced per round (fixed, so every executor gives the same frame).
     executor, workers, cache, progress, seed, deterministic: as in :func:`sapptk.sweep`.
 
@@ -158,8 +162,9 @@ def choose(
     _check_float("bound_time", bound_time, allow_none=False)
     if isinstance(retry, bool) or not isinstance(retry, Real) or not math.isfinite(retry) or retry < 0:
         raise ConfigError(f"retry = {retry!r}: expected a finite number >= 0 (0: no second balance)")
-    if not isinstance(prove, bool):
-        raise ConfigError(f"prove = {prove!r}: expected True or False")
+    for name, flag in (("prove", prove), ("tighten", tighten)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"{name} = {flag!r}: expected True or False")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"batch = {batch!r}: expected an integer >= 1")
     check_executor(executor)
@@ -190,8 +195,8 @@ def choose(
         notes.append("no DP gradient synchronisation counted (give dp_bandwidth= in MB/ms to count it)")
     return choose_candidates(candidates, global_batch=int(global_batch), devices=int(devices), dp_bandwidth=bw,
                              sequence_length=sequence_length, time_limit=float(time_limit),
-                             bound_time=float(bound_time), retry=float(retry), prove=prove, batch=batch,
-                             executor=executor, workers=workers,
+                             bound_time=float(bound_time), retry=float(retry), prove=prove, tighten=tighten,
+                             batch=batch, executor=executor, workers=workers,
                              cache=cache, progress=progress, seed=seed, deterministic=deterministic,
                              notes=notes, began=began)
 
@@ -209,6 +214,7 @@ def choose_candidates(
     executor: Any,
     retry: float = 2.0,
     prove: bool = True,
+    tighten: bool = True,
     workers: int | None,
     cache: Any,
     progress: bool,
@@ -354,7 +360,7 @@ def choose_candidates(
                     c.lower_ms = max(c.lower_ms, float(c.bound.bound_ms) + c.sync_floor_ms)
                     heapq.heappush(heap, (c.lower_ms, i))
                     continue
-                if c.level < 2 and c.twin not in twin_results:
+                if tighten and c.level < 2 and c.twin not in twin_results:
                     c.level += 1
                     t0 = time.perf_counter()
                     bound, level = twins[c.twin]
