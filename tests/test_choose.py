@@ -298,7 +298,8 @@ def test_prove_false_spends_nothing_on_proofs(monkeypatch) -> None:
 
 
 def test_tighten_false_balances_what_the_first_bound_leaves(monkeypatch, small_choice) -> None:
-    """tighten=False (with prove=False) never calls the tightenings, and names the same winner."""
+    """tighten=False (with prove=False) never calls the tightenings, names the same winner, and
+    gives the same frame in processes."""
     from sapptk.choosing import engine
 
     def refuse(*args, **kwargs):
@@ -307,9 +308,13 @@ def test_tighten_false_balances_what_the_first_bound_leaves(monkeypatch, small_c
     monkeypatch.setattr(engine, "layout_bound", refuse)
     monkeypatch.setattr(engine, "integer_bound", refuse)
     profile, choice = small_choice
-    fast = sapptk.choose(profile, devices=4, global_batch=16, memory_budget=60.0,
-                         schedules=["1f1b", "interleaved", "zb-h1"], max_chunks=2, time_limit=5, dp_bandwidth=2.0,
-                         deterministic=True, sequence_length=8, prove=False, tighten=False)
+    kw = dict(devices=4, global_batch=16, memory_budget=60.0, schedules=["1f1b", "interleaved", "zb-h1"],
+              max_chunks=2, time_limit=5, dp_bandwidth=2.0, deterministic=True, sequence_length=8, prove=False,
+              tighten=False)
+    fast = sapptk.choose(profile, **kw)
+    parallel = sapptk.choose(profile, executor="processes", **kw)  # the throughput levers on two cores
+    cols = ["schedule", "stages", "chunks", "status", "step_time_ms", "bound_ms"]
+    pd.testing.assert_frame_equal(parallel.frame[cols], fast.frame[cols])
     assert fast.timings["tighten"] == 0
     frame = fast.frame
     dims = ["schedule", "stages", "chunks"]
