@@ -537,7 +537,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if top.empty:
         print("no plan for any point")
         return 1
-    swept = [c for c in ("host_bandwidth", "per_micro_batch", "memory_margin", "oom_risk", "memory_error")
+    swept = [c for c in ("host_bandwidth_mb_per_ms", "per_micro_batch", "memory_margin", "oom_risk", "memory_error")
              if frame[c].nunique(dropna=False) > 1]  # the levers that differ between points
     cols = ["memory_budget_mb", "schedule", "stages", "micro_batches", "chunks", "splits", *swept, "step_time_ms",
             "bubble_of_compute", "peak_mb_max", "status", "gap"]

@@ -7,6 +7,7 @@ balancer on small problems (demo profile, 4 stages, 8 micro-batches).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -321,7 +322,7 @@ def test_offload_is_swept_through_the_recompute_sets_and_the_host_bandwidth() ->
     df = sweep(DEMO, {**SMALL, "recompute": [modes, (*modes, "offload")], "host_bandwidth": [10.0, 25.0]},
                solve=request_solve, progress=False)
     assert df["recompute"].astype(str).tolist() == ["none,select,comm,both"] * 2 + ["none,select,comm,both,offload"] * 2
-    assert df["host_bandwidth"].tolist() == [10.0, 25.0, 10.0, 25.0]
+    assert df["host_bandwidth_mb_per_ms"].tolist() == [10.0, 25.0, 10.0, 25.0]
     assert [r.offload for r in REQUESTS] == [False, False, True, True]
     assert [r.config.host_bandwidth for r in REQUESTS] == [10.0, 25.0, 10.0, 25.0]
 
@@ -366,6 +367,28 @@ def test_a_cache_written_before_levers_is_read_with_the_levers_off(tmp_path: Pat
     assert not CALLS
     pd.testing.assert_frame_equal(_outputs(df), _outputs(first))
     assert len(read_cache(cache)) == 48 and len(list(cache.glob("part-*.parquet"))) == 1
+
+
+def test_a_cache_with_the_old_host_bandwidth_column_resumes(tmp_path: Path) -> None:
+    """Parts and journals written when the column was ``host_bandwidth`` (no unit) are read
+    under ``host_bandwidth_mb_per_ms``: nothing is recomputed."""
+    cache = tmp_path / "c"
+    first = sweep(DEMO, GRID, solve=fake_solve, cache=cache, progress=False)
+    (part,) = cache.glob("part-*.parquet")
+    old = pd.read_parquet(part).rename(columns={"host_bandwidth_mb_per_ms": "host_bandwidth"})
+    part.unlink()
+    _write_part(cache / "part-0-old.parquet", old.iloc[:40])
+    journal = cache / "_journal-1-old.jsonl"
+    def plain(v: Any) -> Any:
+        return [float(x) for x in v] if isinstance(v, np.ndarray | list) else None if pd.isna(v) else v
+
+    rows = old.iloc[40:].astype(object).to_dict("records")
+    journal.write_text("".join(json.dumps({k: plain(v) for k, v in r.items()}) + "\n" for r in rows))
+    CALLS.clear()
+    df = sweep(DEMO, GRID, solve=fake_solve, cache=cache, progress=False)
+    assert not CALLS
+    assert "host_bandwidth" not in df.columns and df["host_bandwidth_mb_per_ms"].isna().all()
+    pd.testing.assert_frame_equal(_outputs(df), _outputs(first))
 
 
 @pytest.mark.slow

@@ -52,6 +52,7 @@ from sapptk.sweeps.frame import (
     INT_COLUMNS,
     LABEL_COLUMNS,
     LEVER_COLUMNS,
+    RENAMED,
     STATUSES,
     typed,
 )
@@ -202,6 +203,7 @@ class Cache:
                   f"({type(exc).__name__}: {str(exc)[:200]}); its points are recomputed (delete the file to "
                   "silence this warning)")
             return None
+        frame = frame.rename(columns={old: new for old, new in RENAMED.items() if new not in frame.columns})
         missing = [c for c in _REQUIRED if c not in frame.columns]
         if missing:
             _warn(f"sweep cache {self.path}: skipped {part.name}: not a sapptk sweep part (no column "
@@ -229,6 +231,9 @@ class Cache:
             except ValueError:  # a write cut short (a kill or a full disk): that row was retried or is recomputed
                 continue
             if isinstance(row, dict) and isinstance(row.get("key"), str) and row.get("status") in STATUSES:
+                for old, new in RENAMED.items():  # written before the column was renamed
+                    if old in row and new not in row:
+                        row[new] = row.pop(old)
                 rows.append(row)
         return rows
 

@@ -17,8 +17,10 @@ Inputs:
 ``recompute`` (categorical)
     the allowed recompute modes, comma-joined in :data:`~sapptk.profile.MODES` order
     (``offload`` last when the point lets the plan offload activations).
-``host_bandwidth``, ``slice_lengths``
-    the host link in MB per ms (NaN: none), the sequence slices' lengths.
+``host_bandwidth_mb_per_ms``
+    the host link's bandwidth (NaN: none; the grid's ``host_bandwidth``).
+``slice_lengths``
+    the sequence slices' lengths (None: k equal slices).
 ``per_micro_batch`` (bool)
     whether chosen micro-batches of a virtual stage may recompute less.
 ``memory_margin``
@@ -70,6 +72,7 @@ __all__ = [
     "INT_COLUMNS",
     "LABEL_COLUMNS",
     "LEVER_COLUMNS",
+    "RENAMED",
     "RESULT_COLUMNS",
     "SOLVED",
     "STATUSES",
@@ -79,7 +82,10 @@ __all__ = [
 ]
 
 # config field -> frame column (units in the names)
-COLUMN_OF = {"memory_budget": "memory_budget_mb", "constant_memory": "constant_memory_mb", "comm": "comm_ms"}
+COLUMN_OF = {"memory_budget": "memory_budget_mb", "constant_memory": "constant_memory_mb", "comm": "comm_ms",
+             "host_bandwidth": "host_bandwidth_mb_per_ms"}
+RENAMED: dict[str, str] = {"host_bandwidth": "host_bandwidth_mb_per_ms"}
+"""Columns renamed since caches were first written: old name -> new (read under the new one)."""
 
 STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown", "invalid", "error")
 """Every value of the ``status`` column, best first."""
@@ -108,8 +114,8 @@ COLUMNS: tuple[str, ...] = (*INPUT_COLUMNS, *RESULT_COLUMNS, "key")
 
 LABEL_COLUMNS: tuple[str, ...] = ("profile", "schedule", "recompute", "status")
 INT_COLUMNS: tuple[str, ...] = ("stages", "micro_batches", "chunks", "splits")
-FLOAT_INPUTS: tuple[str, ...] = ("memory_budget_mb", "constant_memory_mb", "comm_ms", "memory_margin", "oom_risk",
-                                  "memory_error")
+FLOAT_INPUTS: tuple[str, ...] = ("memory_budget_mb", "constant_memory_mb", "comm_ms", "host_bandwidth_mb_per_ms",
+                                  "memory_margin", "oom_risk", "memory_error")
 BOOL_COLUMNS: tuple[str, ...] = ("per_micro_batch",)
 
 
