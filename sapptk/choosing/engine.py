@@ -26,6 +26,11 @@
    its own plan with ``retry × time_limit``. With ``prove=False`` it keeps its gap.
 5. The winner is proven when every other setup's bound (the balancer's own bound included)
    is at or above its step time.
+
+The module is over 500 lines because the queue loop of steps 2-4 is one state machine whose
+state (the heap, the twins' bounds and results, the best step time and its holder, the seeds,
+the clock of :data:`STEPS`) every step reads and changes; split into functions, each would
+take most of that state as arguments.
 """
 
 from __future__ import annotations
