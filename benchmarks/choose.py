@@ -9,7 +9,8 @@ Run: python benchmarks/choose.py [--part winner throughput card] [--time-limit 1
   winners and whether ``choose`` proved its winner. ``sweep``: the brute-force half alone.
 * ``throughput``: sixteen-stage setups of llama2_70b decided (balanced or pruned) per
   minute: ``choose`` on 16 devices (dp = 1) for global batches 32-128 and budgets
-  48000-72000 MB, every fixed schedule, chunks 1-4.
+  48000-72000 MB, every fixed schedule, chunks 1-4 (``--executor``, ``--retry``,
+  ``--bound-time``, ``--no-prove``, ``--no-tighten``: choose's levers; prints the seconds by step).
 * ``card``: DeepSeek-V3 from its model card on 256 H800s (tp, ep, stages, dp, chunks,
   schedules), then Megatron-LM's published DeepSeek-V3 layouts simulated on the bundled
   deepseek_v3 profile against the balanced plan at the same shape and budget.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import time
 import warnings
+from typing import Any
 
 import pandas as pd
 
@@ -78,16 +80,20 @@ def winner(time_limit: float) -> None:
           f"same: {same}")
 
 
-def throughput(time_limit: float, minutes: float) -> None:
+def throughput(time_limit: float, minutes: float, **levers: Any) -> None:
+    """``levers``: ``executor``, ``retry``, ``bound_time``, ``prove``, ``tighten`` as in :func:`sapptk.choose`."""
     profile = sapptk.bundled_profile("llama2_70b")
     decided = total = 0
+    steps: dict[str, float] = {}
     t0 = time.perf_counter()
     for batch in (32, 48, 64, 96, 128):
         for budget in (48000.0, 56000.0, 64000.0, 72000.0):
             if time.perf_counter() - t0 > minutes * 60:
                 break
             choice = sapptk.choose(profile, devices=16, global_batch=batch, memory_budget=budget, stages=[16],
-                                   time_limit=time_limit)
+                                   time_limit=time_limit, **levers)
+            for step, sec in choice.timings.items():
+                steps[step] = steps.get(step, 0.0) + sec
             c = choice.counts
             decided += c["balanced"] + c["pruned"] + c["infeasible"]
             total += len(choice.frame)
@@ -97,6 +103,7 @@ def throughput(time_limit: float, minutes: float) -> None:
     elapsed = time.perf_counter() - t0
     print(f"\n{decided} of {total} sixteen-stage setups decided in {elapsed:.0f} s: "
           f"{decided / elapsed * 600:.0f} per 10 minutes")
+    print("seconds by step: " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()))
 
 
 def card(time_limit: float) -> None:
@@ -147,6 +154,11 @@ def main() -> None:
                         choices=["winner", "sweep", "throughput", "card", "hand"])
     parser.add_argument("--time-limit", type=float, default=10.0)
     parser.add_argument("--minutes", type=float, default=10.0, help="cap of the throughput part")
+    parser.add_argument("--executor", default="serial", help="throughput: serial or processes")
+    parser.add_argument("--retry", type=float, default=2.0, help="throughput: choose's retry")
+    parser.add_argument("--bound-time", type=float, default=1.0, help="throughput: choose's bound_time")
+    parser.add_argument("--no-prove", action="store_true", help="throughput: choose(prove=False)")
+    parser.add_argument("--no-tighten", action="store_true", help="throughput: choose(tighten=False)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     for part in args.part:
@@ -156,7 +168,9 @@ def main() -> None:
         elif part == "sweep":
             sweep_only(args.time_limit)
         elif part == "throughput":
-            throughput(args.time_limit, args.minutes)
+            throughput(args.time_limit, args.minutes, executor=args.executor, retry=args.retry,
+                       bound_time=args.bound_time, prove=not args.no_prove,
+                       tighten=not args.no_tighten)
         elif part == "card":
             card(args.time_limit)
         else:

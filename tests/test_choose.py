@@ -3,6 +3,7 @@ ranked frame, the winner against brute force, bad input at the boundary."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -12,6 +13,7 @@ from support import EXHAUSTIVE, all_assignments, fast_step, peaks_mb, small_prof
 
 import sapptk
 from sapptk.choosing.bounds import integer_bound, pipeline_bound
+from sapptk.choosing.engine import STEPS
 from sapptk.choosing.layout_bound import chain_minmax, fill_drain, layout_bound
 from sapptk.choosing.setups import dp_sync_ms, enumerate_setups
 from sapptk.config import PipelineConfig
@@ -256,6 +258,70 @@ def test_choice_frame_conventions(small_choice: tuple[Profile, sapptk.Choice]) -
     assert not front.empty and (front["step_time_ms"].diff().dropna() > 0).all()
     assert (front["peak_mb_max"].diff().dropna() < 0).all()
     assert "winner" in choice.summary() and sum(choice.counts.values()) == len(frame)
+    # the timings book every second of the choice to one step, and the balances to "balance"
+    assert tuple(choice.timings) == STEPS and min(choice.timings.values()) >= 0
+    assert sum(choice.timings.values()) == pytest.approx(choice.seconds, rel=1e-6)
+    t = choice.timings
+    assert t["balance"] + t["retry"] >= 0.5 * balanced["solve_seconds"].drop_duplicates().sum() > 0
+    assert t["bound"] + t["tighten"] + t["prove"] == pytest.approx(frame["bound_seconds"].sum(), rel=1e-6)
+
+
+def test_prove_false_spends_nothing_on_proofs(monkeypatch) -> None:
+    """Balances that stop with a 5 % gap: prove=True spends longer bounds and second balances on
+    them, prove=False none, and both decide every setup the same way."""
+    from sapptk.choosing import engine
+    from sapptk.sweeps.solving import solve_point
+
+    limits: list[float] = []
+
+    def gapped(task):  # the balancer's plan, reported with a gap as a time-limited solve would be
+        res = solve_point(task)
+        limits.append(task.request.time_limit)
+        if res.status != "optimal":
+            return res
+        return dataclasses.replace(res, status="feasible", bound_ms=0.95 * res.step_time_ms, gap=0.05)
+
+    monkeypatch.setattr(engine, "solve_point", gapped)
+    profile = small_profile(np.random.default_rng(19), groups=2, layers=(4, 6))
+    kw = dict(devices=4, global_batch=16, memory_budget=60.0, schedules=["1f1b", "interleaved", "zb-h1"],
+              max_chunks=2, time_limit=2, dp_bandwidth=2.0, deterministic=True)
+    proving = sapptk.choose(profile, **kw)
+    assert proving.timings["prove"] + proving.timings["retry"] > 0  # longer bounds or second balances
+    limits.clear()
+    fast = sapptk.choose(profile, prove=False, **kw)
+    assert set(limits) == {2.0} and fast.timings["prove"] == fast.timings["retry"] == 0
+    assert set(fast.frame["status"]) <= {"balanced", "pruned", "infeasible", "invalid"}
+    first = proving.frame.iloc[0]
+    assert (fast.frame.iloc[0][["schedule", "stages", "chunks"]] == first[["schedule", "stages", "chunks"]]).all()
+    with pytest.raises(ConfigError, match="prove = 1"):
+        sapptk.choose(profile, prove=1, **kw)
+
+
+def test_tighten_false_balances_what_the_first_bound_leaves(monkeypatch, small_choice) -> None:
+    """tighten=False (with prove=False) never calls the tightenings, names the same winner, and
+    gives the same frame in processes."""
+    from sapptk.choosing import engine
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a tightening ran")
+
+    monkeypatch.setattr(engine, "layout_bound", refuse)
+    monkeypatch.setattr(engine, "integer_bound", refuse)
+    profile, choice = small_choice
+    kw = dict(devices=4, global_batch=16, memory_budget=60.0, schedules=["1f1b", "interleaved", "zb-h1"],
+              max_chunks=2, time_limit=5, dp_bandwidth=2.0, deterministic=True, sequence_length=8, prove=False,
+              tighten=False)
+    fast = sapptk.choose(profile, **kw)
+    parallel = sapptk.choose(profile, executor="processes", **kw)  # the throughput levers on two cores
+    cols = ["schedule", "stages", "chunks", "status", "step_time_ms", "bound_ms"]
+    pd.testing.assert_frame_equal(parallel.frame[cols], fast.frame[cols])
+    assert fast.timings["tighten"] == 0
+    frame = fast.frame
+    dims = ["schedule", "stages", "chunks"]
+    assert (frame.iloc[0][dims] == choice.frame.iloc[0][dims]).all()
+    assert frame.iloc[0]["step_time_ms"] == pytest.approx(choice.frame.iloc[0]["step_time_ms"], rel=1e-9)
+    assert (frame["status"] == "balanced").sum() > (choice.frame["status"] == "balanced").sum()
+    assert (frame.loc[frame["status"] == "pruned", "bound_ms"] >= frame.iloc[0]["step_time_ms"] * (1 - 1e-9)).all()
 
 
 @pytest.mark.slow

@@ -23,13 +23,14 @@
    processes and Dask give the same frame (with ``deterministic=True``, the same plans).
 4. A balanced setup whose bound stays below the best step time goes back into the queue:
    a longer layout bound, then (within ``_RETRY_WITHIN`` of the best) a second balance from
-   its own plan with ``retry × time_limit``.
+   its own plan with ``retry × time_limit``. With ``prove=False`` it keeps its gap.
 5. The winner is proven when every other setup's bound (the balancer's own bound included)
    is at or above its step time.
 
-The module runs past 500 lines because steps 2-4 are one queue loop whose levels share its
-local tables (twins, incumbents, parked and stalled entries); split, they would pass all of
-them around.
+The module is over 500 lines because the queue loop of steps 2-4 is one state machine whose
+state (the heap, the twins' bounds and results, the best step time and its holder, the seeds,
+the clock of :data:`STEPS`, parked and stalled entries) every step reads and changes; split into functions, each would
+take most of that state as arguments.
 """
 
 from __future__ import annotations
@@ -65,9 +66,14 @@ from sapptk.sweeps.frame import input_row
 from sapptk.sweeps.grid import CONFIG_FIELDS, point_key, profile_digest
 from sapptk.sweeps.solving import Layout, PointResult, SweepTask, no_plan, solve_point
 
-__all__ = ["choose", "choose_candidates"]
+__all__ = ["STEPS", "choose", "choose_candidates"]
 
 _TIE = 1e-9  # relative: a bound within this of the best step time counts as reaching it
+STEPS: tuple[str, ...] = ("bound", "tighten", "balance", "prove", "retry", "other")
+"""The steps of :attr:`Choice.timings <sapptk.choosing.result.Choice.timings>`: first bounds, bound
+tightenings before a balance (and again below a better incumbent), first balances, the longer
+layout bounds of balanced setups, second balances, and the rest (setup, cache, plans)."""
+
 _RETRY_WITHIN = 0.02
 """A balanced setup is balanced a second time only when its bound is within this share of the
 best step time: a second balance at twice the time limit raised the balancer's bound by 1-1.5 %
@@ -104,6 +110,8 @@ def choose(
     time_limit: float = 20.0,
     bound_time: float = 1.0,
     retry: float = 2.0,
+    prove: bool = True,
+    tighten: bool = True,
     batch: int = 2,
     executor: Any = "serial",
     workers: int | None = None,
@@ -136,6 +144,13 @@ def choose(
         balanced setup whose bound stays below the best step time gets one of 4 × that).
     retry: a balanced setup still unproven after that is balanced once more from its own plan
         with ``retry × time_limit`` (0: never), best bound first.
+    prove: False spends nothing on proving balanced setups that kept a gap (neither the longer
+        layout bound nor the second balance): every setup is still decided (balanced, or pruned
+        by a bound computed before it would be balanced), the winner is proven only when those
+        bounds already prove it. For throughput over many choices.
+    tighten: False balances every setup its first bound (the LP over device work, one round)
+        does not prune, without tightening it first (LP paths, whole layouts, integer model):
+        for time limits so short that a balance costs about what a tightening does.
     batch: setups balanced per round (fixed, so every executor gives the same frame).
     executor, workers, cache, progress, seed, deterministic: as in :func:`sapptk.sweep`.
 
@@ -153,6 +168,9 @@ def choose(
     _check_float("bound_time", bound_time, allow_none=False)
     if isinstance(retry, bool) or not isinstance(retry, Real) or not math.isfinite(retry) or retry < 0:
         raise ConfigError(f"retry = {retry!r}: expected a finite number >= 0 (0: no second balance)")
+    for name, flag in (("prove", prove), ("tighten", tighten)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"{name} = {flag!r}: expected True or False")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"batch = {batch!r}: expected an integer >= 1")
     check_executor(executor)
@@ -183,8 +201,8 @@ def choose(
         notes.append("no DP gradient synchronisation counted (give dp_bandwidth= in MB/ms to count it)")
     return choose_candidates(candidates, global_batch=int(global_batch), devices=int(devices), dp_bandwidth=bw,
                              sequence_length=sequence_length, time_limit=float(time_limit),
-                             bound_time=float(bound_time), retry=float(retry), batch=batch, executor=executor,
-                             workers=workers,
+                             bound_time=float(bound_time), retry=float(retry), prove=prove, tighten=tighten,
+                             batch=batch, executor=executor, workers=workers,
                              cache=cache, progress=progress, seed=seed, deterministic=deterministic,
                              notes=notes, began=began)
 
@@ -201,6 +219,8 @@ def choose_candidates(
     batch: int,
     executor: Any,
     retry: float = 2.0,
+    prove: bool = True,
+    tighten: bool = True,
     workers: int | None,
     cache: Any,
     progress: bool,
@@ -230,6 +250,8 @@ def choose_candidates(
             if on_row is not None:
                 on_row(c)
 
+        clock = dict.fromkeys(STEPS, 0.0)  # wall seconds by step (Choice.timings)
+
         digests: dict[int, str] = {}
         twins: dict[tuple[Any, ...], tuple[SetupBound, int]] = {}  # (bound, level) by program and profile
         for i, c in enumerate(candidates):
@@ -249,6 +271,7 @@ def choose_candidates(
                 done(c, "invalid")
                 continue
             c.row["bound_seconds"] = time.perf_counter() - t0
+            clock["bound"] += c.row["bound_seconds"]
             if c.bound.infeasible:
                 c.row["reason"] = c.bound.reason
                 c.row["excess_mb"] = c.bound.excess_mb
@@ -314,7 +337,9 @@ def choose_candidates(
                                                      time_limit=BRANCH_TIME * bound_time)
                             long_bounds[c.twin] = tight
                         c.bound = long_bounds[c.twin]
-                        c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
+                        dt = time.perf_counter() - t0
+                        clock["prove"] += dt
+                        c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + dt
                         c.lower_ms = max(c.lower_ms, float(c.bound.bound_ms) + c.sync_floor_ms)
                         c.row["bound_ms"] = c.lower_ms
                         heapq.heappush(heap, (c.lower_ms, i))
@@ -349,11 +374,13 @@ def choose_candidates(
                         layout_ub[c.twin] = ub
                     c.bound = twins[c.twin][0]
                     c.layouts = layouts_of.get(c.twin, False)
-                    c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
+                    dt = time.perf_counter() - t0
+                    clock["tighten"] += dt
+                    c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + dt
                     c.lower_ms = max(c.lower_ms, float(c.bound.bound_ms) + c.sync_floor_ms)
                     heapq.heappush(heap, (c.lower_ms, i))
                     continue
-                if c.level < 2 and c.twin not in twin_results:
+                if tighten and c.level < 2 and c.twin not in twin_results:
                     c.level += 1
                     t0 = time.perf_counter()
                     bound, level = twins[c.twin]
@@ -381,7 +408,9 @@ def choose_candidates(
                     c.bound, level = twins[c.twin]
                     c.layouts = layouts_of.get(c.twin, False)
                     c.level = max(c.level, level)
-                    c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + time.perf_counter() - t0
+                    dt = time.perf_counter() - t0
+                    clock["tighten"] += dt
+                    c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + dt
                     if c.bound.infeasible:
                         c.row["reason"] = c.bound.reason
                         done(c, "infeasible")
@@ -424,7 +453,8 @@ def choose_candidates(
                     results[key] = PointResult.from_row(rec, Layout.from_json(rec.get(LAYOUT_COLUMN)))
             if left:
                 if runner is None:
-                    runner, slots = open_executor(executor, left, solve_point, workers, stack)
+                    # sized for a whole batch, though the first may hold fewer setups
+                    runner, slots = open_executor(executor, (left * batch)[:batch], solve_point, workers, stack)
                     per_solve = workers or default_workers(min(slots, batch))
                 todo = []
                 for key, c, digest, start in left:
@@ -435,6 +465,7 @@ def choose_candidates(
                         results[key] = no_plan(key, "invalid", str(exc))
                         continue
                     todo.append(SweepTask(key, c.profile.name, digest, request, start))
+                t0 = time.perf_counter()
                 it = runner(todo, lambda r: None)
                 try:
                     for res in it:
@@ -449,6 +480,8 @@ def choose_candidates(
                             store.append(row)
                 finally:
                     it.close()
+                    _share_wall(clock, time.perf_counter() - t0,
+                                [(results.get(key), c.retry) for key, c, _d, _s in left])
             for i in chosen:  # in batch order: the same frame whatever the executor
                 c = candidates[i]
                 res = results.get(c.row["key"], no_plan(c.row["key"], "error", "not run"))
@@ -478,7 +511,8 @@ def choose_candidates(
                 if c.row["status"] == "balanced":
                     if not c.balanced:
                         c.balanced, c.level = True, 3
-                    heapq.heappush(heap, (c.lower_ms, i))
+                    if prove:  # back in the queue: a longer bound, a second balance
+                        heapq.heappush(heap, (c.lower_ms, i))
         for _lower, i in heap:
             c = candidates[i]
             if c.balanced:
@@ -519,5 +553,18 @@ def choose_candidates(
                 step_time=c.row["pipeline_ms"], bound=c.row.get("solver_bound_ms"), gap=c.row.get("solver_gap"),
                 solve_seconds=c.row.get("solve_seconds") or 0.0, source=f"choose: {c.setup.label}")
     best_plan = plans[int(frame.index[0])]
-    return Choice(frame=frame, best=best_plan, proven=proven, plans=plans,
-                  seconds=time.perf_counter() - began, notes=notes)
+    seconds = time.perf_counter() - began
+    clock["other"] = max(0.0, seconds - sum(clock.values()))
+    return Choice(frame=frame, best=best_plan, proven=proven, plans=plans, seconds=seconds, notes=notes,
+                  timings=clock)
+
+
+def _share_wall(clock: dict[str, float], wall: float, solves: list[tuple[PointResult | None, bool]]) -> None:
+    """Book a batch's wall time to ``balance`` and ``retry`` in proportion to the seconds of its
+    first and second balances (``(result, is_retry)`` each; in processes they overlap)."""
+    seconds = {"balance": 0.0, "retry": 0.0}
+    for res, is_retry in solves:
+        seconds["retry" if is_retry else "balance"] += (res.solve_seconds or 0.0) if res is not None else 0.0
+    total = sum(seconds.values())
+    for step, sec in seconds.items():
+        clock[step] += wall * (sec / total) if total else (wall if step == "balance" else 0.0)

@@ -103,7 +103,9 @@ class Choice:
     ``plans``: the plans of the balanced setups, by the setup's row index in ``frame``.
     ``profiles``: the profile of each setup row (model-card choices estimate one per setup).
     ``seconds``: wall time of the whole choice. ``notes``: what the choice assumed (for
-    instance, no DP synchronisation without a bandwidth).
+    instance, no DP synchronisation without a bandwidth). ``timings``: wall seconds by step
+    (:data:`sapptk.choosing.engine.STEPS`: ``bound``, ``tighten``, ``balance``, ``prove``,
+    ``retry``, ``other``), adding up to ``seconds``.
     """
 
     frame: pd.DataFrame
@@ -112,6 +114,7 @@ class Choice:
     plans: dict[int, Plan] = field(default_factory=dict)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def counts(self) -> dict[str, int]:
