@@ -577,6 +577,10 @@ def _add_choose(commands: argparse._SubParsersAction) -> None:
                         help="serial (default), processes, dask (a local cluster) or dask://HOST:PORT")
     parser.add_argument("--cache", type=Path, default=None, metavar="DIR", help="Parquet cache: a rerun resumes")
     parser.add_argument("--top", type=int, default=10, help="rows of the ranking to print (10)")
+    parser.add_argument("--no-prove", action="store_true",
+                        help="no longer bounds or second balances on balanced setups that kept a gap (throughput)")
+    parser.add_argument("--no-tighten", action="store_true",
+                        help="balance every setup the first bound does not prune, without tightening it first")
     parser.add_argument("--deterministic", action="store_true", help="deterministic bounds and solver runs")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
@@ -594,7 +598,8 @@ def _choose(args: argparse.Namespace) -> int:
                     micro_batch_size=args.micro_batch_size, memory_budget=args.memory, schedules=args.schedule,
                     stages=args.stages, chunks=args.chunks, recompute=args.recompute, dp_bandwidth=args.dp_bandwidth,
                     sequence_length=args.sequence_length, time_limit=args.time_limit, executor=args.executor,
-                    cache=args.cache, progress=not args.no_progress, deterministic=args.deterministic)
+                    cache=args.cache, progress=not args.no_progress, deterministic=args.deterministic,
+                    prove=not args.no_prove, tighten=not args.no_tighten)
     table = choice.top(max(1, args.top)).round({"step_time_ms": 1, "bound_ms": 1, "peak_mb_max": 0,
                                                 "tokens_per_s_per_device": 1})
     print(f"profile {profile.name} on {args.devices} devices, global batch {args.global_batch}:")

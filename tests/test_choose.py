@@ -414,3 +414,24 @@ def test_cli_choose(tmp_path, capsys) -> None:
     assert main(["choose", "demo", "--devices", "6", "--global-batch", "32", "--memory", "60000",
                  "--stages", "4", "--no-progress"]) == 2
     assert "devices = 6: none of stages" in capsys.readouterr().err
+
+
+def test_cli_choose_passes_prove_and_tighten(monkeypatch) -> None:
+    import sapptk.choosing
+    from sapptk.cli import main
+
+    seen: list[dict] = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_choose(profile, **kwargs):
+        seen.append(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(sapptk.choosing, "choose", fake_choose)
+    base = ["choose", "demo", "--devices", "8", "--global-batch", "32", "--memory", "60000", "--no-progress"]
+    for extra, prove, tighten in (([], True, True), (["--no-prove"], False, True), (["--no-tighten"], True, False)):
+        with pytest.raises(Stop):
+            main([*base, *extra])
+        assert (seen[-1]["prove"], seen[-1]["tighten"]) == (prove, tighten)
