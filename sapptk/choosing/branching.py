@@ -125,6 +125,7 @@ def branch_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
         return slots[k][0]
 
     def solve(box: dict[int, tuple[float, float]]) -> tuple[float, np.ndarray | None]:
+        nonlocal rows, rounds
         for k in slots:
             lo, hi = box.get(k, (-math.inf, math.inf))
             rows.set_range(slots[k][0], lo, hi)
@@ -132,7 +133,17 @@ def branch_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
             if k not in slots:
                 rows.set_range(slot(k), *box[k])
         bound, n = rows.generate(max_rounds=_NODE_ROUNDS, deadline=deadline, enough=ub)
-        nonlocal rounds
+        if rows.last_values is None and time.perf_counter() < deadline:
+            # GLOP gave up from the last basis (ABNORMAL, seen on llama2_70b interleaved-lm p8 v4 and
+            # again with the primal simplex): the node once more on a fresh LP with every path so far
+            old, rows = rows, RowLP(lp)
+            for key in old.seen:
+                rows.add(np.frombuffer(key[:-8], dtype=np.int64).copy(), int.from_bytes(key[-8:], "little"))
+            slots.clear()
+            for k in box:
+                rows.set_range(slot(k), *box[k])
+            bound, m = rows.generate(max_rounds=_NODE_ROUNDS, deadline=deadline, enough=ub)
+            n += m
         rounds += n
         return bound, rows.last_values
 
