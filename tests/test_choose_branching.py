@@ -57,7 +57,7 @@ def test_a_node_lp_that_fails_is_solved_again_on_a_fresh_lp(rng: np.random.Gener
         real = branching.RowLP.generate
         calls = {"n": 0}
 
-        def failing_once(self, **kw):
+        def failing_once(self, calls=calls, real=real, **kw):
             calls["n"] += 1
             if calls["n"] == 3:  # the second node LP, as seen on llama2_70b interleaved-lm p8 v4
                 self.last_values = None
