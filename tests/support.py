@@ -149,6 +149,22 @@ EXHAUSTIVE = [
 # ------------------------------------------------------------------ oracles
 # The line-placed schedules written op by op (as they were before the array builders): the
 # array-built programs must equal these op by op.
+def exhaustive_cases(rng: np.random.Generator, trials: int):
+    """Small random cases with every assignment simulated: ``(trial, profile, free config,
+    found)``, ``found`` one row (step ms, peak MB of the fullest device) per assignment of two
+    groups in modes none and full over an :data:`EXHAUSTIVE` shape, without a budget."""
+    for trial in range(trials):
+        schedule, p, m, v, k = EXHAUSTIVE[trial % len(EXHAUSTIVE)]
+        profile = small_profile(rng, groups=2, layers=(int(rng.integers(2, 4)), int(rng.integers(2, 4))))
+        if not all("full" in g.modes for g in profile.body):
+            profile = two_mode_profile((3, 3) if v > 1 else (4, 3))
+        free = PipelineConfig(p, m, v, schedule, splits=k, recompute=("none", "full"),
+                              comm=float(rng.choice([0.0, 0.05])))
+        found = np.array([(fast_step(free, profile, c), peaks_mb(free, profile, c).max())
+                          for c in all_assignments(profile, free, (0, MODES.index("full")))])
+        yield trial, profile, free, found
+
+
 def _reference_one_f_one_b(forwards: list, backwards: list, warmup: int) -> list:
     warmup = min(warmup, len(forwards))
     order = forwards[:warmup]

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from support import EXHAUSTIVE, all_assignments, fast_step, peaks_mb, small_profile, two_mode_profile
+from support import EXHAUSTIVE, all_assignments, exhaustive_cases, fast_step, peaks_mb, small_profile, two_mode_profile
 
 import sapptk
 from sapptk.choosing.bounds import integer_bound, pipeline_bound
@@ -87,15 +87,7 @@ def test_layout_bound_never_exceeds_the_exhaustive_optimum(rng: np.random.Genera
     budgets, three incumbents: about 200 cases, each against the least simulated step time
     of every assignment."""
     cases = gains = 0
-    for trial in range(24):
-        schedule, p, m, v, k = EXHAUSTIVE[trial % len(EXHAUSTIVE)]
-        profile = small_profile(rng, groups=2, layers=(int(rng.integers(2, 4)), int(rng.integers(2, 4))))
-        if not all("full" in g.modes for g in profile.body):
-            profile = two_mode_profile((3, 3) if v > 1 else (4, 3))
-        free = PipelineConfig(p, m, v, schedule, splits=k, recompute=("none", "full"),
-                              comm=float(rng.choice([0.0, 0.05])))
-        found = np.array([(fast_step(free, profile, c), peaks_mb(free, profile, c).max())
-                          for c in all_assignments(profile, free, (0, MODES.index("full")))])
+    for trial, profile, free, found in exhaustive_cases(rng, 24):
         lo, hi = found[:, 1].min(), found[:, 1].max()
         for budget in (None, lo + float(rng.uniform(0, 1)) * (hi - lo), 0.95 * lo):
             config = free.replace(memory_budget=budget)
@@ -111,7 +103,7 @@ def test_layout_bound_never_exceeds_the_exhaustive_optimum(rng: np.random.Genera
                 tight = layout_bound(profile, config, start, ub, time_limit=5.0)
                 assert tight is not None
                 assert start.bound_ms <= tight.bound_ms <= min(best, max(ub, start.bound_ms)) + 1e-9, (
-                    trial, schedule, budget, ub, tight.bound_ms, best)
+                    trial, free.schedule, budget, ub, tight.bound_ms, best)
                 cases += 1
                 gains += tight.bound_ms > start.bound_ms + 1e-6
     assert cases >= 150 and gains >= cases // 4

@@ -7,24 +7,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from support import EXHAUSTIVE, all_assignments, fast_step, peaks_mb, small_profile, two_mode_profile
+from support import exhaustive_cases
 
 from sapptk.choosing.bounds import pipeline_bound
 from sapptk.choosing.branching import branch_bound
-from sapptk.config import PipelineConfig
-from sapptk.profile import MODES
 
 
 def _cases(rng: np.random.Generator, trials: int):
-    for trial in range(trials):
-        schedule, p, m, v, k = EXHAUSTIVE[trial % len(EXHAUSTIVE)]
-        profile = small_profile(rng, groups=2, layers=(int(rng.integers(2, 4)), int(rng.integers(2, 4))))
-        if not all("full" in g.modes for g in profile.body):
-            profile = two_mode_profile((3, 3) if v > 1 else (4, 3))
-        free = PipelineConfig(p, m, v, schedule, splits=k, recompute=("none", "full"),
-                              comm=float(rng.choice([0.0, 0.05])))
-        found = np.array([(fast_step(free, profile, c), peaks_mb(free, profile, c).max())
-                          for c in all_assignments(profile, free, (0, MODES.index("full")))])
+    for trial, profile, free, found in exhaustive_cases(rng, trials):
         lo, hi = found[:, 1].min(), found[:, 1].max()
         for budget in (None, lo + float(rng.uniform(0, 1)) * (hi - lo)):
             fits = found[:, 1] <= (math.inf if budget is None else budget)

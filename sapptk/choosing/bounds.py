@@ -252,6 +252,14 @@ class RowLP:
             self.add(sig, 0)
         solver.Minimize(self.z)
 
+    def fresh(self) -> RowLP:
+        """A new LP over the same relaxation with every path row of this one (no range rows):
+        for a solve GLOP gave up on from this one's basis."""
+        other = RowLP(self.lp)
+        for key in self.seen:
+            other.add(np.frombuffer(key[:-8], dtype=np.int64).copy(), int.from_bytes(key[-8:], "little"))
+        return other
+
     def add(self, sig: np.ndarray, crossings: int) -> bool:
         """Add a path's row ``z ≥ len_P(x)``; False when it is already there."""
         key = np.asarray(sig, dtype=np.int64).tobytes() + int(crossings).to_bytes(8, "little")

@@ -136,9 +136,7 @@ def branch_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
         if rows.last_values is None and time.perf_counter() < deadline:
             # GLOP gave up from the last basis (ABNORMAL, seen on llama2_70b interleaved-lm p8 v4 and
             # again with the primal simplex): the node once more on a fresh LP with every path so far
-            old, rows = rows, RowLP(lp)
-            for key in old.seen:
-                rows.add(np.frombuffer(key[:-8], dtype=np.int64).copy(), int.from_bytes(key[-8:], "little"))
+            rows = rows.fresh()
             slots.clear()
             for k in box:
                 rows.set_range(slot(k), *box[k])
