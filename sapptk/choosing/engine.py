@@ -74,6 +74,11 @@ STEPS: tuple[str, ...] = ("bound", "tighten", "balance", "prove", "retry", "othe
 tightenings before a balance (and again below a better incumbent), first balances, the longer
 layout bounds of balanced setups, second balances, and the rest (setup, cache, plans)."""
 
+_AHEAD = 0.01
+"""A bound tightened before any balance stops once it is this share past the next setup's bound
+in the queue (or at the best step time): then another setup is first, and this one is tightened
+again only when it is first again."""
+
 _RETRY_WITHIN = 0.02
 """A balanced setup is balanced a second time only when its bound is within this share of the
 best step time: a second balance at twice the time limit raised the balancer's bound by 1-1.5 %
@@ -305,6 +310,22 @@ def choose_candidates(
         parked: list[tuple[float, int]] = []  # the leader's own queue entry: it needs no proof against itself
         stalled: list[tuple[float, int]] = []  # balanced with a gap, nothing left to try below this best
         seeds: dict[tuple[int, int, int], tuple[float, list]] = {}
+        short: dict[tuple[Any, ...], bool] = {}  # its last tightening stopped at a goal below the best step time
+        rows_done: dict[tuple[Any, ...], bool] = {}  # its path LP converged, or ran out of time (no layouts)
+
+        def stop(c: Candidate, goal: float) -> None:
+            """Note whether the twin's bound stopped at ``goal`` (pipeline ms) below the best step time."""
+            ms = twins[c.twin][0].bound_ms
+            short[c.twin] = (ms is not None and goal < (best - c.sync_floor_ms) * (1 - _TIE)
+                             and ms >= goal * (1 - _TIE))
+
+        def branch(c: Candidate, start: SetupBound, ub: float) -> SetupBound:
+            """``start`` raised by branching on whole layers below ``ub`` (pipeline ms); timed, so
+            not with ``deterministic``, and nothing to branch against without an incumbent."""
+            if deterministic or not math.isfinite(ub):
+                return start
+            return branch_bound(c.profile, c.setup.config, start, ub, time_limit=BRANCH_TIME * bound_time)
+
         while heap:
             chosen: list[int] = []
             deferred: list[tuple[float, int]] = []  # twins of a setup in this batch: they take its result
@@ -331,11 +352,8 @@ def choose_candidates(
                             tight = layout_bound(c.profile, c.setup.config, c.bound, best - c.sync_floor_ms,
                                                  time_limit=4 * bound_time,
                                                  deterministic=deterministic) if c.layouts else None
-                            tight = c.bound if tight is None else tight
-                            if not deterministic:
-                                tight = branch_bound(c.profile, c.setup.config, tight, best - c.sync_floor_ms,
-                                                     time_limit=BRANCH_TIME * bound_time)
-                            long_bounds[c.twin] = tight
+                            long_bounds[c.twin] = branch(c, c.bound if tight is None else tight,
+                                                         best - c.sync_floor_ms)
                         c.bound = long_bounds[c.twin]
                         dt = time.perf_counter() - t0
                         clock["prove"] += dt
@@ -357,21 +375,37 @@ def choose_candidates(
                         c.lower_ms = shared.bound_ms + c.sync_floor_ms
                         heapq.heappush(heap, (c.lower_ms, i))
                         continue
+                # how far to tighten now: past the next setup in the queue by _AHEAD (then this one
+                # is no longer first and may never be needed again), at most to the best step time
+                goal = best - c.sync_floor_ms if deterministic else (
+                    min(best, max(heap[0][0] if heap else math.inf, lower * (1 + _AHEAD))) - c.sync_floor_ms)
+                more_rows = not rows_done.get(c.twin, True)
                 if (c.level == 2 and c.twin not in twin_results
-                        and best - c.sync_floor_ms < layout_ub.get(c.twin, math.inf) * (1 - _TIE)):
-                    # its layout bound was capped by a worse incumbent (or none): the layouts are fewer now
+                        and (best - c.sync_floor_ms < layout_ub.get(c.twin, math.inf) * (1 - _TIE)
+                             or short.get(c.twin, False) or more_rows)):
+                    # its layout bound was capped by a worse incumbent (or none), so the layouts are fewer
+                    # now; or it stopped at a goal below the best step time and is first again; or its
+                    # path LP (too many layouts) has not converged yet
                     t0 = time.perf_counter()
                     if c.bound is twins[c.twin][0]:
                         ub = best - c.sync_floor_ms
-                        tight = layout_bound(c.profile, c.setup.config, c.bound, ub, time_limit=bound_time,
-                                             deterministic=deterministic)
-                        if tight is not None:
-                            twins[c.twin] = (tight, 2)
-                            layouts_of[c.twin] = True
-                        if not deterministic:  # whole layers per device, below the better best
-                            twins[c.twin] = (branch_bound(c.profile, c.setup.config, twins[c.twin][0], ub,
-                                                          time_limit=BRANCH_TIME * bound_time), 2)
-                        layout_ub[c.twin] = ub
+                        tight = None
+                        if ub < layout_ub.get(c.twin, math.inf) * (1 - _TIE) or layouts_of.get(c.twin, False):
+                            tight = layout_bound(c.profile, c.setup.config, c.bound, ub, time_limit=bound_time,
+                                                 deterministic=deterministic, enough_ms=goal)
+                            layout_ub[c.twin] = ub
+                            if tight is not None:
+                                twins[c.twin] = (tight, 2)
+                                layouts_of[c.twin] = True
+                        if tight is None and more_rows:  # more path rows, from every path found so far
+                            rows = pipeline_bound(c.profile, c.setup.config, max_rounds=ROW_ROUNDS,
+                                                  time_limit=ROW_TIME * bound_time, enough_ms=goal,
+                                                  start=twins[c.twin][0])
+                            rows_done[c.twin] = rows.bound_ms < goal * (1 - _TIE)  # converged, or out of time
+                            twins[c.twin] = (rows, 2)
+                        stop(c, goal)
+                        if not short[c.twin]:  # whole layers per device, below the better best
+                            twins[c.twin] = (branch(c, twins[c.twin][0], ub), 2)
                     c.bound = twins[c.twin][0]
                     c.layouts = layouts_of.get(c.twin, False)
                     dt = time.perf_counter() - t0
@@ -381,27 +415,27 @@ def choose_candidates(
                     heapq.heappush(heap, (c.lower_ms, i))
                     continue
                 if tighten and c.level < 2 and c.twin not in twin_results:
-                    c.level += 1
                     t0 = time.perf_counter()
+                    c.level += 1
                     bound, level = twins[c.twin]
                     if level < c.level == 1:
-                        long = best < math.inf and not deterministic  # no incumbent yet: the quick rows
-                        rows = pipeline_bound(c.profile, c.setup.config,
-                                              max_rounds=ROW_ROUNDS if long else FIRST_ROUNDS,
-                                              time_limit=(ROW_TIME if long else 1.0) * bound_time,
-                                              deterministic=deterministic, enough_ms=best - c.sync_floor_ms)
-                        rows = SetupBound(max(rows.bound_ms, bound.bound_ms), rounds=rows.rounds,
-                                          seconds=rows.seconds, paths=rows.paths) if not rows.infeasible else rows
-                        tight = layout_bound(c.profile, c.setup.config, rows, best - c.sync_floor_ms,
-                                             time_limit=bound_time, deterministic=deterministic)
+                        # whole layouts first: where they can be enumerated, they are the strong bound
+                        tight = layout_bound(c.profile, c.setup.config, bound, best - c.sync_floor_ms,
+                                             time_limit=bound_time, deterministic=deterministic, enough_ms=goal)
+                        if tight is None:  # too many layouts: path rows (the integer model next, then more rows)
+                            quick = deterministic or best == math.inf
+                            rows = pipeline_bound(c.profile, c.setup.config,
+                                                  max_rounds=FIRST_ROUNDS if quick else ROW_ROUNDS,
+                                                  time_limit=(1.0 if quick else ROW_TIME) * bound_time,
+                                                  deterministic=deterministic, enough_ms=goal, start=bound)
+                            rows_done[c.twin] = deterministic or (not quick and rows.bound_ms < goal * (1 - _TIE))
                         # whole layouts (when they could be enumerated) make the integer model needless
                         twins[c.twin] = (rows, 1) if tight is None else (tight, 2)
                         layouts_of[c.twin] = tight is not None
                         layout_ub[c.twin] = best - c.sync_floor_ms
-                        if not deterministic and best < math.inf:  # whole layers per device, below the best
-                            twins[c.twin] = (branch_bound(c.profile, c.setup.config, twins[c.twin][0],
-                                                          best - c.sync_floor_ms,
-                                                          time_limit=BRANCH_TIME * bound_time), twins[c.twin][1])
+                        stop(c, goal)
+                        if not short[c.twin]:  # whole layers per device, below the best
+                            twins[c.twin] = (branch(c, twins[c.twin][0], best - c.sync_floor_ms), twins[c.twin][1])
                     elif level < c.level == 2:
                         twins[c.twin] = (integer_bound(c.profile, c.setup.config, bound, time_limit=bound_time,
                                                        deterministic=deterministic), 2)
