@@ -311,6 +311,7 @@ def choose_candidates(
         stalled: list[tuple[float, int]] = []  # balanced with a gap, nothing left to try below this best
         seeds: dict[tuple[int, int, int], tuple[float, list]] = {}
         short: dict[tuple[Any, ...], bool] = {}  # its last tightening stopped at a goal below the best step time
+        memos: dict[tuple[Any, ...], dict[str, Any]] = {}  # layout_bound's problem and paths, by twin
         rows_done: dict[tuple[Any, ...], bool] = {}  # its path LP converged, or ran out of time (no layouts)
 
         def stop(c: Candidate, goal: float) -> None:
@@ -350,8 +351,8 @@ def choose_candidates(
                         if c.twin not in long_bounds or best - c.sync_floor_ms < long_ub[c.twin] * (1 - _TIE):
                             long_ub[c.twin] = best - c.sync_floor_ms
                             tight = layout_bound(c.profile, c.setup.config, c.bound, best - c.sync_floor_ms,
-                                                 time_limit=4 * bound_time,
-                                                 deterministic=deterministic) if c.layouts else None
+                                                 time_limit=4 * bound_time, deterministic=deterministic,
+                                                 memo=memos.setdefault(c.twin, {})) if c.layouts else None
                             long_bounds[c.twin] = branch(c, c.bound if tight is None else tight,
                                                          best - c.sync_floor_ms)
                         c.bound = long_bounds[c.twin]
@@ -392,7 +393,8 @@ def choose_candidates(
                         tight = None
                         if ub < layout_ub.get(c.twin, math.inf) * (1 - _TIE) or layouts_of.get(c.twin, False):
                             tight = layout_bound(c.profile, c.setup.config, c.bound, ub, time_limit=bound_time,
-                                                 deterministic=deterministic, enough_ms=goal)
+                                                 deterministic=deterministic, enough_ms=goal,
+                                                 memo=memos.setdefault(c.twin, {}))
                             layout_ub[c.twin] = ub
                             if tight is not None:
                                 twins[c.twin] = (tight, 2)
@@ -421,7 +423,8 @@ def choose_candidates(
                     if level < c.level == 1:
                         # whole layouts first: where they can be enumerated, they are the strong bound
                         tight = layout_bound(c.profile, c.setup.config, bound, best - c.sync_floor_ms,
-                                             time_limit=bound_time, deterministic=deterministic, enough_ms=goal)
+                                             time_limit=bound_time, deterministic=deterministic, enough_ms=goal,
+                                             memo=memos.setdefault(c.twin, {}))
                         if tight is None:  # too many layouts: path rows (the integer model next, then more rows)
                             quick = deterministic or best == math.inf
                             rows = pipeline_bound(c.profile, c.setup.config,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import numpy as np
 
@@ -120,13 +121,17 @@ def chain_minmax(layouts: list[DeviceLayouts], counts: np.ndarray, extra: list[i
 
 def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub_ms: float, *,
                  time_limit: float = 1.0, deterministic: bool = False,
-                 enough_ms: float = math.inf) -> SetupBound | None:
+                 enough_ms: float = math.inf, memo: dict[str, Any] | None = None) -> SetupBound | None:
     """``start`` raised by whole layouts (module docstring), for every plan no slower than
     ``ub_ms`` (pipeline ms; ``inf``: every plan): the result is at most ``max(start, ub_ms)``.
     None when the layouts are too many to enumerate in ``time_limit`` (the caller keeps
     ``start``). The layout LP and the totals search stop once the bound reaches ``enough_ms``
     (a caller that only needs to know the bound is at least that asks no more); the result is
     then at least ``min(enough_ms, ub_ms)``, and may be lower than the full search would reach.
+
+    ``memo``: a dict kept by the caller for one setup (or its twins: the same program, costs and
+    budget) between calls; it keeps the setup's problem and fill-and-drain paths, which do not
+    depend on ``ub_ms``.
 
     With ``deterministic``, the LP runs a fixed number of iterations and the totals search
     is left out, so the same input gives the same bound.
@@ -135,7 +140,10 @@ def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
         return start
     began = time.perf_counter()
     deadline = began + time_limit
-    problem = make_problem(profile, config, allow_empty=False, options=SearchOptions())
+    memo = {} if memo is None else memo
+    if "problem" not in memo:
+        memo["problem"] = make_problem(profile, config, allow_empty=False, options=SearchOptions())
+    problem = memo["problem"]
     coef = problem.coef
     scale = TIME_UNIT_MS / problem.splits
     ub = int(math.floor(ub_ms / scale + 1e-9)) if math.isfinite(ub_ms) else None
@@ -153,7 +161,9 @@ def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
     except TooManyLayouts:
         return None
     rounds = 0
-    ends = fill_drain(problem)
+    if "ends" not in memo:
+        memo["ends"] = fill_drain(problem)
+    ends = memo["ends"]
     try:
         best = chain_minmax(layouts, coef.counts, [e for e, _, _ in ends])
     except TooManyLayouts:
