@@ -12,11 +12,15 @@
    fits is dropped with the device and the shortfall.
 2. The setups are taken in order of bound. A setup whose bound is at or above the best step
    time found so far is pruned (and so is every later one). Before a setup is balanced its
-   bound is tightened by LP rows and whole layouts below the best step time
-   (:func:`~sapptk.choosing.layout_bound.layout_bound`, again after every better incumbent;
-   the integer model :func:`~sapptk.choosing.bounds.integer_bound` when the layouts are too
-   many), which may prune it after all.
-3. Survivors are balanced ``batch`` at a time through the sweep engine's executors
+   bound is tightened by whole layouts below the best step time
+   (:func:`~sapptk.choosing.layout_bound.layout_bound`, again after every better incumbent)
+   or, when the layouts are too many, by LP rows, the integer model
+   (:func:`~sapptk.choosing.bounds.integer_bound`) and more LP rows from the rows found so
+   far; then by branching on whole layers. Each tightening stops at a goal: the best step
+   time, or ``_AHEAD`` past the next setup's bound in the queue, since a setup that is no
+   longer first may be pruned before it is first again (then it is tightened on from there).
+3. Survivors are balanced ``batch`` at a time (one until the first step time is known) through
+   the sweep engine's executors
    (:func:`sapptk.sweeps.solving.solve_point`), each starting from the fastest plan so far of
    the same shape (stages and chunks); a ``cache`` folder keeps every balanced row (Parquet),
    so an interrupted choice resumes. The batches do not depend on the executor, so serial,
@@ -156,7 +160,8 @@ def choose(
     tighten: False balances every setup its first bound (the LP over device work, one round)
         does not prune, without tightening it first (LP paths, whole layouts, integer model):
         for time limits so short that a balance costs about what a tightening does.
-    batch: setups balanced per round (fixed, so every executor gives the same frame).
+    batch: setups balanced per round (one until a step time is known; fixed, so every executor
+        gives the same frame).
     executor, workers, cache, progress, seed, deterministic: as in :func:`sapptk.sweep`.
 
     Raises :class:`~sapptk.errors.ConfigError` for a bad argument, a device count no stage
@@ -330,7 +335,9 @@ def choose_candidates(
         while heap:
             chosen: list[int] = []
             deferred: list[tuple[float, int]] = []  # twins of a setup in this batch: they take its result
-            while heap and len(chosen) < batch:
+            # before any step time is known, one setup at a time: the second of a batch would be balanced
+            # without the first's step time to prune it (on llama2_70b, a 10 s balance of a loser)
+            while heap and len(chosen) < (batch if best < math.inf else 1):
                 lower, i = heap[0]
                 if lower >= best * (1 - _TIE):
                     break
