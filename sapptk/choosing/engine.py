@@ -307,8 +307,9 @@ def choose_candidates(
         seeds: dict[tuple[int, int, int], tuple[float, list]] = {}
         while heap:
             chosen: list[int] = []
+            solves = 0  # setups of this batch that need a balance (a twin already balanced takes its result)
             deferred: list[tuple[float, int]] = []  # twins of a setup in this batch: they take its result
-            while heap and len(chosen) < batch:
+            while heap and solves < batch:
                 lower, i = heap[0]
                 if lower >= best * (1 - _TIE):
                     break
@@ -422,6 +423,7 @@ def choose_candidates(
                     deferred.append((lower, i))
                     continue
                 chosen.append(i)
+                solves += c.twin not in (retry_results if c.retry else twin_results)
             for item in deferred:
                 heapq.heappush(heap, item)
             if not chosen:
