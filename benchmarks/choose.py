@@ -98,7 +98,9 @@ def throughput(time_limit: float, minutes: float, **levers: Any) -> None:
             decided += c["balanced"] + c["pruned"] + c["infeasible"]
             total += len(choice.frame)
             elapsed = time.perf_counter() - t0
+            w = choice.frame.iloc[0]
             print(f"m {batch:4d} budget {budget:7.0f}: {len(choice.frame)} setups ({c}), {choice.seconds:.1f} s; "
+                  f"winner {w['schedule']} v{w['chunks']} {w['step_time_ms']:,.0f} ms; "
                   f"so far {decided} decided in {elapsed:.0f} s = {decided / elapsed * 600:.0f} per 10 min")
     elapsed = time.perf_counter() - t0
     print(f"\n{decided} of {total} sixteen-stage setups decided in {elapsed:.0f} s: "

@@ -316,6 +316,42 @@ def test_tighten_false_balances_what_the_first_bound_leaves(monkeypatch, small_c
     assert (frame.loc[frame["status"] == "pruned", "bound_ms"] >= frame.iloc[0]["step_time_ms"] * (1 - 1e-9)).all()
 
 
+def test_a_round_balances_batch_setups_and_twins_ride_along(monkeypatch) -> None:
+    """A setup whose twin (same program and profile) is already balanced takes that result and no
+    slot of its round: the first round balances one setup (no step time is known yet), every later
+    round but the last ``batch`` setups, each program once."""
+    from sapptk.choosing import engine
+
+    rounds: list[list[tuple[str, int, int]]] = []
+    opened = engine.open_executor
+
+    def counting(executor, todo, solve, workers, stack):  # noqa: ANN001, ANN202
+        runner, slots = opened(executor, todo, solve, workers, stack)
+
+        def run(tasks, rescue):  # noqa: ANN001, ANN202
+            rounds.append([(t.request.config.schedule, t.request.config.stages, t.request.config.chunks)
+                           for t in tasks])
+            return runner(tasks, rescue)
+
+        return run, slots
+
+    monkeypatch.setattr(engine, "open_executor", counting)
+    profile = small_profile(np.random.default_rng(19), groups=2, layers=(4, 6))
+    choice = sapptk.choose(profile, devices=4, global_batch=16, memory_budget=60.0,
+                           schedules=["1f1b", "interleaved", "interleaved-rf", "interleaved-megatron", "zb-h1"],
+                           max_chunks=2, time_limit=2, deterministic=True, prove=False, tighten=False, batch=2)
+    frame = choice.frame
+    balanced = frame[frame["status"] == "balanced"]
+    assert len(balanced) > sum(len(r) for r in rounds)  # twins were balanced without a solve of their own
+    assert len(rounds) >= 3 and len(rounds[0]) == 1
+    assert [len(r) for r in rounds[1:-1]] == [2] * (len(rounds) - 2) and 1 <= len(rounds[-1]) <= 2
+    solved = [t for r in rounds for t in r]
+    assert len(solved) == len(set(solved))
+    twins = balanced[balanced["schedule"].isin(["interleaved", "interleaved-rf", "interleaved-megatron"])
+                     & (balanced["chunks"] == 2)]
+    assert len(twins) >= 2 and (twins.groupby("stages", observed=True)["step_time_ms"].nunique() == 1).all()
+
+
 @pytest.mark.slow
 def test_processes_and_cache_give_the_same_frame(tmp_path, small_choice) -> None:
     profile, choice = small_choice

@@ -23,6 +23,7 @@ import sapptk.sweeps.solving as solving_module
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.profile import MODES, bundled_profile
+from sapptk.request import SolveRequest
 from sapptk.sweeps import (
     COLUMNS,
     CONFIG_FIELDS,
@@ -243,6 +244,26 @@ def test_dead_worker_processes_are_retried_then_give_error_rows(
     monkeypatch.setattr(executors_module, "MAX_ATTEMPTS", 2)
     df = sweep(DEMO, grid, solve=dying_solve, executor="processes", progress=False)
     assert (df["status"] == "error").all() and df["error"].str.contains("worker process died 2 times").all()
+
+
+def pid_solve(task: SweepTask) -> dict[str, Any]:
+    """``fake_solve`` that names its process in ``error``."""
+    return {**fake_solve(task), "error": str(os.getpid())}
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+def test_processes_runner_keeps_its_workers_until_the_stack_closes() -> None:
+    """A choice's rounds (a sweep's waves) reuse the pool's workers; closing the stack ends them."""
+    from contextlib import ExitStack
+
+    tasks = [SweepTask(f"k{i}", "demo", "d", SolveRequest(DEMO, PipelineConfig(stages=4, micro_batches=8 + i)))
+             for i in range(2)]
+    with ExitStack() as stack:
+        runner, slots = executors_module.open_executor("processes", tasks, pid_solve, None, stack)
+        first = {int(r.error) for r in runner(tasks, lambda r: None)}
+        second = {int(r.error) for r in runner(tasks, lambda r: None)}
+        assert len(first) <= slots and second <= first  # no new process for the second call
+    assert all(wait_until(lambda pid=pid: process_gone(pid), 30) for pid in first)
 
 
 NOTEBOOK_CELL = """

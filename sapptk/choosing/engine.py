@@ -334,10 +334,11 @@ def choose_candidates(
 
         while heap:
             chosen: list[int] = []
+            solves = 0  # setups of this batch that need a balance (a twin already balanced takes its result)
             deferred: list[tuple[float, int]] = []  # twins of a setup in this batch: they take its result
-            # before any step time is known, one setup at a time: the second of a batch would be balanced
+            # before any step time is known, one balance at a time: the second of a batch would be balanced
             # without the first's step time to prune it (on llama2_70b, a 10 s balance of a loser)
-            while heap and len(chosen) < (batch if best < math.inf else 1):
+            while heap and solves < (batch if best < math.inf else 1):
                 lower, i = heap[0]
                 if lower >= best * (1 - _TIE):
                     break
@@ -466,6 +467,7 @@ def choose_candidates(
                     deferred.append((lower, i))
                     continue
                 chosen.append(i)
+                solves += c.twin not in (retry_results if c.retry else twin_results)
             for item in deferred:
                 heapq.heappush(heap, item)
             if not chosen:

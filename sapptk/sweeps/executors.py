@@ -3,7 +3,8 @@
 ``serial`` runs in this process. ``processes`` is a local process pool (forkserver where
 available, else spawn: children never inherit the caller's threads or state). Dask runs on
 a local cluster (``"dask"``), a scheduler address (``"dask://HOST:PORT"``) or a
-``distributed.Client``; any :class:`concurrent.futures.Executor` works too.
+``distributed.Client``; any :class:`concurrent.futures.Executor` works too. The process pool
+lives as long as the caller's stack: a choice's rounds and a sweep's waves reuse its workers.
 
 ``processes`` is the standard library's pool; what is written here around it (the
 lifeline, the retries, the guard check) is kept because neither the bare pool nor loky
@@ -136,7 +137,7 @@ def _cancel(pending: list[Future]) -> None:
 
 
 def _ignore(pending: list[Future]) -> None:
-    """No cancelling: closing the lifeline ends the pool as a whole (:func:`_run_processes`)."""
+    """No cancelling: closing the lifeline ends the pool as a whole (:class:`_ProcessRunner`)."""
 
 
 def _run_pool(tasks: Sequence[SweepTask], solve: Solve, pool: Executor, rescue: Rescue) -> Iterator[PointResult]:
@@ -150,7 +151,8 @@ def _pool_context() -> multiprocessing.context.BaseContext:
     later pools start in milliseconds rather than seconds."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["sapptk.sweeps", "sapptk.balancer"])
+        # the solver stack too: each new pool's workers then start solving at once
+        ctx.set_forkserver_preload(["sapptk.sweeps", "sapptk.balancer", "sapptk.solver.search", "sapptk.plan"])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -216,40 +218,60 @@ def _death_reason(method: str, attempts: int) -> tuple[str, bool]:
             "the machine ran out of memory?)", True)
 
 
-def _run_processes(tasks: Sequence[SweepTask], solve: Solve, slots: int, rescue: Rescue) -> Iterator[PointResult]:
-    """A local process pool. If a process dies (a native crash in a solver), the pool breaks:
-    its unfinished points go to a fresh pool, up to :data:`~sapptk.checks.MAX_ATTEMPTS` times
-    each. The lifeline is also the kill switch: closing its write end (on an interrupt, or at
-    the end) makes every worker exit at once, running solves included, with no private
-    attribute of the pool."""
-    ctx = _pool_context()
-    lifeline_r, lifeline_w = ctx.Pipe(duplex=False)  # workers read; only this process writes
-    tries: dict[str, int] = {}
-    queue = list(tasks)
-    try:
+class _ProcessRunner:
+    """A local process pool kept from one call to the next (a choice's rounds, a sweep's waves):
+    its workers are forked once, not once per round. If a process dies (a native crash in a
+    solver), the pool breaks: its unfinished points go to a fresh pool, up to
+    :data:`~sapptk.checks.MAX_ATTEMPTS` times each. The lifeline is also the kill switch:
+    closing its write end (on an interrupt, or by :meth:`close` at the end) makes every
+    worker exit at once, running solves included, with no private attribute of the pool."""
+
+    def __init__(self, solve: Solve, slots: int) -> None:
+        self.solve, self.slots = solve, max(1, slots)
+        self.ctx = _pool_context()
+        self.pool: ProcessPoolExecutor | None = None
+        self.lifeline: tuple[Any, Any] | None = None  # (read end: workers, write end: this process)
+
+    def __call__(self, tasks: Sequence[SweepTask], rescue: Rescue) -> Iterator[PointResult]:
+        tries: dict[str, int] = {}
+        queue = list(tasks)
         while queue:
-            pool = ProcessPoolExecutor(max_workers=max(1, min(slots, len(queue))), mp_context=ctx,
-                                       initializer=_watch_parent, initargs=(lifeline_r,))
+            pool = self._open()
             broken: list[SweepTask] = []
             try:
-                yield from _run_futures(queue, partial(pool.submit, timed, solve), futures_as_completed, _ignore,
-                                        rescue, broken)
-            except BaseException:  # an interrupt: stop the running solves too
-                lifeline_w.close()  # every worker exits now; the pool then fails its pending futures itself
-                pool.shutdown(wait=False)
+                yield from _run_futures(queue, partial(pool.submit, timed, self.solve), futures_as_completed,
+                                        _ignore, rescue, broken)
+            except BaseException:  # an interrupt (or the caller closed this early): stop the running solves too
+                self.close(wait=False)  # every worker exits now; the pool then fails its pending futures itself
                 raise
-            pool.shutdown(wait=True)
+            if broken:
+                self.close()  # a dead worker broke the pool: the retries get a fresh one
             queue = []
             for task in broken:
                 n = tries[task.key] = tries.get(task.key, 0) + 1
-                reason, retry = _death_reason(ctx.get_start_method(), n)
+                reason, retry = _death_reason(self.ctx.get_start_method(), n)
                 if retry and n < MAX_ATTEMPTS:
                     queue.append(task)
                 else:
                     yield no_plan(task.key, "error", reason)
-    finally:
-        lifeline_w.close()
-        lifeline_r.close()
+
+    def _open(self) -> ProcessPoolExecutor:
+        if self.pool is None:
+            read, write = self.ctx.Pipe(duplex=False)  # workers read; only this process writes
+            self.lifeline = (read, write)
+            self.pool = ProcessPoolExecutor(max_workers=self.slots, mp_context=self.ctx, initializer=_watch_parent,
+                                            initargs=(read,))
+        return self.pool
+
+    def close(self, wait: bool = True) -> None:
+        """End the workers (closing the lifeline ends even running solves) and the pool."""
+        if self.pool is None or self.lifeline is None:
+            return
+        read, write = self.lifeline
+        write.close()
+        self.pool.shutdown(wait=wait)
+        read.close()
+        self.pool, self.lifeline = None, None
 
 
 # -------------------------------------------------------------------------------- Dask
@@ -303,8 +325,9 @@ def open_executor(
         return (lambda tasks, rescue: _run_serial(tasks, solve)), 1
     if executor == "processes":
         slots = max(1, min(len(todo), n_cores // workers if workers else n_cores))
-        shipped = portable(solve)
-        return (lambda tasks, rescue: _run_processes(tasks, shipped, slots, rescue)), slots
+        runner = _ProcessRunner(portable(solve), slots)  # kept for every call, closed with the stack
+        stack.callback(runner.close)
+        return runner, slots
     if isinstance(executor, str) and (executor == "dask" or executor.startswith("dask://")):
         executor = _dask_client(executor, max(1, min(len(todo), n_cores // workers if workers else n_cores)), stack)
     if _is_dask_client(executor):
