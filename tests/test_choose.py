@@ -318,8 +318,8 @@ def test_tighten_false_balances_what_the_first_bound_leaves(monkeypatch, small_c
 
 def test_a_round_balances_batch_setups_and_twins_ride_along(monkeypatch) -> None:
     """A setup whose twin (same program and profile) is already balanced takes that result and no
-    slot of its round: the first round balances one setup (no step time is known yet), every later
-    round but the last ``batch`` setups, each program once."""
+    slot of its round: every round but the last balances ``batch`` setups, each program once (with
+    ``tighten=False`` the first round is full too)."""
     from sapptk.choosing import engine
 
     rounds: list[list[tuple[str, int, int]]] = []
@@ -343,8 +343,7 @@ def test_a_round_balances_batch_setups_and_twins_ride_along(monkeypatch) -> None
     frame = choice.frame
     balanced = frame[frame["status"] == "balanced"]
     assert len(balanced) > sum(len(r) for r in rounds)  # twins were balanced without a solve of their own
-    assert len(rounds) >= 3 and len(rounds[0]) == 1
-    assert [len(r) for r in rounds[1:-1]] == [2] * (len(rounds) - 2) and 1 <= len(rounds[-1]) <= 2
+    assert [len(r) for r in rounds[:-1]] == [2] * (len(rounds) - 1) and 1 <= len(rounds[-1]) <= 2
     solved = [t for r in rounds for t in r]
     assert len(solved) == len(set(solved))
     twins = balanced[balanced["schedule"].isin(["interleaved", "interleaved-rf", "interleaved-megatron"])
@@ -514,3 +513,28 @@ def test_choose_with_goals_matches_brute_force() -> None:
     for row in frame[frame["status"] == "pruned"].itertuples():
         label = f"{row.schedule} p{row.stages} v{row.chunks} m{row.micro_batches} dp{row.dp}"
         assert winner["step_time_ms"] * (1 - 1e-9) <= row.bound_ms <= brute.get(label, math.inf) + 1e-6
+
+
+def test_the_first_round_balances_one_setup_when_tightening(monkeypatch) -> None:
+    """With tightening on, the first round (no step time known yet) balances one setup, so the
+    second best bound can be pruned by the first's step time; later rounds are full."""
+    from sapptk.choosing import engine
+
+    rounds: list[int] = []
+    opened = engine.open_executor
+
+    def counting(executor, todo, solve, workers, stack):  # noqa: ANN001, ANN202
+        runner, slots = opened(executor, todo, solve, workers, stack)
+
+        def run(tasks, rescue):  # noqa: ANN001, ANN202
+            rounds.append(len(tasks))
+            return runner(tasks, rescue)
+
+        return run, slots
+
+    monkeypatch.setattr(engine, "open_executor", counting)
+    profile = small_profile(np.random.default_rng(19), groups=2, layers=(4, 6))
+    sapptk.choose(profile, devices=4, global_batch=16, memory_budget=60.0, schedules=["1f1b", "interleaved", "zb-h1"],
+                  max_chunks=2, time_limit=2, deterministic=True, prove=False, batch=2)
+    assert rounds and rounds[0] == 1
+    assert all(n <= 2 for n in rounds)

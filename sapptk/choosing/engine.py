@@ -19,7 +19,8 @@
    far; then by branching on whole layers. Each tightening stops at a goal: the best step
    time, or ``_AHEAD`` past the next setup's bound in the queue, since a setup that is no
    longer first may be pruned before it is first again (then it is tightened on from there).
-3. Survivors are balanced ``batch`` at a time (one until the first step time is known) through
+3. Survivors are balanced ``batch`` at a time (one until the first step time is known, when
+   tightening) through
    the sweep engine's executors
    (:func:`sapptk.sweeps.solving.solve_point`), each starting from the fastest plan so far of
    the same shape (stages and chunks); a ``cache`` folder keeps every balanced row (Parquet),
@@ -160,8 +161,8 @@ def choose(
     tighten: False balances every setup its first bound (the LP over device work, one round)
         does not prune, without tightening it first (LP paths, whole layouts, integer model):
         for time limits so short that a balance costs about what a tightening does.
-    batch: setups balanced per round (one until a step time is known; fixed, so every executor
-        gives the same frame).
+    batch: setups balanced per round (one until a step time is known, unless ``tighten=False``;
+        fixed, so every executor gives the same frame).
     executor, workers, cache, progress, seed, deterministic: as in :func:`sapptk.sweep`.
 
     Raises :class:`~sapptk.errors.ConfigError` for a bad argument, a device count no stage
@@ -337,8 +338,9 @@ def choose_candidates(
             solves = 0  # setups of this batch that need a balance (a twin already balanced takes its result)
             deferred: list[tuple[float, int]] = []  # twins of a setup in this batch: they take its result
             # before any step time is known, one balance at a time: the second of a batch would be balanced
-            # without the first's step time to prune it (on llama2_70b, a 10 s balance of a loser)
-            while heap and solves < (batch if best < math.inf else 1):
+            # without the first's step time to prune it (on llama2_70b, a 10 s balance of a loser); not
+            # with tighten=False, where hardly anything is pruned and a round less counts more
+            while heap and solves < (batch if best < math.inf or not tighten else 1):
                 lower, i = heap[0]
                 if lower >= best * (1 - _TIE):
                     break
