@@ -318,7 +318,8 @@ def test_tighten_false_balances_what_the_first_bound_leaves(monkeypatch, small_c
 
 def test_a_round_balances_batch_setups_and_twins_ride_along(monkeypatch) -> None:
     """A setup whose twin (same program and profile) is already balanced takes that result and no
-    slot of its round: every round but the last balances ``batch`` setups, each program once."""
+    slot of its round: every round but the last balances ``batch`` setups, each program once (with
+    ``tighten=False`` the first round is full too)."""
     from sapptk.choosing import engine
 
     rounds: list[list[tuple[str, int, int]]] = []
@@ -461,3 +462,79 @@ def test_cli_choose_passes_prove_and_tighten(monkeypatch) -> None:
         with pytest.raises(Stop):
             main([*base, *extra])
         assert (seen[-1]["prove"], seen[-1]["tighten"]) == (prove, tighten)
+
+
+def test_resumed_and_goal_bounds_against_the_exhaustive_optimum(rng: np.random.Generator) -> None:
+    """The path LP resumed from an early bound's rows reaches the bound of one long run, and a
+    layout bound stopped at a goal reaches the goal or its full value; both stay at or below the
+    least simulated step time of every assignment."""
+    cases = stopped = 0
+    for trial, profile, free, found in exhaustive_cases(rng, 12):
+        lo, hi = found[:, 1].min(), found[:, 1].max()
+        budget = lo + float(rng.uniform(0.2, 1)) * (hi - lo)
+        config = free.replace(memory_budget=budget)
+        best = float(found[found[:, 1] <= budget, 0].min())
+        early = pipeline_bound(profile, config, max_rounds=1, deterministic=True)
+        resumed = pipeline_bound(profile, config, max_rounds=400, deterministic=True, start=early)
+        fresh = pipeline_bound(profile, config, max_rounds=400, deterministic=True)
+        assert early.bound_ms <= resumed.bound_ms <= best + 1e-9, (trial, early, resumed, best)
+        assert resumed.bound_ms == pytest.approx(fresh.bound_ms, rel=1e-6), (trial, resumed, fresh)
+        assert pipeline_bound(profile, config, start=resumed, enough_ms=resumed.bound_ms) is resumed
+        full = layout_bound(profile, config, early, math.inf, deterministic=True)
+        assert full is not None and full.bound_ms <= best + 1e-9
+        goal = early.bound_ms + 0.5 * (full.bound_ms - early.bound_ms)
+        part = layout_bound(profile, config, early, math.inf, deterministic=True, enough_ms=goal)
+        assert part is not None and min(goal, full.bound_ms) - 1e-6 <= part.bound_ms <= best + 1e-9, (
+            trial, goal, part.bound_ms, full.bound_ms, best)
+        cases += 1
+        stopped += part.bound_ms < full.bound_ms - 1e-6
+    assert cases == 12 and stopped >= 1  # some stop short of the full search
+
+
+def test_choose_with_goals_matches_brute_force() -> None:
+    """Without ``deterministic`` (bounds tightened only past the next setup in the queue, the
+    path LP resumed): the winner is the least step time any setup's plan reaches, and every
+    pruned setup's bound is at or below its own best plan."""
+    profile = small_profile(np.random.default_rng(7), groups=2, layers=(4, 6))
+    grid = dict(devices=4, global_batch=16, schedules=["1f1b", "interleaved", "zb-v"], memory_budget=60.0,
+                max_chunks=2)
+    choice = sapptk.choose(profile, time_limit=5, seed=1, **grid)
+    brute = {}
+    for s in enumerate_setups(**grid):
+        try:
+            plan = sapptk.balance(profile, s.config, time_limit=5, deterministic=True)
+        except ConfigError:
+            continue
+        if plan.solved:
+            brute[s.label] = plan.step_time
+    frame = choice.frame
+    winner = frame.iloc[0]
+    assert choice.proven and winner["step_time_ms"] == pytest.approx(min(brute.values()), rel=1e-9)
+    for row in frame[frame["status"] == "pruned"].itertuples():
+        label = f"{row.schedule} p{row.stages} v{row.chunks} m{row.micro_batches} dp{row.dp}"
+        assert winner["step_time_ms"] * (1 - 1e-9) <= row.bound_ms <= brute.get(label, math.inf) + 1e-6
+
+
+def test_the_first_round_balances_one_setup_when_tightening(monkeypatch) -> None:
+    """With tightening on, the first round (no step time known yet) balances one setup, so the
+    second best bound can be pruned by the first's step time; later rounds are full."""
+    from sapptk.choosing import engine
+
+    rounds: list[int] = []
+    opened = engine.open_executor
+
+    def counting(executor, todo, solve, workers, stack):  # noqa: ANN001, ANN202
+        runner, slots = opened(executor, todo, solve, workers, stack)
+
+        def run(tasks, rescue):  # noqa: ANN001, ANN202
+            rounds.append(len(tasks))
+            return runner(tasks, rescue)
+
+        return run, slots
+
+    monkeypatch.setattr(engine, "open_executor", counting)
+    profile = small_profile(np.random.default_rng(19), groups=2, layers=(4, 6))
+    sapptk.choose(profile, devices=4, global_batch=16, memory_budget=60.0, schedules=["1f1b", "interleaved", "zb-h1"],
+                  max_chunks=2, time_limit=2, deterministic=True, prove=False, batch=2)
+    assert rounds and rounds[0] == 1
+    assert all(n <= 2 for n in rounds)

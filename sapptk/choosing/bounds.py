@@ -362,7 +362,7 @@ class RowLP:
 
 def pipeline_bound(profile: Profile, config: PipelineConfig, *, max_rounds: int = 40,
                    time_limit: float = 10.0, deterministic: bool = False,
-                   enough_ms: float = math.inf) -> SetupBound:
+                   enough_ms: float = math.inf, start: SetupBound | None = None) -> SetupBound:
     """A proven lower bound on the simulated step time (ms, without DP synchronisation) of every
     plan of ``profile`` on ``config`` that fits the memory budget; or a proof that none fits.
 
@@ -372,20 +372,34 @@ def pipeline_bound(profile: Profile, config: PipelineConfig, *, max_rounds: int 
     row generation; stopping early only makes the bound weaker, never wrong. The rounds also
     stop once the certified bound reaches ``enough_ms`` (a caller that prunes at that step time
     needs no more).
+
+    ``start``: an earlier bound of the same setup (not infeasible) to resume from: its path rows
+    seed the LP, the memory certificate is not computed again, and the result is at least
+    ``start``'s bound, with its rounds and seconds added.
     """
     began = time.perf_counter()
     lp = _Relaxation(profile, config)
-    if lp.budget is not None:
+    if start is not None:
+        if start.infeasible or start.bound_ms is None or start.bound_ms >= enough_ms:
+            return start
+        rows = RowLP(lp)
+        for sig_bytes, crossings in start.paths:
+            rows.add(np.frombuffer(sig_bytes, dtype=np.int64).copy(), crossings)
+    elif lp.budget is not None:
         excess, device = _infeasibility(lp)
         if excess > _TOLERANCE_MB:
             return SetupBound(None, infeasible=True, excess_mb=excess, device=device,
                               seconds=time.perf_counter() - began)
-    rows = RowLP(lp)
+    if start is None:
+        rows = RowLP(lp)
     enough = enough_ms / (1000.0 * TIME_UNIT_MS / config.splits)
     best, rounds = rows.generate(max_rounds=max_rounds, deadline=None if deterministic else began + time_limit,
                                  enough=enough)
     ms = best * 1000.0 * TIME_UNIT_MS / config.splits
     found_paths = rows.binding()
+    if start is not None:
+        return SetupBound(max(ms, start.bound_ms), rounds=start.rounds + rounds,
+                          seconds=start.seconds + time.perf_counter() - began, paths=found_paths)
     return SetupBound(ms, rounds=rounds, seconds=time.perf_counter() - began, paths=found_paths)
 
 

@@ -12,11 +12,16 @@
    fits is dropped with the device and the shortfall.
 2. The setups are taken in order of bound. A setup whose bound is at or above the best step
    time found so far is pruned (and so is every later one). Before a setup is balanced its
-   bound is tightened by LP rows and whole layouts below the best step time
-   (:func:`~sapptk.choosing.layout_bound.layout_bound`, again after every better incumbent;
-   the integer model :func:`~sapptk.choosing.bounds.integer_bound` when the layouts are too
-   many), which may prune it after all.
-3. Survivors are balanced ``batch`` at a time through the sweep engine's executors
+   bound is tightened by whole layouts below the best step time
+   (:func:`~sapptk.choosing.layout_bound.layout_bound`, again after every better incumbent)
+   or, when the layouts are too many, by LP rows, the integer model
+   (:func:`~sapptk.choosing.bounds.integer_bound`) and more LP rows from the rows found so
+   far; then by branching on whole layers. Each tightening stops at a goal: the best step
+   time, or ``_AHEAD`` past the next setup's bound in the queue, since a setup that is no
+   longer first may be pruned before it is first again (then it is tightened on from there).
+3. Survivors are balanced ``batch`` at a time (one until the first step time is known, when
+   tightening) through
+   the sweep engine's executors
    (:func:`sapptk.sweeps.solving.solve_point`), each starting from the fastest plan so far of
    the same shape (stages and chunks); a ``cache`` folder keeps every balanced row (Parquet),
    so an interrupted choice resumes. The batches do not depend on the executor, so serial,
@@ -73,6 +78,11 @@ STEPS: tuple[str, ...] = ("bound", "tighten", "balance", "prove", "retry", "othe
 """The steps of :attr:`Choice.timings <sapptk.choosing.result.Choice.timings>`: first bounds, bound
 tightenings before a balance (and again below a better incumbent), first balances, the longer
 layout bounds of balanced setups, second balances, and the rest (setup, cache, plans)."""
+
+_AHEAD = 0.01
+"""A bound tightened before any balance stops once it is this share past the next setup's bound
+in the queue (or at the best step time): then another setup is first, and this one is tightened
+again only when it is first again."""
 
 _RETRY_WITHIN = 0.02
 """A balanced setup is balanced a second time only when its bound is within this share of the
@@ -151,7 +161,8 @@ def choose(
     tighten: False balances every setup its first bound (the LP over device work, one round)
         does not prune, without tightening it first (LP paths, whole layouts, integer model):
         for time limits so short that a balance costs about what a tightening does.
-    batch: setups balanced per round (fixed, so every executor gives the same frame).
+    batch: setups balanced per round (one until a step time is known, unless ``tighten=False``;
+        fixed, so every executor gives the same frame).
     executor, workers, cache, progress, seed, deterministic: as in :func:`sapptk.sweep`.
 
     Raises :class:`~sapptk.errors.ConfigError` for a bad argument, a device count no stage
@@ -305,11 +316,31 @@ def choose_candidates(
         parked: list[tuple[float, int]] = []  # the leader's own queue entry: it needs no proof against itself
         stalled: list[tuple[float, int]] = []  # balanced with a gap, nothing left to try below this best
         seeds: dict[tuple[int, int, int], tuple[float, list]] = {}
+        short: dict[tuple[Any, ...], bool] = {}  # its last tightening stopped at a goal below the best step time
+        memos: dict[tuple[Any, ...], dict[str, Any]] = {}  # layout_bound's problem and paths, by twin
+        rows_done: dict[tuple[Any, ...], bool] = {}  # its path LP converged, or ran out of time (no layouts)
+
+        def stop(c: Candidate, goal: float) -> None:
+            """Note whether the twin's bound stopped at ``goal`` (pipeline ms) below the best step time."""
+            ms = twins[c.twin][0].bound_ms
+            short[c.twin] = (ms is not None and goal < (best - c.sync_floor_ms) * (1 - _TIE)
+                             and ms >= goal * (1 - _TIE))
+
+        def branch(c: Candidate, start: SetupBound, ub: float) -> SetupBound:
+            """``start`` raised by branching on whole layers below ``ub`` (pipeline ms); timed, so
+            not with ``deterministic``, and nothing to branch against without an incumbent."""
+            if deterministic or not math.isfinite(ub):
+                return start
+            return branch_bound(c.profile, c.setup.config, start, ub, time_limit=BRANCH_TIME * bound_time)
+
         while heap:
             chosen: list[int] = []
             solves = 0  # setups of this batch that need a balance (a twin already balanced takes its result)
             deferred: list[tuple[float, int]] = []  # twins of a setup in this batch: they take its result
-            while heap and solves < batch:
+            # before any step time is known, one balance at a time: the second of a batch would be balanced
+            # without the first's step time to prune it (on llama2_70b, a 10 s balance of a loser); not
+            # with tighten=False, where hardly anything is pruned and a round less counts more
+            while heap and solves < (batch if best < math.inf or not tighten else 1):
                 lower, i = heap[0]
                 if lower >= best * (1 - _TIE):
                     break
@@ -330,13 +361,10 @@ def choose_candidates(
                         if c.twin not in long_bounds or best - c.sync_floor_ms < long_ub[c.twin] * (1 - _TIE):
                             long_ub[c.twin] = best - c.sync_floor_ms
                             tight = layout_bound(c.profile, c.setup.config, c.bound, best - c.sync_floor_ms,
-                                                 time_limit=4 * bound_time,
-                                                 deterministic=deterministic) if c.layouts else None
-                            tight = c.bound if tight is None else tight
-                            if not deterministic:
-                                tight = branch_bound(c.profile, c.setup.config, tight, best - c.sync_floor_ms,
-                                                     time_limit=BRANCH_TIME * bound_time)
-                            long_bounds[c.twin] = tight
+                                                 time_limit=4 * bound_time, deterministic=deterministic,
+                                                 memo=memos.setdefault(c.twin, {})) if c.layouts else None
+                            long_bounds[c.twin] = branch(c, c.bound if tight is None else tight,
+                                                         best - c.sync_floor_ms)
                         c.bound = long_bounds[c.twin]
                         dt = time.perf_counter() - t0
                         clock["prove"] += dt
@@ -358,21 +386,38 @@ def choose_candidates(
                         c.lower_ms = shared.bound_ms + c.sync_floor_ms
                         heapq.heappush(heap, (c.lower_ms, i))
                         continue
+                # how far to tighten now: past the next setup in the queue by _AHEAD (then this one
+                # is no longer first and may never be needed again), at most to the best step time
+                goal = best - c.sync_floor_ms if deterministic else (
+                    min(best, max(heap[0][0] if heap else math.inf, lower * (1 + _AHEAD))) - c.sync_floor_ms)
+                more_rows = not rows_done.get(c.twin, True)
                 if (c.level == 2 and c.twin not in twin_results
-                        and best - c.sync_floor_ms < layout_ub.get(c.twin, math.inf) * (1 - _TIE)):
-                    # its layout bound was capped by a worse incumbent (or none): the layouts are fewer now
+                        and (best - c.sync_floor_ms < layout_ub.get(c.twin, math.inf) * (1 - _TIE)
+                             or short.get(c.twin, False) or more_rows)):
+                    # its layout bound was capped by a worse incumbent (or none), so the layouts are fewer
+                    # now; or it stopped at a goal below the best step time and is first again; or its
+                    # path LP (too many layouts) has not converged yet
                     t0 = time.perf_counter()
                     if c.bound is twins[c.twin][0]:
                         ub = best - c.sync_floor_ms
-                        tight = layout_bound(c.profile, c.setup.config, c.bound, ub, time_limit=bound_time,
-                                             deterministic=deterministic)
-                        if tight is not None:
-                            twins[c.twin] = (tight, 2)
-                            layouts_of[c.twin] = True
-                        if not deterministic:  # whole layers per device, below the better best
-                            twins[c.twin] = (branch_bound(c.profile, c.setup.config, twins[c.twin][0], ub,
-                                                          time_limit=BRANCH_TIME * bound_time), 2)
-                        layout_ub[c.twin] = ub
+                        tight = None
+                        if ub < layout_ub.get(c.twin, math.inf) * (1 - _TIE) or layouts_of.get(c.twin, False):
+                            tight = layout_bound(c.profile, c.setup.config, c.bound, ub, time_limit=bound_time,
+                                                 deterministic=deterministic, enough_ms=goal,
+                                                 memo=memos.setdefault(c.twin, {}))
+                            layout_ub[c.twin] = ub
+                            if tight is not None:
+                                twins[c.twin] = (tight, 2)
+                                layouts_of[c.twin] = True
+                        if tight is None and more_rows:  # more path rows, from every path found so far
+                            rows = pipeline_bound(c.profile, c.setup.config, max_rounds=ROW_ROUNDS,
+                                                  time_limit=ROW_TIME * bound_time, enough_ms=goal,
+                                                  start=twins[c.twin][0])
+                            rows_done[c.twin] = rows.bound_ms < goal * (1 - _TIE)  # converged, or out of time
+                            twins[c.twin] = (rows, 2)
+                        stop(c, goal)
+                        if not short[c.twin]:  # whole layers per device, below the better best
+                            twins[c.twin] = (branch(c, twins[c.twin][0], ub), 2)
                     c.bound = twins[c.twin][0]
                     c.layouts = layouts_of.get(c.twin, False)
                     dt = time.perf_counter() - t0
@@ -382,27 +427,28 @@ def choose_candidates(
                     heapq.heappush(heap, (c.lower_ms, i))
                     continue
                 if tighten and c.level < 2 and c.twin not in twin_results:
-                    c.level += 1
                     t0 = time.perf_counter()
+                    c.level += 1
                     bound, level = twins[c.twin]
                     if level < c.level == 1:
-                        long = best < math.inf and not deterministic  # no incumbent yet: the quick rows
-                        rows = pipeline_bound(c.profile, c.setup.config,
-                                              max_rounds=ROW_ROUNDS if long else FIRST_ROUNDS,
-                                              time_limit=(ROW_TIME if long else 1.0) * bound_time,
-                                              deterministic=deterministic, enough_ms=best - c.sync_floor_ms)
-                        rows = SetupBound(max(rows.bound_ms, bound.bound_ms), rounds=rows.rounds,
-                                          seconds=rows.seconds, paths=rows.paths) if not rows.infeasible else rows
-                        tight = layout_bound(c.profile, c.setup.config, rows, best - c.sync_floor_ms,
-                                             time_limit=bound_time, deterministic=deterministic)
+                        # whole layouts first: where they can be enumerated, they are the strong bound
+                        tight = layout_bound(c.profile, c.setup.config, bound, best - c.sync_floor_ms,
+                                             time_limit=bound_time, deterministic=deterministic, enough_ms=goal,
+                                             memo=memos.setdefault(c.twin, {}))
+                        if tight is None:  # too many layouts: path rows (the integer model next, then more rows)
+                            quick = deterministic or best == math.inf
+                            rows = pipeline_bound(c.profile, c.setup.config,
+                                                  max_rounds=FIRST_ROUNDS if quick else ROW_ROUNDS,
+                                                  time_limit=(1.0 if quick else ROW_TIME) * bound_time,
+                                                  deterministic=deterministic, enough_ms=goal, start=bound)
+                            rows_done[c.twin] = deterministic or (not quick and rows.bound_ms < goal * (1 - _TIE))
                         # whole layouts (when they could be enumerated) make the integer model needless
                         twins[c.twin] = (rows, 1) if tight is None else (tight, 2)
                         layouts_of[c.twin] = tight is not None
                         layout_ub[c.twin] = best - c.sync_floor_ms
-                        if not deterministic and best < math.inf:  # whole layers per device, below the best
-                            twins[c.twin] = (branch_bound(c.profile, c.setup.config, twins[c.twin][0],
-                                                          best - c.sync_floor_ms,
-                                                          time_limit=BRANCH_TIME * bound_time), twins[c.twin][1])
+                        stop(c, goal)
+                        if not short[c.twin]:  # whole layers per device, below the best
+                            twins[c.twin] = (branch(c, twins[c.twin][0], best - c.sync_floor_ms), twins[c.twin][1])
                     elif level < c.level == 2:
                         twins[c.twin] = (integer_bound(c.profile, c.setup.config, bound, time_limit=bound_time,
                                                        deterministic=deterministic), 2)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import numpy as np
 
@@ -119,11 +120,18 @@ def chain_minmax(layouts: list[DeviceLayouts], counts: np.ndarray, extra: list[i
 
 
 def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub_ms: float, *,
-                 time_limit: float = 1.0, deterministic: bool = False) -> SetupBound | None:
+                 time_limit: float = 1.0, deterministic: bool = False,
+                 enough_ms: float = math.inf, memo: dict[str, Any] | None = None) -> SetupBound | None:
     """``start`` raised by whole layouts (module docstring), for every plan no slower than
     ``ub_ms`` (pipeline ms; ``inf``: every plan): the result is at most ``max(start, ub_ms)``.
     None when the layouts are too many to enumerate in ``time_limit`` (the caller keeps
-    ``start``).
+    ``start``). The layout LP and the totals search stop once the bound reaches ``enough_ms``
+    (a caller that only needs to know the bound is at least that asks no more); the result is
+    then at least ``min(enough_ms, ub_ms)``, and may be lower than the full search would reach.
+
+    ``memo``: a dict kept by the caller for one setup (or its twins: the same program, costs and
+    budget) between calls; it keeps the setup's problem and fill-and-drain paths, which do not
+    depend on ``ub_ms``.
 
     With ``deterministic``, the LP runs a fixed number of iterations and the totals search
     is left out, so the same input gives the same bound.
@@ -132,13 +140,17 @@ def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
         return start
     began = time.perf_counter()
     deadline = began + time_limit
-    problem = make_problem(profile, config, allow_empty=False, options=SearchOptions())
+    memo = {} if memo is None else memo
+    if "problem" not in memo:
+        memo["problem"] = make_problem(profile, config, allow_empty=False, options=SearchOptions())
+    problem = memo["problem"]
     coef = problem.coef
     scale = TIME_UNIT_MS / problem.splits
     ub = int(math.floor(ub_ms / scale + 1e-9)) if math.isfinite(ub_ms) else None
-    if ub is not None and ub * scale <= start.bound_ms:
+    if (ub is not None and ub * scale <= start.bound_ms) or start.bound_ms >= enough_ms:
         return start
     cap = math.inf if ub is None else float(ub)
+    enough = min(cap, math.ceil(enough_ms / scale - 1e-9)) if math.isfinite(enough_ms) else cap
     try:
         caps, work_cap = layer_caps(coef, problem.paths, ub, allow_empty=False)
         options = stage_options(coef, caps, work_cap=work_cap, max_options=_PARTIAL,
@@ -149,12 +161,14 @@ def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
     except TooManyLayouts:
         return None
     rounds = 0
-    ends = fill_drain(problem)
+    if "ends" not in memo:
+        memo["ends"] = fill_drain(problem)
+    ends = memo["ends"]
     try:
         best = chain_minmax(layouts, coef.counts, [e for e, _, _ in ends])
     except TooManyLayouts:
         best = 0.0
-    if best < cap and all(len(lay) for lay in layouts):
+    if best < enough and all(len(lay) for lay in layouts):
         lp = LinearRelaxation(coef, problem.paths, layouts, problem.comm_ticks)
         for sig in problem.paths.device_sig:
             lp.add(sig, 0)
@@ -163,12 +177,13 @@ def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
         for sig_bytes, crossings in start.paths:
             lp.add(np.frombuffer(sig_bytes, dtype=np.int64).copy(), crossings)
         until = began + (3600.0 if deterministic else max(time_limit / 2, time.perf_counter() - began + 0.1))
-        relaxed = lp.run(until=until, max_iterations=60 if deterministic else 1000)
+        relaxed = lp.run(until=until, max_iterations=60 if deterministic else 1000,
+                         stopped=None if enough == math.inf else (lambda: lp.best >= enough))
         rounds += relaxed.iterations
         best = max(best, float(relaxed.bound))
-        if not deterministic and best < cap and time.perf_counter() < deadline - 0.05:
+        if not deterministic and best < enough and time.perf_counter() < deadline - 0.05:
             totals = TotalsBound(lp)
-            found = totals.run(cutoff=2**62 if ub is None else ub, until=deadline)
+            found = totals.run(cutoff=2**62 if enough == math.inf else int(enough), until=deadline)
             best = max(best, float(found.bound))
     if not math.isfinite(min(best, cap)):
         return start  # no plan among the layouts, and no incumbent to cap the bound: the caller decides
