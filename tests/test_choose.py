@@ -12,11 +12,12 @@ import pytest
 from support import EXHAUSTIVE, all_assignments, exhaustive_cases, fast_step, peaks_mb, small_profile, two_mode_profile
 
 import sapptk
-from sapptk.choosing.bounds import integer_bound, pipeline_bound
+from sapptk.choosing.bounds import SetupBound, integer_bound, pipeline_bound
 from sapptk.choosing.engine import STEPS
 from sapptk.choosing.layout_bound import chain_minmax, fill_drain, layout_bound
 from sapptk.choosing.setups import dp_sync_ms, enumerate_setups
 from sapptk.config import PipelineConfig
+from sapptk.costs import TIME_UNIT_MS
 from sapptk.errors import ConfigError
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
 
@@ -55,7 +56,7 @@ def test_bounds_never_exceed_the_exhaustive_optimum(schedule: str, p: int, m: in
             for ub in (10 * best, best, 0.97 * best):
                 layouts = layout_bound(profile, config, bound, ub, time_limit=5.0)
                 assert layouts is not None and bound.bound_ms <= layouts.bound_ms <= min(best, max(
-                    ub, bound.bound_ms)) + 1e-9, (budget, ub, layouts, best)
+                    _tick_up(ub, config), bound.bound_ms)) + 1e-9, (budget, ub, layouts, best)
 
 
 @pytest.mark.slow
@@ -102,11 +103,18 @@ def test_layout_bound_never_exceeds_the_exhaustive_optimum(rng: np.random.Genera
                     continue
                 tight = layout_bound(profile, config, start, ub, time_limit=5.0)
                 assert tight is not None
-                assert start.bound_ms <= tight.bound_ms <= min(best, max(ub, start.bound_ms)) + 1e-9, (
+                cap = max(_tick_up(ub, config), start.bound_ms)
+                assert start.bound_ms <= tight.bound_ms <= min(best, cap) + 1e-9, (
                     trial, free.schedule, budget, ub, tight.bound_ms, best)
                 cases += 1
                 gains += tight.bound_ms > start.bound_ms + 1e-6
     assert cases >= 150 and gains >= cases // 4
+
+
+def _tick_up(ub_ms: float, config: PipelineConfig) -> float:
+    """``ub_ms`` rounded up to a whole tick of the config's time unit (a layout bound's cap)."""
+    tick = TIME_UNIT_MS / config.splits
+    return math.ceil(ub_ms / tick - 1e-9) * tick
 
 
 def _uniform(layers: int, fwd: float = 1.0) -> Profile:
@@ -142,6 +150,10 @@ def test_layout_bound_by_hand() -> None:
     start = pipeline_bound(profile, config)
     assert layout_bound(profile, config, start, 100.0).bound_ms == pytest.approx(66.0, abs=1e-9)
     assert layout_bound(profile, config, start, 60.0).bound_ms == pytest.approx(max(60.0, start.bound_ms))
+    # an incumbent less than a tick (1 us) under the optimum, as a step plus a fractional DP-sync share gives:
+    # steps are whole ticks, so every plan is proven no faster than it (the bound reaches it, not a tick short)
+    weak = SetupBound(48.0)  # below the pipeline bound (66 ms less 7 ns), so the layouts must prove it
+    assert layout_bound(profile, config, weak, 66.0 - 4e-4).bound_ms >= 66.0 - 4e-4
 
 
 def test_infeasible_setup_names_the_device_and_shortfall() -> None:

@@ -123,7 +123,8 @@ def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
                  time_limit: float = 1.0, deterministic: bool = False,
                  enough_ms: float = math.inf, memo: dict[str, Any] | None = None) -> SetupBound | None:
     """``start`` raised by whole layouts (module docstring), for every plan no slower than
-    ``ub_ms`` (pipeline ms; ``inf``: every plan): the result is at most ``max(start, ub_ms)``.
+    ``ub_ms`` (pipeline ms; ``inf``: every plan): the result is at most ``max(start, ub_ms)``
+    with ``ub_ms`` rounded up to a whole tick of the setup's time unit.
     None when the layouts are too many to enumerate in ``time_limit`` (the caller keeps
     ``start``). The layout LP and the totals search stop once the bound reaches ``enough_ms``
     (a caller that only needs to know the bound is at least that asks no more); the result is
@@ -146,7 +147,10 @@ def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
     problem = memo["problem"]
     coef = problem.coef
     scale = TIME_UNIT_MS / problem.splits
-    ub = int(math.floor(ub_ms / scale + 1e-9)) if math.isfinite(ub_ms) else None
+    # the least whole tick at or above ub_ms: steps are whole ticks, so a plan no faster than that
+    # tick is no faster than ub_ms (the floor would leave a bound up to a tick short of ub_ms, which
+    # then proves nothing against an incumbent whose step has a fractional DP-sync share)
+    ub = int(math.ceil(ub_ms / scale - 1e-9)) if math.isfinite(ub_ms) else None
     if (ub is not None and ub * scale <= start.bound_ms) or start.bound_ms >= enough_ms:
         return start
     cap = math.inf if ub is None else float(ub)
