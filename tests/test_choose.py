@@ -550,3 +550,30 @@ def test_the_first_round_balances_one_setup_when_tightening(monkeypatch) -> None
                   max_chunks=2, time_limit=2, deterministic=True, prove=False, batch=2)
     assert rounds and rounds[0] == 1
     assert all(n <= 2 for n in rounds)
+
+
+def test_a_tightening_that_gains_nothing_is_not_repeated(monkeypatch) -> None:
+    """A setup whose first layout bound gave up (too many layouts without an incumbent) gets path
+    rows; once its layouts can be enumerated below an incumbent, the rows are done. The same
+    tightening (same setup, incumbent and goal) never runs twice: before, a setup whose layout
+    bound stayed under its goal was tightened again and again (layouts, then branching) and never
+    balanced."""
+    from sapptk.choosing import engine
+
+    real = engine.layout_bound
+    seen: set[tuple] = set()
+
+    def layouts(profile, config, start, ub_ms, **kw):  # noqa: ANN001, ANN003, ANN202
+        if not math.isfinite(ub_ms):
+            return None  # as when the layouts are too many to enumerate without an incumbent
+        key = (config.schedule, config.stages, config.chunks, config.micro_batches, ub_ms, kw.get("enough_ms"))
+        assert key not in seen, f"the same tightening again: {key}"
+        seen.add(key)
+        return real(profile, config, start, ub_ms, **kw)
+
+    monkeypatch.setattr(engine, "layout_bound", layouts)
+    profile = small_profile(np.random.default_rng(7), groups=2, layers=(4, 6))
+    grid = dict(devices=4, global_batch=16, schedules=["1f1b", "interleaved", "zb-v"], memory_budget=60.0,
+                max_chunks=2)
+    choice = sapptk.choose(profile, time_limit=2, seed=1, bound_time=0.1, **grid)
+    assert choice.proven and seen

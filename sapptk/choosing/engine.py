@@ -409,6 +409,7 @@ def choose_candidates(
                             if tight is not None:
                                 twins[c.twin] = (tight, 2)
                                 layouts_of[c.twin] = True
+                                rows_done[c.twin] = True  # the layouts bound it now: no more path rows
                         if tight is None and more_rows:  # more path rows, from every path found so far
                             rows = pipeline_bound(c.profile, c.setup.config, max_rounds=ROW_ROUNDS,
                                                   time_limit=ROW_TIME * bound_time, enough_ms=goal,
