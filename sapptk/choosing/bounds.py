@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -275,6 +276,11 @@ class RowLP:
         self.path_rows.append((coeffs, const))
         return True
 
+    def add_paths(self, paths: Sequence[tuple[bytes, int]]) -> None:
+        """Add the rows of ``paths`` as :attr:`SetupBound.paths` holds them (signature bytes, crossings)."""
+        for sig_bytes, crossings in paths:
+            self.add(np.frombuffer(sig_bytes, dtype=np.int64).copy(), crossings)
+
     def binding(self) -> tuple[tuple[bytes, int], ...]:
         """The path rows with a positive dual at the last solve (all of them when there is none):
         the rows that hold the bound up, as (signature bytes, crossings) to start other models from."""
@@ -377,21 +383,18 @@ def pipeline_bound(profile: Profile, config: PipelineConfig, *, max_rounds: int 
     seed the LP, the memory certificate is not computed again, and the result is at least
     ``start``'s bound, with its rounds and seconds added.
     """
+    if start is not None and (start.infeasible or start.bound_ms is None or start.bound_ms >= enough_ms):
+        return start
     began = time.perf_counter()
     lp = _Relaxation(profile, config)
-    if start is not None:
-        if start.infeasible or start.bound_ms is None or start.bound_ms >= enough_ms:
-            return start
-        rows = RowLP(lp)
-        for sig_bytes, crossings in start.paths:
-            rows.add(np.frombuffer(sig_bytes, dtype=np.int64).copy(), crossings)
-    elif lp.budget is not None:
+    if start is None and lp.budget is not None:  # a resumed bound's setup already passed this certificate
         excess, device = _infeasibility(lp)
         if excess > _TOLERANCE_MB:
             return SetupBound(None, infeasible=True, excess_mb=excess, device=device,
                               seconds=time.perf_counter() - began)
-    if start is None:
-        rows = RowLP(lp)
+    rows = RowLP(lp)
+    if start is not None:
+        rows.add_paths(start.paths)
     enough = enough_ms / (1000.0 * TIME_UNIT_MS / config.splits)
     best, rounds = rows.generate(max_rounds=max_rounds, deadline=None if deterministic else began + time_limit,
                                  enough=enough)

@@ -100,8 +100,7 @@ def branch_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
     ub = ub_ms / scale
     lp = _Relaxation(profile, config)
     rows = RowLP(lp)
-    for sig_bytes, crossings in start.paths:
-        rows.add(np.frombuffer(sig_bytes, dtype=np.int64).copy(), crossings)
+    rows.add_paths(start.paths)
     sums = _sums(lp, config)
     matrix = np.array(sums)
     root, rounds = rows.generate(max_rounds=ROW_ROUNDS, deadline=deadline, enough=ub)
