@@ -74,7 +74,10 @@ class Parallel:
     ``grad_dtype`` of the gradients kept for the optimizer; ``adam`` (fp32 master weights
     when computing in 16 bits, and two fp32 moments; otherwise no optimizer state);
     ``flash_attention`` (no score matrix kept); ``capacity_factor`` of MoE experts (None:
-    dropless, each token processed by exactly ``top_k`` experts).
+    dropless, each token processed by exactly ``top_k`` experts); ``fp8``: the linear layers'
+    GEMMs run in FP8 (Transformer Engine style: inputs cast per GEMM, weights, activations and
+    master copies as without it); ``moment_dtype`` of Adam's two moments (``fp32`` or
+    ``bf16``).
     """
 
     tp: int = 1
@@ -90,17 +93,20 @@ class Parallel:
     adam: bool = True
     flash_attention: bool = True
     capacity_factor: float | None = None
+    fp8: bool = False
+    moment_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         where = "parallel layout"
         for name in ("tp", "cp", "ep", "dp", "micro_batch_size"):
             _int(getattr(self, name), where, name)
         _int(self.seq_length, where, "seq_length", high=1 << 24)  # a profile's longest sequence (16 M tokens)
-        for name in ("sequence_parallel", "adam", "flash_attention"):
+        for name in ("sequence_parallel", "adam", "flash_attention", "fp8"):
             _flag(getattr(self, name), where, name)
         _choice(self.sharding, where, "sharding", SHARDINGS)
         _choice(self.compute_dtype, where, "compute_dtype", tuple(DTYPE_BYTES))
         _choice(self.grad_dtype, where, "grad_dtype", tuple(DTYPE_BYTES))
+        _choice(self.moment_dtype, where, "moment_dtype", ("fp32", "bf16"))
         if self.capacity_factor is not None:
             _positive(self.capacity_factor, where, "capacity_factor", high=1e3)
         if self.seq_length % self.cp:
