@@ -365,7 +365,7 @@ def estimate_profile(
     (:func:`sapptk.models.operators`). ``memory`` says which figure the memory is:
     ``allocated`` or ``reserved`` (:data:`MEMORY_FIGURES`). The profile's ``provenance``
     names the card, layout, hardware, framework, the memory figure, the per-device
-    constant (``constant_mb`` = the card's context constant + the largest transient, for
+    constant (``constant_mb`` = the card's context constant + the body layers' largest transient, for
     ``PipelineConfig(constant_memory=...)``), the operator table and what is not
     modelled. Raises :class:`~sapptk.errors.ConfigError` for a layout the card does not
     admit (heads or KV heads not divisible by ``tp``, experts by ``ep``, FP8 on a card
@@ -401,14 +401,16 @@ def estimate_profile(
         else:
             static = _head_static_mb(model, par) if group.kind == "head" else _tail_static_mb(model, par)
             kept = scale * _head_tail_kept(model, par, group.kind) / 1e6
-            if group.kind == "tail":  # the logits' fp32 gradient beside the kept logits
-                transient[group.name] = {"none": _r(scale * 4 * dims(model, par)["N"] * model.vocab_size / par.tp
-                                                    / 1e6)}
+            if group.kind == "tail":  # the logits' fp32 gradient beside the kept logits, where the tail lives
+                grad = scale * 4 * dims(model, par)["N"] * model.vocab_size / par.tp / 1e6
+                transient[group.name] = {"none": _r(grad)}
+                kept += grad
             groups.append(LayerGroup(name=group.name, kind=group.kind, count=1, forward=_r(forward),
                                      params=_r(static), modes={"none": ModeCost(backward=_r(backward["none"]),
                                                                                 activation=_r(kept))}))
     extra_fields = {"seq_length": par.seq_length} if "seq_length" in _PROFILE_FIELDS else {}
-    peak = max((v for by_mode in transient.values() for v in by_mode.values()), default=0.0)
+    body = {g.name for g in model.groups if g.kind == "body"}
+    peak = max((v for name, by_mode in transient.items() if name in body for v in by_mode.values()), default=0.0)
     provenance = _provenance(model, par, hw, fw, memory=memory, transient=transient, peak=peak, step_ms=step_ms,
                              ops=ops)
     return Profile(name=_name(model, par, hw), groups=tuple(groups), provenance=provenance, **extra_fields)
