@@ -233,3 +233,15 @@ def test_full_recompute_transient_is_the_rebuilt_layer() -> None:
     assert profile.provenance["constant_mb"] == pytest.approx(profile.provenance["context_mb"] + transient["full"])
     tail = profile.tail.modes["none"].activation
     assert tail == pytest.approx((2 * 2 * 2048 * 4096 + 2 * 4 * 2048 * 32000) / 1e6)  # norm in/out, logits + grad
+
+
+def test_dualpipe_pair_hides_each_all_to_all_under_the_other_micro_batch() -> None:
+    profile = estimate_profile("deepseek-v3", Parallel(tp=1, ep=64, dp=64, seq_length=4096), "h800")
+    moe = next(g for g in profile.body if g.name == "moe")
+    pair = profile.provenance["dualpipe_pair_ms"]["moe"]
+    assert pair["sum"] == pytest.approx(moe.forward + moe.modes["none"].backward, abs=1e-5)
+    compute_f = moe.forward - pair["forward_all_to_all"]
+    compute_b = moe.modes["none"].backward - pair["backward_all_to_all"]
+    by_hand = compute_f + compute_b + max(0.0, pair["forward_all_to_all"] - compute_b) + max(
+        0.0, pair["backward_all_to_all"] - compute_f)
+    assert pair["overlapped"] == pytest.approx(by_hand, abs=1e-5) and pair["overlapped"] < pair["sum"]
