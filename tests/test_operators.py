@@ -260,3 +260,11 @@ def test_fp32_and_fp8_gemm_rows_by_hand() -> None:
     assert row["time_ms"] == pytest.approx(0.01 + compute / 2, rel=1e-12)  # FP8 peak 200 × 0.5: twice the rate
     cast = fp8[(fp8["op"] == "fc1_fp8_cast") & (fp8["phase"] == "fwd")].iloc[0]
     assert cast["bytes"] == 3 * 1024 * 256 and cast["time_ms"] == pytest.approx(0.01 + 3 * 1024 * 256 / 5e8)
+
+
+def test_zero2_reduces_per_micro_batch_and_gathers_parameters_per_step() -> None:
+    table = operators("llama2-7b", Parallel(dp=8, sharding="zero2"), "h100")
+    layer = table[table["group"] == "layers"]
+    assert set(layer.loc[layer["phase"] == "step", "op"]) == {"dp_param_all_gather"}
+    rs = layer[(layer["phase"] == "bwd") & (layer["op"] == "zero2_grad_reduce_scatter")].iloc[0]
+    assert rs["bytes"] == 4 * card("llama2-7b").layer_parameters(False) and rs["placement"] == "intra"
