@@ -417,8 +417,9 @@ def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gro
     """Once per step per layer: the data-parallel gradient reduction (all-reduce without
     optimizer sharding, reduce-scatter with it; none under FSDP / ZeRO-2, which reduce per
     micro-batch) in ``grad_dtype``, and the parameter all-gather after a sharded optimizer
-    step (distributed optimizer, ZeRO-2) in the compute dtype (none under FSDP); hidden under the last micro-batch's ``backward_ms`` and the first
-    one's ``forward_ms`` where the framework overlaps them."""
+    step (distributed optimizer, ZeRO-2) in the compute dtype (none under FSDP); hidden
+    under the last micro-batch's ``backward_ms`` and the first one's ``forward_ms`` where
+    the framework overlaps them."""
     if par.sharding == "fsdp":
         return []
     dense, experts = layer_param_split(card, par, moe)
