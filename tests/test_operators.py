@@ -268,3 +268,21 @@ def test_zero2_reduces_per_micro_batch_and_gathers_parameters_per_step() -> None
     assert set(layer.loc[layer["phase"] == "step", "op"]) == {"dp_param_all_gather"}
     rs = layer[(layer["phase"] == "bwd") & (layer["op"] == "zero2_grad_reduce_scatter")].iloc[0]
     assert rs["bytes"] == 4 * card("llama2-7b").layer_parameters(False) and rs["placement"] == "intra"
+
+
+def test_flashattention2_frameworks_run_attention_at_the_cards_fa2_efficiency() -> None:
+    fa2 = dataclasses.replace(TOY, attention_fa2_efficiency=0.2)  # half the card's best kernel (0.4)
+    assert attention_ms(fa2, 1e12, 128, kernel="fa2") == pytest.approx(0.01 + 1e12 / (1e11 * 0.1), rel=1e-12)
+    assert attention_ms(fa2, 1e12, 128, backward=True, kernel="fa2") == pytest.approx(0.01 + 1e12 / (1e11 * 0.05),
+                                                                                     rel=1e-12)
+    assert attention_ms(TOY, 1e12, 128, kernel="fa2") == attention_ms(TOY, 1e12, 128)  # 0: no separate figure
+
+    def core(fw: str, hw: str) -> float:
+        table = operators("llama3.1-8b", Parallel(seq_length=8192), hw, framework=fw)
+        return float(table.loc[(table["op"] == "attention_core") & (table["phase"] == "fwd"), "time_ms"].iloc[0])
+
+    assert core("torchtitan", "h100") > 1.6 * core("megatron", "h100")  # FlashAttention-2 on Hopper: 35 % vs 60 %
+    assert core("torchtitan", "a100") == core("megatron", "a100")  # A100's best kernel is FlashAttention-2
+    with pytest.raises(ConfigError, match="attention_kernel"):
+        Framework("x", tp_comm_overlap=False, cp_comm_overlap=False, overlap_grad_reduce=False,
+                  overlap_param_gather=False, fsdp_prefetch=False, attention_kernel="fa9")
