@@ -7,7 +7,19 @@ import dataclasses
 import pytest
 
 from sapptk.errors import ConfigError
-from sapptk.models import HARDWARE, Hardware, hardware
+from sapptk.models import (
+    HARDWARE,
+    Framework,
+    Hardware,
+    ModelCard,
+    Parallel,
+    card,
+    estimate_profile,
+    hardware,
+    operators,
+)
+from sapptk.models.estimate import static_bytes_per_parameter
+from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement
 
 
 def test_fittable_names_fields_with_bounds_holding_every_bundled_value() -> None:
@@ -28,9 +40,6 @@ def test_hardware_rejects_a_share_above_one_naming_the_field() -> None:
 
 
 # --- hand-worked operator times on a toy card with round numbers ----------------------------
-from sapptk.models import Framework, ModelCard, Parallel, card, estimate_profile, operators  # noqa: E402
-from sapptk.models.estimate import static_bytes_per_parameter  # noqa: E402
-from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement  # noqa: E402
 
 TOY = Hardware("toy", peak_tflops=100.0, hbm_gb=80.0, hbm_tbps=1.0, intra_node_gbps=100.0, inter_node_gbps=10.0,
                gpus_per_node=8, sms=10, matmul_efficiency=0.5, peak_fp8_tflops=200.0, fp8_matmul_efficiency=0.5,
