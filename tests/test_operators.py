@@ -295,3 +295,21 @@ def test_flashattention2_frameworks_run_attention_at_the_cards_fa2_efficiency() 
     with pytest.raises(ConfigError, match="attention_kernel"):
         Framework("x", tp_comm_overlap=False, cp_comm_overlap=False, overlap_grad_reduce=False,
                   overlap_param_gather=False, fsdp_prefetch=False, attention_kernel="fa9")
+
+
+@pytest.mark.parametrize("name", ["llama3.1-8b", "qwen3-235b-a22b", "deepseek-v3", "mixtral-8x7b", "gpt2"])
+def test_every_familys_operator_flops_are_its_layer_flops(name: str) -> None:
+    """Dense GQA/SwiGLU, MoE (router, routed and shared experts), MLA and GPT: the forward
+    GEMMs and the attention core of the operator list add up to ``layer_flops``."""
+    from sapptk.models.estimate import layer_flops
+
+    model = card(name)
+    par = Parallel(tp=2, seq_length=1024, dp=8, ep=8 if model.moe else 1)
+    table = operators(model, par, "h100")
+    for group in model.groups:
+        if group.kind != "body":
+            continue
+        rows = table[(table["group"] == group.name) & (table["phase"] == "fwd")]
+        flops = layer_flops(model, par, moe=group.moe)
+        assert rows.loc[rows["kind"] == "gemm", "flops"].sum() == pytest.approx(flops["matmul"], rel=1e-12)
+        assert rows.loc[rows["kind"] == "attention", "flops"].sum() == pytest.approx(flops["attention"], rel=1e-12)
