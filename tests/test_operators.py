@@ -18,7 +18,7 @@ from sapptk.models import (
     hardware,
     operators,
 )
-from sapptk.models.estimate import static_bytes_per_parameter
+from sapptk.models.estimate import layer_flops, static_bytes_per_parameter
 from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement
 
 
@@ -301,8 +301,6 @@ def test_flashattention2_frameworks_run_attention_at_the_cards_fa2_efficiency() 
 def test_every_familys_operator_flops_are_its_layer_flops(name: str) -> None:
     """Dense GQA/SwiGLU, MoE (router, routed and shared experts), MLA and GPT: the forward
     GEMMs and the attention core of the operator list add up to ``layer_flops``."""
-    from sapptk.models.estimate import layer_flops
-
     model = card(name)
     par = Parallel(tp=2, seq_length=1024, dp=8, ep=8 if model.moe else 1)
     table = operators(model, par, "h100")
