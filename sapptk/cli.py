@@ -578,7 +578,7 @@ def _positive_int(flag: str) -> Callable[[str], int]:
 
 
 def _int_list(text: str) -> list[int]:
-    """``--tp 1,2,4,8`` (or ``--tp 1 2 4``): positive integers."""
+    """``--tp 1,2,4,8``: positive integers."""
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -590,10 +590,6 @@ def _int_list(text: str) -> list[int]:
 
 def _names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def _flat(values: Sequence[Sequence[Any]] | None) -> list[Any] | None:
-    return None if values is None else [v for group in values for v in group]
 
 
 def _add_choose(commands: argparse._SubParsersAction) -> None:
@@ -616,9 +612,9 @@ def _add_choose(commands: argparse._SubParsersAction) -> None:
     card.add_argument("--gpu", "--hardware", dest="gpu", default=None, metavar="NAME",
                       help=f"hardware card, with --model ({', '.join(available('hardware'))})")
     for flag, what in (("--tp", "tensor"), ("--cp", "context"), ("--ep", "expert")):
-        card.add_argument(flag, type=_int_list, nargs="+", default=None, metavar="N[,N...]",
+        card.add_argument(flag, type=_int_list, default=None, metavar="N[,N...]",
                           help=f"{what} parallel sizes to consider, with --model (default: choose's)")
-    card.add_argument("--zero", type=_names, nargs="+", default=None, metavar="NAME[,NAME...]",
+    card.add_argument("--zero", type=_names, default=None, metavar="NAME[,NAME...]",
                       help=f"optimizer shardings to consider, with --model ({', '.join(SHARDINGS)}; "
                       "default distributed)")
     parser.add_argument("--devices", type=_positive_int("devices"), required=True,
@@ -685,7 +681,7 @@ def _choose_source(args: argparse.Namespace) -> tuple[Any, dict[str, Any], str]:
     gpu = hardware_card(args.gpu)
     extra: dict[str, Any] = {"hardware": gpu}
     for name in ("tp", "cp", "ep", "zero"):
-        values = _flat(getattr(args, name))
+        values = getattr(args, name)
         if values is not None:
             extra[name] = values
     if args.seq_length is not None:
