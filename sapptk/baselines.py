@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sapptk.costs import peak_memory
+from sapptk.costs import fits_budget, peak_memory
 from sapptk.errors import ConfigError
 from sapptk.formats.mindformers import cell_grid
 from sapptk.profile import MODES
@@ -36,8 +36,6 @@ __all__ = ["RECOMPUTE_CHOICES", "distinct_recomputes", "even_split", "resolve_re
 
 RECOMPUTE_CHOICES: tuple[str, ...] = (*MODES, "strongest", "auto")
 """What :func:`even_split`'s ``recompute`` accepts."""
-
-_FIT_TOLERANCE_MB = 1e-6  # a plan's own tolerance (Plan.fits)
 
 
 def _cells(total: int, stages: int, chunks: int) -> np.ndarray:
@@ -78,7 +76,7 @@ def resolve_recompute(profile: Profile, config: PipelineConfig, recompute: str =
     if budget is None:
         return usable[0]
     for mode in usable:
-        if (peak_memory(profile, config, even_split(profile, config, mode)) <= budget + _FIT_TOLERANCE_MB).all():
+        if fits_budget(peak_memory(profile, config, even_split(profile, config, mode)), budget):
             return mode
     return usable[-1]
 

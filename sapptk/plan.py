@@ -31,9 +31,11 @@ from sapptk.costs import (
     check_alternative,
     check_counts,
     check_offload,
+    fits_budget,
     micro_batch_costs,
     simulate_counts,
     stage_costs,
+    within_budget,
 )
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.formats import plan_file, registry
@@ -55,7 +57,6 @@ PLAN_STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown"
 (proved impossible / none found in time); ``given``: fixed by the user or a baseline."""
 
 _SOLVED = ("optimal", "feasible", "given")
-_FIT_TOLERANCE_MB = 1e-6
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,10 +168,7 @@ class Plan:
         """Whether every device's simulated peak memory is within the budget (always, without a budget)."""
         if not self.solved:
             return False
-        budget = self.config.memory_budget
-        if budget is None:
-            return True
-        return bool((self.simulation.peak_memory.to_numpy() <= budget + _FIT_TOLERANCE_MB).all())
+        return fits_budget(self.simulation.peak_memory.to_numpy(), self.config.memory_budget)
 
     # ------------------------------------------------------------ robustness
     def sensitivity(
@@ -315,7 +313,7 @@ class Plan:
         peak = self.simulation.peak_memory.to_numpy(dtype=float)
         budget = self.config.memory_budget
         budget_mb = np.full(p, np.nan if budget is None else float(budget))
-        fits = np.ones(p, dtype=bool) if budget is None else peak <= float(budget) + _FIT_TOLERANCE_MB
+        fits = within_budget(peak, budget)
         return pd.DataFrame(
             {
                 "device": np.arange(p),
