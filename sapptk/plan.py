@@ -4,7 +4,7 @@ A plan holds ``counts``, an int array ``(body groups, len(MODES), virtual stages
 many layers of each body group run in each recompute mode on each virtual stage (the head
 sits on virtual stage 0, the tail on the last one). Plans come from the balancer
 (:func:`sapptk.balancer.balance`, through :func:`make_plan`), from a naive baseline
-(:func:`even_split`, the plan of :func:`sapptk.baselines.even_split`) or from a file
+(:func:`even_split`, the plan of :func:`sapptk.baselines.even_counts`) or from a file
 (:func:`load_plan`: a sapptk plan file, MindFormers lists, Megatron-LM arguments, torchtitan
 settings). A plan's simulation is :attr:`Plan.simulation` (computed once) or
 :meth:`Plan.simulate` with other options, both :func:`sapptk.simulate` on the plan's own costs.
@@ -479,7 +479,7 @@ def make_plan(
 
 def even_split(profile: Profile, config: PipelineConfig, recompute: str = "none") -> Plan:
     """The naive baseline as a plan: layers spread evenly, every layer in one mode
-    (:func:`sapptk.baselines.even_split`, whose module docstring states the rule).
+    (:func:`sapptk.baselines.even_counts`, whose module docstring states the rule).
 
     ``recompute`` is a mode name, ``"strongest"`` for each group's
     :attr:`~sapptk.profile.LayerGroup.strongest_mode`, or ``"auto"``: the weakest mode allowed by
@@ -487,7 +487,7 @@ def even_split(profile: Profile, config: PipelineConfig, recompute: str = "none"
     simulated; status ``"given"``, source ``"even_split(<mode>)"`` (the mode ``"auto"`` picked).
     """
     mode = baselines.resolve_recompute(profile, config, recompute)
-    counts = baselines.even_split(profile, config, mode)
+    counts = baselines.even_counts(profile, config, mode)
     return make_plan(profile, config, counts, status="given", source=f"even_split({mode})")
 
 
