@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from sapptk import baselines
+from sapptk.assignment import SOLVED_STATUSES, Assignment
 from sapptk.costs import (
     AlternativeLayout,
     StageCosts,
@@ -56,12 +57,14 @@ PLAN_STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown"
 """``optimal``/``feasible``: solver results; ``infeasible``/``unknown``: no assignment
 (proved impossible / none found in time); ``given``: fixed by the user or a baseline."""
 
-_SOLVED = ("optimal", "feasible", "given")
+_SOLVED = SOLVED_STATUSES
 
 
 @dataclass(frozen=True, eq=False)
-class Plan:
-    """A layer assignment for one profile and pipeline setup.
+class Plan(Assignment):
+    """A layer assignment for one profile and pipeline setup: an
+    :class:`~sapptk.assignment.Assignment` (the fields the solver's phases hand on) with its
+    profile and solve time, and its frames, simulation and exports. Made by :func:`make_plan`.
 
     Attributes
     ----------
@@ -82,25 +85,10 @@ class Plan:
         micro-batch) cells that run it; None (the default): every micro-batch runs ``counts``.
     """
 
-    profile: Profile
-    config: PipelineConfig
-    counts: np.ndarray
-    status: str
-    step_time: float | None
-    bound: float | None
-    gap: float | None
-    solve_seconds: float
-    message: str
-    source: str
-    offload: np.ndarray | None = None
-    alternative: AlternativeLayout | None = None
+    profile: Profile = field(kw_only=True)
+    solve_seconds: float = 0.0
 
     # ------------------------------------------------------------------ basics
-    @property
-    def solved(self) -> bool:
-        """Whether the plan holds an assignment (status optimal, feasible or given)."""
-        return self.status in _SOLVED
-
     def _need_solution(self, what: str) -> None:
         if not self.solved:
             raise ConfigError(f"plan from {self.source!r} has status {self.status!r} and no layer assignment: "

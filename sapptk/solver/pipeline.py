@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sapptk.costs import AlternativeLayout, fits_budget, simulate_counts, stage_costs
+from sapptk.assignment import Assignment
+from sapptk.costs import fits_budget, simulate_counts, stage_costs
 from sapptk.solver.clock import Clock
 from sapptk.solver.search import even_starts, search
 
@@ -51,33 +51,12 @@ REORDER_ROUNDS = 4
 SLICED_SOLVES = 4
 """At most this many solves of a sliced setup's layers (K/V weight 1, the safe weight, then bisection)."""
 
-_SOLVED = ("optimal", "feasible", "given")
 
 
-@dataclass(frozen=True)
-class Found:
-    """What a phase hands to the next: an assignment of ``config`` (the safe budget; the
-    program a re-ordered schedule was balanced on; chosen slice lengths) and what is known of
-    it. ``counts`` is None when nothing was found; ``step_time``/``bound`` in ms."""
-
-    config: PipelineConfig
-    status: str
-    counts: np.ndarray | None
-    step_time: float | None
-    bound: float | None = None
-    gap: float | None = None
-    message: str = ""
-    source: str = "balance"
-    offload: np.ndarray | None = None
-    alternative: AlternativeLayout | None = None
-
-    @property
-    def solved(self) -> bool:
-        return self.status in _SOLVED and self.counts is not None
-
-    def noted(self, note: str) -> Found:
-        """This result with ``note`` added to its message."""
-        return dataclasses.replace(self, message=f"{self.message}; {note}" if self.message else note)
+Found = Assignment
+"""What a phase hands to the next (:class:`sapptk.assignment.Assignment`, which a Plan extends): an
+assignment of ``config`` (the safe budget; the program a re-ordered schedule was balanced on;
+chosen slice lengths) and what is known of it; ``counts`` is None when nothing was found."""
 
 
 def run(request: SolveRequest, clock: Clock | None = None) -> tuple[Found, float]:
