@@ -4,9 +4,11 @@ Commands: ``balance`` (solve a plan, compare with the even splits, optionally wr
 plan file, the MindFormers YAML and the layout CSV), ``simulate`` (evaluate hand-made
 MindFormers configs, or a schedule CSV of your own), ``export`` (a saved plan for
 Megatron-LM, torchtitan, MindFormers or as PyTorch's schedule CSV), ``sweep`` (a grid of
-setups to one Parquet table, resumable), ``choose`` (the pipeline setup to run, ranked and
-pruned by proven bounds), ``schedules`` (list the schedules), ``estimate`` (a
-profile from a model card, a layout and a hardware card; ``balance --model`` solves on one).
+setups to one Parquet table, resumable), ``choose`` (the setup to run, ranked and
+pruned by proven bounds: from a profile, or from a model card and a GPU with ``--model``/``--gpu``;
+``--out`` writes the winner's plan files, the ranking CSV and one HTML page), ``schedules``
+(list the schedules), ``estimate`` (a profile from a model card, a layout and a hardware
+card; ``balance --model`` solves on one).
 
 Exit codes: 0 success, 1 no plan found (infeasible, or none within the time limit),
 2 bad input (the message goes to stderr, without a traceback). Output folders are checked
