@@ -177,6 +177,9 @@ def choose_request(request: ChooseRequest) -> Choice:
     clock = Clock(math.inf if request.time_limit is None else request.time_limit, request.stop)
     budget, safe, notes = _budgets(request)
     candidates, invalid, more_notes = _candidates(request, safe)
+    if not candidates:
+        reasons = "; ".join(dict.fromkeys(str(r["reason"]) for r in invalid))
+        raise ConfigError(f"choose: every one of the {len(invalid)} setups is invalid ({reasons[:400]})")
     notes += more_notes
     bw = request.dp_bandwidth
     if request.card is not None and bw is None:

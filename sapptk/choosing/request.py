@@ -178,9 +178,10 @@ class ChooseRequest:
         self._check_source()
         estimate = estimate_setups(self)
         set_(self, "estimated_setups", estimate)
-        checks.size(estimate, f"choose: devices = {self.devices}, global_batch = {self.global_batch}: about",
-                    error=ConfigError, limit=checks.MAX_SETUPS, what="setups",
-                    constant="sapptk.checks.MAX_SETUPS; restrict schedules, stages, chunks, tp, cp, ep or zero")
+        if estimate > checks.MAX_SETUPS:
+            raise ConfigError(f"choose: devices = {self.devices}, global_batch = {self.global_batch}: about "
+                              f"{estimate:,} setups: expected at most {checks.MAX_SETUPS:,} (sapptk.checks.MAX_SETUPS; "
+                              "restrict schedules, stages, chunks, max_chunks, tp, cp, ep or zero)")
 
     def _check_time(self) -> None:
         E = ConfigError
