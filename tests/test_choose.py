@@ -12,7 +12,8 @@ import pytest
 from support import EXHAUSTIVE, all_assignments, exhaustive_cases, fast_step, peaks_mb, small_profile, two_mode_profile
 
 import sapptk
-from sapptk.choosing.bounds import SetupBound, integer_bound, pipeline_bound
+from sapptk.choosing.bounds import SetupBound, pipeline_bound
+from sapptk.choosing.integer_bound import integer_bound
 from sapptk.choosing.layout_bound import chain_minmax, fill_drain, layout_bound
 from sapptk.choosing.run import STEPS
 from sapptk.choosing.setups import dp_sync_ms, enumerate_setups

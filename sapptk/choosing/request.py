@@ -5,7 +5,7 @@
 Every limit is :mod:`sapptk.checks`' (its constants, its one message shape): a bad value is a
 :class:`~sapptk.errors.ConfigError` naming the argument, the value and the limit, raised before
 anything is allocated or enumerated, and the number of setups is estimated
-(:func:`~sapptk.choosing.setups.estimate_setups`) and refused above
+(:func:`estimate_setups`) and refused above
 :data:`~sapptk.checks.MAX_SETUPS` before any is built.
 
 Time: ``time_limit`` is the whole call (None: until every setup is decided), as in
@@ -23,12 +23,19 @@ from numbers import Integral
 from typing import Any
 
 from sapptk import checks
-from sapptk.choosing.cards import is_model_card
-from sapptk.choosing.setups import DEFAULT_GRADIENT_SHARE, check_schedules, estimate_setups
+from sapptk.choosing.cards import card_dimensions, is_model_card
+from sapptk.choosing.setups import (
+    DEFAULT_GRADIENT_SHARE,
+    check_schedules,
+    chunk_options,
+    default_schedules,
+    divisors,
+    is_card,
+)
 from sapptk.errors import ConfigError
 from sapptk.sweeps.executors import check_executor
 
-__all__ = ["ChooseRequest"]
+__all__ = ["ChooseRequest", "estimate_setups"]
 
 _LISTS = ("stages", "chunks", "tp", "cp", "ep")
 
@@ -268,3 +275,25 @@ def _int_tuple(name: str, values: Any, high: int) -> tuple[int, ...] | None:
         raise ConfigError(f"{name} = {checks.show(values)}: an empty list allows no setup; give at least one value "
                           "(or None for every value)")
     return out
+
+
+def estimate_setups(request: Any) -> int:
+    """How many setups (frame rows) a checked :class:`~sapptk.choosing.request.ChooseRequest`
+    would range over, counted from divisors (nothing is built): a model card's dimensions
+    multiply the pipeline setups of each ``tp · cp``."""
+    sched = list(request.schedules) if request.schedules is not None else list(default_schedules())
+    per_shape = sum(len(chunk_options(n, request.chunks, request.max_chunks)) for n in sched)
+
+    def shapes(devices: int) -> int:
+        stage_list = divisors(devices) if request.stages is None else [p for p in request.stages if devices % p == 0]
+        return sum(1 for p in stage_list if request.global_batch % (devices // p * request.micro_batch_size) == 0)
+
+    if not is_card(request.source):
+        return shapes(request.devices) * per_shape
+    tps, cps, eps, zeros = card_dimensions(request)
+    total = 0
+    for tp in tps:
+        for cp in cps:
+            if request.devices % (tp * cp) == 0:
+                total += shapes(request.devices // (tp * cp)) * len(eps) * len(zeros) * per_shape
+    return total

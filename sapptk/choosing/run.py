@@ -32,8 +32,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sapptk.choosing.bounds import FIRST_ROUNDS, ROW_ROUNDS, ROW_TIME, SetupBound, integer_bound, pipeline_bound
+from sapptk.choosing.bounds import FIRST_ROUNDS, ROW_ROUNDS, ROW_TIME, SetupBound, pipeline_bound
 from sapptk.choosing.branching import BRANCH_TIME, branch_bound
+from sapptk.choosing.integer_bound import integer_bound
 from sapptk.choosing.layout_bound import layout_bound
 from sapptk.choosing.records import sync_floor, twin_key
 from sapptk.choosing.setups import Candidate

@@ -28,7 +28,7 @@ from sapptk.profile import Profile
 from sapptk.schedules import get, names
 
 __all__ = ["DEFAULT_GRADIENT_SHARE", "Setup", "default_schedules", "divisors", "dp_sync_ms", "enumerate_setups",
-           "estimate_setups", "program_digest", "Candidate"]
+           "program_digest", "Candidate"]
 
 DEFAULT_GRADIENT_SHARE = 4 / 18
 """Share of a device's parameter MB that data parallelism all-reduces (fp32 gradients of
@@ -80,30 +80,6 @@ def chunk_options(schedule: str, chunks: Sequence[int] | None, max_chunks: int) 
     if chunks is None:
         return allowed
     return [v for v in chunks if spec.chunks is None or v in allowed]
-
-
-def estimate_setups(request: Any) -> int:
-    """How many setups (frame rows) a checked :class:`~sapptk.choosing.request.ChooseRequest`
-    would range over, counted from divisors (nothing is built): a model card's dimensions
-    multiply the pipeline setups of each ``tp · cp``."""
-    sched = list(request.schedules) if request.schedules is not None else list(default_schedules())
-    per_shape = sum(len(chunk_options(n, request.chunks, request.max_chunks)) for n in sched)
-
-    def shapes(devices: int) -> int:
-        stage_list = divisors(devices) if request.stages is None else [p for p in request.stages if devices % p == 0]
-        return sum(1 for p in stage_list if request.global_batch % (devices // p * request.micro_batch_size) == 0)
-
-    if not is_card(request.source):
-        return shapes(request.devices) * per_shape
-    from sapptk.choosing.cards import card_dimensions
-
-    tps, cps, eps, zeros = card_dimensions(request)
-    total = 0
-    for tp in tps:
-        for cp in cps:
-            if request.devices % (tp * cp) == 0:
-                total += shapes(request.devices // (tp * cp)) * len(eps) * len(zeros) * per_shape
-    return total
 
 
 def is_card(source: Any) -> bool:
