@@ -94,7 +94,8 @@ def runaway() -> None:
              "max_chunks=10**9": dict(grid, max_chunks=10**9), "batch=10**9": dict(grid, batch=10**9),
              "time_limit=10**400": dict(grid, time_limit=10**400),
              "max_chunks=1.5": dict(grid, max_chunks=1.5),
-             "2**20 devices, every chunk count to 64": dict(grid, devices=2**20, global_batch=2**20, max_chunks=64)}
+             "720720 devices, chunks to 64 (93,360 setups)": dict(grid, devices=720720, global_batch=720720,
+                                                                   max_chunks=64)}
     for what, kw in cases.items():
         t0 = time.perf_counter()
         try:

@@ -183,3 +183,16 @@ def card_hardware() -> dict:
     from sapptk.models import hardware
 
     return dataclasses.asdict(hardware("h100"))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"time_limit": "x"}, "time_limit = 'x'"), ({"max_evaluations": "x"}, "max_evaluations = 'x'"),
+    ({"time_limit": 10**400}, "time_limit = 1000"), ({"profile": None}, "profile = None: expected a sapptk Profile"),
+    ({"config": 5}, "config = 5: expected a sapptk PipelineConfig"),
+])
+def test_choose_slices_checks_its_arguments(change: dict, message: str) -> None:
+    from sapptk.solver.slices import choose_slices
+
+    kw = {"profile": _profile(), "config": sapptk.PipelineConfig(2, 4), "counts": None, **change}
+    with pytest.raises(sapptk.ConfigError, match=message):
+        choose_slices(kw.pop("profile"), kw.pop("config"), kw.pop("counts"), **kw)
