@@ -637,8 +637,14 @@ def _add_choose(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--dp-bandwidth", type=_positive_bandwidth, default=None, metavar="MB_PER_MS",
                         help="link per device for the DP gradient all-reduce, MB/ms (default: the GPU's inter-node "
                         "link with --model, else not counted)")
-    parser.add_argument("--time-limit", type=_positive_seconds, default=20.0, metavar="S",
-                        help="as choose's time_limit (today: the solver limit per balanced setup), s (20)")
+    parser.add_argument("--memory-margin", type=_finite_nonnegative, default=None, metavar="MB",
+                        help="keep this many MB free on every device of every plan (a value < 1 is a fraction of "
+                        "the budget)")
+    parser.add_argument("--time-limit", type=_positive_seconds, default=None, metavar="S",
+                        help="seconds for the whole choice (default: until every setup is decided); setups not "
+                        "decided by then are 'undecided' rows")
+    parser.add_argument("--setup-time-limit", type=_positive_seconds, default=20.0, metavar="S",
+                        help="solver limit per balanced setup, s (20)")
     parser.add_argument("--executor", default="serial",
                         help="serial (default), processes, dask (a local cluster) or dask://HOST:PORT")
     parser.add_argument("--cache", type=Path, default=None, metavar="DIR", help="Parquet cache: a rerun resumes")
@@ -700,7 +706,8 @@ def _choose(args: argparse.Namespace) -> int:
     choice = choose(source, devices=args.devices, global_batch=args.global_batch,
                     micro_batch_size=args.micro_batch_size, memory_budget=args.memory, schedules=args.schedule,
                     stages=args.stages, chunks=args.chunks, recompute=args.recompute, dp_bandwidth=args.dp_bandwidth,
-                    time_limit=args.time_limit, executor=args.executor, cache=args.cache,
+                    memory_margin=args.memory_margin, time_limit=args.time_limit,
+                    setup_time_limit=args.setup_time_limit, executor=args.executor, cache=args.cache,
                     progress=not args.no_progress, deterministic=args.deterministic, prove=not args.no_prove,
                     tighten=not args.no_tighten, **extra)
     table = choice.top(args.top).round({"step_time_ms": 1, "bound_ms": 1, "peak_mb_max": 0,

@@ -63,15 +63,19 @@ def test_choose_passes_the_card_the_gpu_and_the_lists(monkeypatch, capsys) -> No
     with pytest.raises(Stop):
         main(["choose", "--model", "llama2-7b", "--gpu", "h800", "--devices", "16", "--global-batch", "64",
               "--tp", "1,2,4", "--cp", "1", "--ep", "1", "--zero", "distributed,zero2", "--seq-length", "2048",
-              "--memory", "70000", "--time-limit", "5", "--no-progress"])
+              "--memory", "70000", "--memory-margin", "0.05", "--time-limit", "90", "--setup-time-limit", "5",
+              "--no-progress"])
     source, kwargs = seen[-1]
     assert source.name == "llama2-7b"
     assert kwargs["hardware"].name == "h800" and kwargs["memory_budget"] == 70000
     assert (kwargs["tp"], kwargs["cp"], kwargs["ep"], kwargs["zero"]) == ([1, 2, 4], [1], [1], ["distributed", "zero2"])
-    assert (kwargs["seq_length"], kwargs["devices"], kwargs["global_batch"], kwargs["time_limit"]) == (2048, 16, 64, 5)
+    assert (kwargs["seq_length"], kwargs["devices"], kwargs["global_batch"]) == (2048, 16, 64)
+    assert (kwargs["memory_margin"], kwargs["time_limit"], kwargs["setup_time_limit"]) == (0.05, 90, 5)
     with pytest.raises(Stop):  # no --memory: the GPU's (choose's memory_budget=None); no lists: choose's defaults
         main(["choose", "--model", "llama2-7b", "--gpu", "h100", "--devices", "8", "--global-batch", "8"])
     assert seen[-1][1]["memory_budget"] is None and not {"tp", "cp", "ep", "zero", "seq_length"} & set(seen[-1][1])
+    last = seen[-1][1]
+    assert (last["memory_margin"], last["time_limit"], last["setup_time_limit"]) == (None, None, 20)
 
 
 @pytest.mark.parametrize(
@@ -87,6 +91,7 @@ def test_choose_passes_the_card_the_gpu_and_the_lists(monkeypatch, capsys) -> No
          "argument --seq-length/--sequence-length: '-5': expected an integer >= 1"),
         (["--model", "gpt2", "--gpu", "h100", "--zero", "zero9"], "zero = 'zero9': expected one of"),
         (["--model", "gpt2", "--gpu", "h100", "--time-limit", "nan"], "argument --time-limit"),
+        (["--model", "gpt2", "--gpu", "h100", "--memory-margin", "-1"], "argument --memory-margin"),
         (["demo", "--memory", "60000", "--tp", "2"], "--tp only with --model"),
         (["demo"], "expected --memory MB"),
         (["demo", "--model", "gpt2", "--gpu", "h100"], "got both PROFILE 'demo' and --model 'gpt2'"),
