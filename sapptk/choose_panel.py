@@ -79,7 +79,7 @@ class ChoosePanel:
         try:
             choice = choose(ex.profile, devices=int(self.devices.value), global_batch=int(self.global_batch.value),
                             micro_batch_size=int(self.micro_batch_size.value), memory_budget=budget,
-                            recompute=modes or None, time_limit=float(self.time_limit.value))
+                            recompute=modes or None, setup_time_limit=float(self.time_limit.value))
         except SapptkError as exc:
             self.status.value = f"<b>cannot choose:</b> {html.escape(str(exc))}"
         else:

@@ -34,8 +34,7 @@ would import the others' internals.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +43,7 @@ from ortools.linear_solver import pywraplp
 from sapptk.config import PipelineConfig
 from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients, memory_units
 from sapptk.profile import Profile
+from sapptk.solver.clock import Clock
 from sapptk.solver.paths import live_rows, path_model
 
 __all__ = ["FIRST_ROUNDS", "ROW_ROUNDS", "ROW_TIME", "RowLP", "SetupBound", "pipeline_bound"]
@@ -83,8 +83,8 @@ class SetupBound:
     layers with the strongest recompute; then ``excess_mb`` (a proven lower bound on how far
     the fullest device must exceed the budget) and ``device`` (the device whose memory
     binds). ``rounds`` (LP or CP-SAT solves) and ``seconds``; ``paths`` the path rows found
-    (signatures as int64 bytes, crossings), which :func:`integer_bound` starts from;
-    ``integer``: the bound comes from :func:`integer_bound`.
+    (signatures as int64 bytes, crossings), which :func:`~sapptk.choosing.integer_bound.integer_bound` starts from;
+    ``integer``: the bound comes from :func:`~sapptk.choosing.integer_bound.integer_bound`.
     """
 
     bound_ms: float | None
@@ -330,10 +330,12 @@ class RowLP:
         value += lp.group_minimum(coeffs)
         return max(0.0, value * (1 - _MARGIN))
 
-    def generate(self, *, max_rounds: int, deadline: float | None, enough: float = math.inf) -> tuple[float, int]:
+    def generate(self, *, max_rounds: int, deadline: float | None, enough: float = math.inf,
+                 stopped: Callable[[], bool] | None = None) -> tuple[float, int]:
         """Row generation: (the best certified bound, ticks / 1000; the LP solves). Stops when no
         path is violated, at ``max_rounds``, past ``deadline`` or once the bound reaches
-        ``enough``; 0.0 when the LP has no solution (infeasible ranges: the caller decides)."""
+        ``enough``, or once ``stopped()``; 0.0 when the LP has no solution (infeasible ranges:
+        the caller decides)."""
         lp, z = self.lp, self.z
         best, rounds = 0.0, 0
         self.last_values = None
@@ -361,14 +363,27 @@ class RowLP:
                     break
                 if center is None:
                     center = cost
-            if deadline is not None and time.perf_counter() > deadline:
+            if (deadline is not None and Clock.now() > deadline) or (stopped is not None and stopped()):
                 break
         return best, rounds
 
 
+def phase_clock(clock: Clock | None, seconds: float) -> Clock:
+    """A phase of ``seconds`` on the caller's ``clock`` (its stop event, never past its deadline);
+    on a clock of its own without one."""
+    return (clock or Clock(math.inf)).phase(seconds)
+
+
+def call_over(clk: Clock) -> bool:
+    """Whether the whole call of the phase ``clk`` is over: stopped, or past the call's own
+    deadline (not the phase's: a ``deterministic`` search counts its work, not the phase's seconds)."""
+    return clk.stopped or (clk.call_deadline is not None and Clock.now() >= clk.call_deadline)
+
+
 def pipeline_bound(profile: Profile, config: PipelineConfig, *, max_rounds: int = 40,
                    time_limit: float = 10.0, deterministic: bool = False,
-                   enough_ms: float = math.inf, start: SetupBound | None = None) -> SetupBound:
+                   enough_ms: float = math.inf, start: SetupBound | None = None,
+                   clock: Clock | None = None) -> SetupBound:
     """A proven lower bound on the simulated step time (ms, without DP synchronisation) of every
     plan of ``profile`` on ``config`` that fits the memory budget; or a proof that none fits.
 
@@ -382,179 +397,27 @@ def pipeline_bound(profile: Profile, config: PipelineConfig, *, max_rounds: int 
     ``start``: an earlier bound of the same setup (not infeasible) to resume from: its path rows
     seed the LP, the memory certificate is not computed again, and the result is at least
     ``start``'s bound, with its rounds and seconds added.
+
+    ``clock``: the caller's :class:`~sapptk.solver.clock.Clock`; the rounds also stop at its
+    deadline or stop event (even with ``deterministic``).
     """
     if start is not None and (start.infeasible or start.bound_ms is None or start.bound_ms >= enough_ms):
         return start
-    began = time.perf_counter()
+    clk = phase_clock(clock, time_limit)
     lp = _Relaxation(profile, config)
     if start is None and lp.budget is not None:  # a resumed bound's setup already passed this certificate
         excess, device = _infeasibility(lp)
         if excess > _TOLERANCE_MB:
-            return SetupBound(None, infeasible=True, excess_mb=excess, device=device,
-                              seconds=time.perf_counter() - began)
+            return SetupBound(None, infeasible=True, excess_mb=excess, device=device, seconds=clk.elapsed())
     rows = RowLP(lp)
     if start is not None:
         rows.add_paths(start.paths)
     enough = enough_ms / (1000.0 * TIME_UNIT_MS / config.splits)
-    best, rounds = rows.generate(max_rounds=max_rounds, deadline=None if deterministic else began + time_limit,
-                                 enough=enough)
+    best, rounds = rows.generate(max_rounds=max_rounds, deadline=None if deterministic else clk.deadline,
+                                 enough=enough, stopped=lambda: call_over(clk))
     ms = best * 1000.0 * TIME_UNIT_MS / config.splits
     found_paths = rows.binding()
     if start is not None:
         return SetupBound(max(ms, start.bound_ms), rounds=start.rounds + rounds,
-                          seconds=start.seconds + time.perf_counter() - began, paths=found_paths)
-    return SetupBound(ms, rounds=rounds, seconds=time.perf_counter() - began, paths=found_paths)
-
-
-def integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, *, time_limit: float = 2.0,
-                  max_rounds: int = 12, workers: int = 1, deterministic: bool = False) -> SetupBound:
-    """``start`` tightened by integrality (:func:`_integer_bound`): first without the memory
-    rows and every layer in its fastest allowed mode (a relaxation CP-SAT proves quickly),
-    then with them in the time left; the largest proven bound. With ``deterministic``, one
-    CP-SAT worker counts deterministic time instead of seconds (the same input gives the same
-    bound, whatever the machine's load)."""
-    if start.infeasible or start.bound_ms is None:
-        return start
-    began = time.perf_counter()
-    free = _integer_bound(profile, config, start, time_limit=time_limit / 2, max_rounds=max_rounds,
-                          workers=1 if deterministic else workers, memory=False, deterministic=deterministic)
-    left = time_limit / 2 if deterministic else time_limit - (time.perf_counter() - began)
-    if config.memory_budget is None or left <= 0.1:
-        return free
-    return _integer_bound(profile, config, free, time_limit=left, max_rounds=max_rounds,
-                          workers=1 if deterministic else workers, memory=True, deterministic=deterministic)
-
-
-def _integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, *, time_limit: float,
-                   max_rounds: int, workers: int, memory: bool, deterministic: bool = False) -> SetupBound:
-    """``start`` tightened by integrality: CP-SAT minimises the step time over integer layer
-    counts per (group, mode, virtual stage) (contiguity relaxed; every virtual stage without
-    head or tail holds a body layer, as :func:`sapptk.balance` requires) subject to the exact
-    memory rows and the path rows found so far, adding the longest path of each solution.
-
-    Its proven bound (``best_objective_bound``, exact integer arithmetic in ticks) is a lower
-    bound on every plan the balancer can return, because every such plan is a solution of
-    this model; the result is the larger of it and ``start``. Returns ``start`` unchanged
-    for an infeasible setup.
-    """
-    from ortools.sat.python import cp_model
-
-    if start.infeasible or start.bound_ms is None:
-        return start
-    began = time.perf_counter()
-    coef = layer_coefficients(profile, config)
-    program = config.program()
-    paths = path_model(program)
-    live = live_rows(program)
-    nvs = config.num_virtual_stages
-    G, R = coef.allowed.shape
-    allowed = coef.allowed.copy()
-    if not memory:  # the fastest allowed mode of each group only: no plan is faster than with it
-        fastest = np.where(allowed, coef.backward, np.iinfo(np.int64).max).argmin(axis=1)
-        allowed[:] = False
-        allowed[np.arange(G), fastest] = True
-    model = cp_model.CpModel()
-    n: dict[tuple[int, int, int], cp_model.IntVar] = {}
-    for g in range(G):
-        cells = []
-        for r in range(R):
-            if allowed[g, r]:
-                for vs in range(nvs):
-                    n[g, r, vs] = model.new_int_var(0, int(coef.counts[g]), f"n{g}_{r}_{vs}")
-                    cells.append(n[g, r, vs])
-        model.add(sum(cells) == int(coef.counts[g]))
-    for vs in range(nvs):
-        if coef.fixed_layers[vs] == 0:
-            model.add(sum(v for (g, r, s), v in n.items() if s == vs) >= 1)
-
-    def stage_terms(kind: str, vs: int) -> list[tuple[int, cp_model.IntVar]]:
-        out = []
-        for (g, r, s), v in n.items():
-            if s != vs:
-                continue
-            c = {"f": coef.forward[g], "b": coef.backward[g, r], "w": coef.weight[g], "a": coef.activation[g, r],
-                 "p": coef.params[g]}[kind]
-            if c:
-                out.append((int(c), v))
-        return out
-
-    terms = {k: [stage_terms(k, vs) for vs in range(nvs)] for k in "fbwap"}
-    fixed = {"f": coef.fixed_forward, "b": coef.fixed_backward, "w": coef.fixed_weight, "a": coef.fixed_activation,
-             "p": coef.fixed_params}
-    if memory and config.memory_budget is not None:
-        budget = math.floor(float(config.memory_budget) / MEMORY_UNIT_MB * live.scale + 1e-6)
-        for d, stages in enumerate(program.device_stages):
-            stages = list(stages)
-            static = [(live.scale * c, v) for vs in stages for c, v in terms["p"][vs]]
-            static_c = live.scale * (int(fixed["p"][stages].sum()) + int(coef.constant))
-            for point in np.unique(live.rows[d], axis=0) if len(live.rows[d]) else []:
-                expr = static + [(int(point[k]) * c, v) for k, vs in enumerate(stages) for c, v in terms["a"][vs]]
-                const = static_c + sum(int(point[k]) * int(fixed["a"][vs]) for k, vs in enumerate(stages))
-                model.add(sum(c * v for c, v in expr) + const <= budget)
-    # no path is longer than every op of every column at its most expensive, plus comm on every unit
-    total_work = sum(int(coef.counts[g]) * int(max(coef.forward[g] + coef.backward[g].max() + coef.weight[g], 0))
-                     for g in range(G))
-    horizon = (int(paths.unit_sig.sum(axis=0).max(initial=1)) * (total_work + int(coef.fixed_forward.sum())
-               + int(coef.fixed_backward.sum()) + int(coef.fixed_weight.sum()))
-               + int(program.graph.n_units) * int(coef.comm) * config.splits + 1)
-    z = model.new_int_var(0, horizon, "z")
-    seen: set[bytes] = set()
-
-    def add(sig: np.ndarray, crossings: int) -> bool:
-        sig = np.asarray(sig, dtype=np.int64)
-        key = sig.tobytes() + int(crossings).to_bytes(8, "little")
-        if key in seen:
-            return False
-        seen.add(key)
-        expr, const = [], int(crossings) * int(coef.comm) * config.splits
-        for cls, kind in enumerate("fbw"):
-            for vs in range(nvs):
-                k = int(sig[cls * nvs + vs])
-                if k:
-                    expr += [(k * c, v) for c, v in terms[kind][vs]]
-                    const += k * int(fixed[kind][vs])
-        model.add(z >= sum(c * v for c, v in expr) + const)
-        return True
-
-    for sig_bytes, crossings in start.paths:
-        add(np.frombuffer(sig_bytes, dtype=np.int64), crossings)
-    for sig in paths.device_sig:
-        add(sig, 0)
-    if memory and start.bound_ms is not None:  # the bound so far holds here too
-        model.add(z >= int(math.floor(start.bound_ms / TIME_UNIT_MS * config.splits)))
-    model.minimize(z)
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = int(workers)
-    best_ticks = 0
-    rounds = 0
-    spent = 0.0  # deterministic time, when counted
-    while rounds < max_rounds:
-        left = time_limit - (spent if deterministic else time.perf_counter() - began)
-        if left <= 0.05:
-            break
-        rounds += 1
-        if deterministic:
-            solver.parameters.max_deterministic_time = left
-        else:
-            solver.parameters.max_time_in_seconds = left
-        status = solver.solve(model)
-        spent += solver.deterministic_time
-        if status == cp_model.INFEASIBLE and memory:  # nothing the balancer could return fits
-            return SetupBound(None, infeasible=True, excess_mb=0.0, device=None, rounds=start.rounds + rounds,
-                              seconds=start.seconds + time.perf_counter() - began, paths=start.paths, integer=True)
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            break
-        best_ticks = max(best_ticks, int(math.floor(solver.best_objective_bound + 1e-9)))
-        if status != cp_model.OPTIMAL:
-            break
-        counts = np.zeros((G, R, nvs), dtype=np.int64)
-        for (g, r, vs), v in n.items():
-            counts[g, r, vs] = solver.value(v)
-        cost = np.concatenate([coef.per_stage(counts)[k] for k in ("forward", "backward", "weight")])
-        step, found = paths.longest(cost[None, :], int(coef.comm))
-        if int(step[0]) <= solver.objective_value or not add(*found[0]):
-            break
-    ms = best_ticks * TIME_UNIT_MS / config.splits
-    found = tuple((k[:-8], int.from_bytes(k[-8:], "little")) for k in seen)
-    return SetupBound(max(ms, start.bound_ms), rounds=start.rounds + rounds,
-                      seconds=start.seconds + time.perf_counter() - began, paths=found, integer=True)
+                          seconds=start.seconds + clk.elapsed(), paths=found_paths)
+    return SetupBound(ms, rounds=rounds, seconds=clk.elapsed(), paths=found_paths)

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sapptk.costs import check_counts, layer_coefficients, simulate_counts, slice_costs
+from sapptk import checks
+from sapptk.costs import check_counts, fits_budget, layer_coefficients, simulate_counts, slice_costs
 from sapptk.errors import ConfigError
 from sapptk.seq import equal_lengths, is_sliced, time_attention
 from sapptk.simulation import op_durations, simulate, unit_durations, unit_times
@@ -102,7 +103,18 @@ def choose_slices(
     does not depend on the machine's load). Raises :class:`ConfigError` for a setup that is not
     sliced or a bad ``quantum``.
     """
+    from sapptk.config import PipelineConfig
+    from sapptk.profile import Profile
+
     began = time.perf_counter()
+    if not isinstance(profile, Profile):
+        checks.fail(ConfigError, "profile", profile, "a sapptk Profile")
+    if not isinstance(config, PipelineConfig):
+        checks.fail(ConfigError, "config", config, "a sapptk PipelineConfig")
+    time_limit = checks.time_limit(time_limit)
+    if max_evaluations is not None:
+        max_evaluations = checks.integer(max_evaluations, "max_evaluations", error=ConfigError, low=1,
+                                         high=checks.MAX_POINTS)
     if not is_sliced(profile, config):
         raise ConfigError(f"choose_slices: splits = {config.splits} on profile {profile.name!r} (seq_length = "
                           f"{profile.seq_length}): expected k > 1 slices and a profile with seq_length")
@@ -124,9 +136,7 @@ def choose_slices(
         dur = unit_durations(program, op_durations(program, costs.forward, costs.backward, costs.weight))
         step = float(unit_times(program, dur, costs.comm)[1].max(initial=0.0))
         idle = step * program.stages - float(dur.sum())
-        fits = True
-        if budget is not None:
-            fits = bool((simulate(program, **costs.simulate_args()).peak_memory.to_numpy() <= budget + 1e-6).all())
+        fits = budget is None or fits_budget(simulate(program, **costs.simulate_args()).peak_memory.to_numpy(), budget)
         return step, idle, fits
 
     equal = equal_lengths(seq, k)
@@ -219,8 +229,7 @@ def move_layers(profile: Profile, config: PipelineConfig, counts: Any, *, deadli
                     timed += 1
                     step = step_of(trial)
                     if step < best_step * (1 - 1e-12) and (
-                            budget is None or (simulate_counts(profile, config, trial).peak_memory
-                                               <= budget + 1e-6).all()):
+                            fits_budget(simulate_counts(profile, config, trial).peak_memory.to_numpy(), budget)):
                         best, best_step, improved = trial, step, True
                         kept += 1
                         break
