@@ -12,13 +12,22 @@ the kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import pickle
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+
+import sapptk
+from sapptk import PipelineConfig, models
+from sapptk.errors import ConfigError, FileError, ProfileError, SapptkError, TraceError
+from sapptk.request import SolveRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,19 +136,8 @@ def test_every_cp_sat_solver_leaves_sigint_alone() -> None:
 
 
 # ===================================================================== the last raw errors
-import dataclasses  # noqa: E402 - the fix tests below share these
-import math  # noqa: E402
-import pickle  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
 
-import numpy as np  # noqa: E402
-import yaml  # noqa: E402
 
-import sapptk  # noqa: E402
-from sapptk import PipelineConfig, models  # noqa: E402
-from sapptk.errors import ConfigError, FileError, ProfileError, SapptkError, TraceError  # noqa: E402
-from sapptk.request import SolveRequest  # noqa: E402
 
 QWEN_MOE = {"model_type": "qwen2_moe", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
             "vocab_size": 100, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
