@@ -468,7 +468,7 @@ def write_text(path: str | os.PathLike[str], text: str, *, what: str = "file", e
     folder = file.parent
     try:
         mode: int | None = file.stat().st_mode  # followed: a link to /dev/null is a device too
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the folder checks below name what is missing
         mode = None
     except (OSError, ValueError) as exc:
         raise error(f"{source}: cannot write the {what}: {_os_reason(exc) if isinstance(exc, OSError) else exc}") \

@@ -556,7 +556,7 @@ def plan_export(plan: Plan, path: str | os.PathLike[str] | None = None) -> Expor
     body = plan.profile.body
     step = "n/a" if plan.step_time is None else f"{plan.step_time:.1f} ms"
     header = [
-        f"# sapptk plan for MindFormers: profile {one_line(repr(plan.profile.name))}, schedule {c.schedule!r}",
+        f"# sapptk plan for MindFormers: profile '{one_line(plan.profile.name)}', schedule {c.schedule!r}",
         f"# pipeline_stage (p) = {c.stages}, pp_interleave_num (v) = {c.chunks}, micro_batch_num = "
         f"{c.micro_batches}",
         f"# status {plan.status}, step time {step}, source {one_line(plan.source)}",
@@ -568,7 +568,7 @@ def plan_export(plan: Plan, path: str | os.PathLike[str] | None = None) -> Expor
                          "slices per micro-batch)")
     if len(body) == 1:
         payload: dict[str, Any] = data[body[0].name]
-        header.append(f"# body group {one_line(repr(body[0].name))}: N = {body[0].count}")
+        header.append(f"# body group '{one_line(body[0].name)}': N = {body[0].count}")
     else:
         payload = data
         header.append("# one mapping per body group, offsets relative to floor(N_g / (p*v)): "
