@@ -80,7 +80,7 @@ def cards_case(r: random.Random) -> dict[str, Any]:
 
 
 def estimate_case(r: random.Random) -> dict[str, Any]:
-    parallel: dict[str, Any] = {"seq_length": r.choice([1024, 4096, 2048])}
+    parallel: dict[str, Any] = {"seq_length": r.choice([512, 1024, 1024, 4096])}
     for _ in range(r.choice([0, 1, 1, 2])):
         parallel[r.choice(["tp", "cp", "dp", "ep", "micro_batch_size", "seq_length", "sharding", "grad_dtype",
                            "capacity_factor"])] = r.choice([odd(r), 2, 8, "zero2", "fsdp", "fp16"])
@@ -326,19 +326,19 @@ def run_seq(d: dict[str, Any], folder: Path) -> None:
 
 
 def _read_back(fmt: str, text: str, plan: Any, folder: Path) -> Any:
+    """The export read back from a file, as a user would."""
     import sapptk
 
+    if fmt == "torch-csv":
+        return None
+    path = folder / {"sapptk": "back.yaml", "mindformers": "back.yaml", "megatron": "back.txt",
+                     "torchtitan": "back.toml"}[fmt]
+    path.write_text(text, encoding="utf-8")
     if fmt == "sapptk":
-        return sapptk.load_plan(text, "sapptk")
-    if fmt == "mindformers":
-        path = folder / "back.yaml"
-        path.write_text(text, encoding="utf-8")
-        return sapptk.load_plan(path, "mindformers", profile=plan.profile, config=plan.config)
-    if fmt == "megatron":
-        return sapptk.load_plan(text, "megatron", profile=plan.profile, config=plan.config)
+        return sapptk.load_plan(path)
     if fmt == "torchtitan":
-        return sapptk.load_plan(text, "torchtitan", profile=plan.profile)
-    return None
+        return sapptk.load_plan(path, "torchtitan", profile=plan.profile)
+    return sapptk.load_plan(path, fmt, profile=plan.profile, config=plan.config)
 
 
 def run_formats(d: dict[str, Any], folder: Path) -> None:
@@ -384,6 +384,7 @@ def run_formats(d: dict[str, Any], folder: Path) -> None:
     if fmt == "torchtitan":
         tomllib.loads(texts["toml"])
         compile(texts["python"], "plan.py", "exec")
+        out = dataclasses.replace(out, text=texts["toml"]) if "toml" in texts else out
     if fmt in ("mindformers", "sapptk"):
         yaml.safe_load(out.text)
     if d["out"] == "yaml_marker" and fmt == "sapptk":
