@@ -358,3 +358,27 @@ def test_no_file_names_an_absolute_path_of_a_machine() -> None:
                 if MACHINE_PATH.search(line):
                     found.append(f"{path.relative_to(ROOT)}:{n}: {line.decode('utf-8', 'replace').strip()[:100]}")
     assert not found, "\n".join(found)
+
+
+# ------------------------------------------------------------------ sequence slices
+def test_kv_ratio_counts_every_chunk_of_the_device() -> None:
+    """seq-interleaved-lm, 2 equal slices: between the backwards of slice 1 and slice 0 of a
+    micro-batch, a chunk holds the K/V of both slices (1 sample of tokens) and the activation of
+    slice 0 only (1/2): the ratio is 2 (it was 1 when only the allocating chunk was looked at)."""
+    from sapptk.schedules import build
+    from sapptk.seq import kv_ratio
+
+    assert kv_ratio(build("seq-interleaved-lm", stages=2, micro_batches=4, chunks=2, splits=2)) == 2.0
+    assert kv_ratio(build("seq-interleaved-lm", stages=2, micro_batches=4, chunks=2, splits=4)) == 4.0
+
+
+@pytest.mark.slow
+def test_seq_interleaved_budgets_are_monotone() -> None:
+    """More memory never turns a sliced setup infeasible (1,900 and 2,000 MB were 'infeasible'
+    between plans that fit at 1,800 and 2,100 MB)."""
+    profile = sapptk.estimate_profile("gpt2", models.Parallel(seq_length=1024), "h100")
+    for budget in (1700.0, 1900.0, 2000.0):
+        config = PipelineConfig(2, 4, chunks=2, schedule="seq-interleaved-lm", splits=2, memory_budget=budget)
+        plan = sapptk.balance(profile, config, time_limit=1)
+        assert plan.solved and plan.fits, (budget, plan.status, plan.message[:200])
+        assert float(plan.simulation.peak_memory.max()) <= budget

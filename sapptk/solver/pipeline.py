@@ -254,7 +254,8 @@ def sliced(request: SolveRequest, clock: Clock) -> Found:
     that fits. Layers then move across stage boundaries while the exact step time falls
     (:func:`sapptk.solver.slices.move_layers`). With ``choose_splits`` the slice lengths are then
     chosen for the plan (:func:`sapptk.solver.slices.choose_slices`). The status is "feasible"
-    with no bound (the solver's bound is for its model) or "infeasible"; step time and peaks are
+    with no bound (the solver's bound is for its model), "infeasible" (proven: the model with
+    weight 1, a lower bound, has no plan) or "unknown" (plans found, none fits); step time and peaks are
     the simulated ones. With ``deterministic`` the two searches stop after
     ``slices.EVALUATIONS_PER_SECOND`` candidates per second of their share, not by the clock."""
     from sapptk.seq import kv_ratio, solver_profile
@@ -296,9 +297,10 @@ def sliced(request: SolveRequest, clock: Clock) -> Found:
             f"and K/V ({profile.seq_length} tokens in {safe.splits} slices)")
     if best is None:
         assert last is not None
-        if last.solved:  # the plans found do not fit with their K/V: none is kept
-            return Found(safe, "infeasible", None, None,
-                         message=f"infeasible: every plan found is over the budget with its K/V; {note}")
+        if last.solved:  # the plans found do not fit with their K/V: none is kept, and nothing is proven
+            return Found(safe, "unknown", None, None,
+                         message=f"no plan found that fits with its K/V (not proven infeasible: a plan of a model "
+                                 f"between the two weights may fit; more time may find one); {note}")
         return dataclasses.replace(last, config=safe, counts=None).noted(note)
     found = best
 
