@@ -48,7 +48,7 @@ __all__ = ["FIT_TOLERANCE_MB", "REORDER_ROUNDS", "SLICED_SOLVES", "Found", "offl
 REORDER_ROUNDS = 4
 """At most this many re-orderings of a cost-driven schedule after the first solve."""
 
-SLICED_SOLVES = 4
+SLICED_SOLVES = 7
 """At most this many solves of a sliced setup's layers (K/V weight 1, the safe weight, then bisection)."""
 
 FIT_TOLERANCE_MB = 1e-6
@@ -297,11 +297,12 @@ def sliced(request: SolveRequest, clock: Clock) -> Found:
             f"and K/V ({profile.seq_length} tokens in {safe.splits} slices)")
     if best is None:
         assert last is not None
-        if last.solved:  # the plans found do not fit with their K/V: none is kept, and nothing is proven
-            return Found(safe, "unknown", None, None,
-                         message=f"no plan found that fits with its K/V (not proven infeasible: a plan of a model "
-                                 f"between the two weights may fit; more time may find one); {note}")
-        return dataclasses.replace(last, config=safe, counts=None).noted(note)
+        if len(tried) == 1 and not last.solved:  # the lower model (weight 1) has no plan: that is a proof
+            return dataclasses.replace(last, config=safe, counts=None).noted(note)
+        # plans found miss the budget with their K/V, or only a heavier (upper) model had none: nothing proven
+        return Found(safe, "unknown", None, None,
+                     message=f"no plan found that fits with its K/V (not proven infeasible: the model with weight 1 "
+                             f"has plans; a weight between those tried, or more time, may find one that fits); {note}")
     found = best
 
     def choose(found: Found, seconds: float) -> tuple[Found, str]:
