@@ -382,3 +382,10 @@ def test_seq_interleaved_budgets_are_monotone() -> None:
         plan = sapptk.balance(profile, config, time_limit=1)
         assert plan.solved and plan.fits, (budget, plan.status, plan.message[:200])
         assert float(plan.simulation.peak_memory.max()) <= budget
+
+
+def test_a_400_digit_hardware_or_layout_number_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="peak_tflops"):
+        models.hardware("h100", peak_tflops=10**400)
+    with pytest.raises(ConfigError, match="capacity_factor"):
+        models.Parallel(capacity_factor=10**400)
