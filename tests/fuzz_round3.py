@@ -19,7 +19,7 @@ Oracles (a result they refute is ``wrong``):
 * a card's parameter count is the sum of its groups; an estimate keeps the card's layers.
 
 Shared by ``benchmarks/fuzz.py --surfaces cards,estimate,...`` (a campaign in a worker
-process) and ``tests/test_fuzz.py`` (a fixed sample).
+process) and ``tests/test_hardening_round3.py`` (a fixed sample).
 """
 
 from __future__ import annotations

@@ -389,3 +389,22 @@ def test_a_400_digit_hardware_or_layout_number_is_a_clear_error() -> None:
         models.hardware("h100", peak_tflops=10**400)
     with pytest.raises(ConfigError, match="capacity_factor"):
         models.Parallel(capacity_factor=10**400)
+
+
+# ------------------------------------------------------------------ a fixed sample of the campaign
+@pytest.mark.parametrize("surface", ["cards", "estimate", "request", "formats", "calibrate"])
+def test_a_fixed_sample_of_the_round3_campaign(surface: str, tmp_path) -> None:
+    """20 inputs of each cheap surface of ``tests/fuzz_round3.py`` (seed 34): each a sapptk error
+    or a result its oracles accept; ``benchmarks/fuzz.py`` runs the whole campaign."""
+    import fuzz_round3
+
+    cases = [c for c in fuzz_round3.make_cases(34, 200, (surface,))][:20]
+    for n, case in enumerate(cases):
+        folder = tmp_path / str(n)
+        folder.mkdir()
+        if surface == "request":
+            case["data"]["solve"] = False  # the solves run in the campaign; the fast loop checks the requests
+        try:
+            fuzz_round3.run_case(case, folder)
+        except SapptkError as exc:
+            assert str(exc) and "Traceback" not in str(exc)
