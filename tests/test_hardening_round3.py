@@ -310,6 +310,11 @@ def test_a_calibrated_prior_keeps_its_long_context_fields() -> None:
             assert b.kv_mb_per_token == pytest.approx(2.0 * a.kv_mb_per_token)
     config = PipelineConfig(2, 4, schedule="seq1f1b", splits=2)
     assert sapptk.even_split(out, config).simulation.step_time > 0  # still a sliced setup
+    # and through calibrate (the shipped dry run, whose prior is a long-context estimate)
+    prior = sapptk.estimate_profile("llama3.1-70b", models.Parallel(tp=8, seq_length=8192), "h100")
+    cal = sapptk.calibrate(ROOT / "data" / "calibration" / "llama3.1-70b_tp8_dry_run.yaml", prior=prior)
+    assert cal.profile.seq_length == 8192
+    assert all(g.kv_mb_per_token is not None for g in cal.profile.body)
 
 
 def test_a_deeply_nested_calibration_cell_is_a_clear_error() -> None:
