@@ -21,12 +21,15 @@ points are used, so the same script measures an older checkout too::
     python benchmarks/fuzz.py --inputs 400 --seed 7
     PYTHONPATH=/path/to/old/checkout python benchmarks/fuzz.py --inputs 400 --seed 7
     python benchmarks/fuzz.py --surfaces new --inputs 1000 --seed 22
+    python benchmarks/fuzz.py --surfaces cards,estimate,choose,request,seq,formats,calibrate,cli --inputs 1000
 
 ``--surfaces new`` fuzzes the surfaces added since the first round (profiler traces,
 calibration sizes, ``design``, schedule CSV, Megatron and torchtitan import, plan files,
 ``to_chrome_trace`` targets, degenerate setups, safe budgets, and the commands that wrap them),
 with the generators and oracles of ``tests/fuzz_surfaces.py`` and ``tests/fuzz_runs.py``;
-``all`` runs both campaigns.
+``all`` runs both campaigns. A comma list of ``cards``, ``estimate``, ``choose``, ``request``,
+``seq``, ``formats``, ``calibrate`` and ``cli`` fuzzes the newest surfaces (issue 34), with the
+generators and oracles of ``tests/fuzz_round3.py`` (its docstring lists the oracles).
 
 Figures depend on the machine's load only through ``hang`` (a generous bound).
 
@@ -226,6 +229,19 @@ CACHE_DAMAGE = ["truncated_part", "foreign_parquet", "text_part", "directory_par
 def make_campaign(seed: int, size: int, surfaces: str = "first") -> list[dict[str, Any]]:
     """``size`` inputs (at least), by category, replaying from ``seed``: the first round's
     surfaces, the ``new`` ones (``tests/fuzz_surfaces.py`` and the commands that wrap them) or ``all``."""
+    if surfaces not in ("first", "new", "all"):  # a list of the newest surfaces (tests/fuzz_round3.py) and "cli"
+        import fuzz_round3
+
+        names = tuple(n for n in surfaces.split(",") if n in fuzz_round3.SURFACES)
+        r = random.Random(seed)
+        cli = "cli" in surfaces.split(",")
+        cases = fuzz_round3.make_cases(seed, round(size * (0.92 if cli else 1.0)), names) if names else []
+        if cli:
+            cases += [{"cat": "cli_r3", "data": cli_round3_argv(r)} for _ in range(max(1, round(size * 0.08)))]
+        r.shuffle(cases)
+        for i, case in enumerate(cases):
+            case["id"] = i
+        return cases
     if surfaces != "first":
         import fuzz_surfaces
 
@@ -326,6 +342,26 @@ def cli_new_argv(r: random.Random) -> list[str]:
          *(["--out", r.choice(["{fifo}", "{fresh_dir}", "{out_file}", "/proc/sapptk-fuzz/x"])] if r.random() < 0.6
            else [])],
         ["balance", "demo", "-p", "1", "-m", r.choice(["1", "2"]), "--time-limit", "2"],
+    ]
+    return r.choice(choices)
+
+
+def cli_round3_argv(r: random.Random) -> list[str]:
+    """Command lines of the newest surfaces: estimate, choose, export, balance's limits."""
+    odd = ["0", "-1", "1e400", "nan", "x", "1" + "0" * 400, "2.5", ""]
+    choices: list[list[str]] = [
+        ["estimate", "--model", r.choice(["llama2-7b", "gpt2", "nope", "{long_path}", "{fifo}"]),
+         *(["--tp", r.choice(odd + ["2"])] if r.random() < 0.4 else []),
+         *(["--seq-length", r.choice(odd + ["4096"])] if r.random() < 0.4 else []),
+         *(["--out", r.choice(["{fifo}", "{fresh_dir}", "{dev_link}", "{out_yaml}"])] if r.random() < 0.5 else [])],
+        ["choose", "demo", "--devices", r.choice(["4", "0", "x", "2147483648"]),
+         "--global-batch", r.choice(["8", "-1"]),
+         "--memory", r.choice(["100000", "nan", "-5"]), "--time-limit", r.choice(["0.5", "1e400", "0", "nan"]),
+         "--schedule", "1f1b"],
+        ["export", "{plan}", "--to", r.choice(["megatron", "torchtitan", "mindformers", "torch-csv"]),
+         "--out", r.choice(["{fifo}", "{fresh_dir}", "{dev_link}", "{out_file}"])],
+        ["balance", "demo", "-p", "2", "-m", "4", "--time-limit", r.choice(["1e400", "0.5", "-0", "inf"]),
+         *(["--out", r.choice(["{dev_link}", "{fifo}"])] if r.random() < 0.5 else [])],
     ]
     return r.choice(choices)
 
@@ -503,6 +539,14 @@ def run_case(case: dict[str, Any]) -> None:  # noqa: C901 - one branch per categ
     cat, data = case["cat"], case["data"]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
+        import fuzz_round3
+
+        if cat in fuzz_round3.SURFACES:
+            try:
+                fuzz_round3.run_case(case, folder)
+            except fuzz_round3.Wrong as exc:
+                raise Wrong(str(exc)) from None
+            return
         if not cat.startswith("cli") and cat in _new_surfaces():
             import fuzz_surfaces
 
@@ -698,6 +742,11 @@ def run_cli(argv: list[str], timeout: float, folder: Path) -> dict[str, Any]:
               "{fresh_dir}": str(folder / "fresh"), "{fifo}": str(fifo), "{dev_zero_json}": "/dev/zero"}
     if any(a in ("{plan}", "{bad_plan}", "{good_trace}", "{bad_trace}", "{calibration}", "{out_file}") for a in argv):
         values.update(_new_cli_files(folder))
+    link = folder / "null_link"
+    if "{dev_link}" in argv and not link.is_symlink():
+        link.symlink_to(os.devnull)  # never the device itself: a command that replaces it replaces our link
+    values.update({"{dev_link}": str(link), "{long_path}": "x" * 5000, "{out_yaml}": str(folder / "p.yaml")})
+    before = os.lstat(link) if link.is_symlink() else None
     args = [values.get(a, a) for a in argv]
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}  # a strict UTF-8 terminal: unencodable names must not crash
     proc = subprocess.Popen([sys.executable, "-m", "sapptk", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -710,6 +759,8 @@ def run_cli(argv: list[str], timeout: float, folder: Path) -> dict[str, Any]:
         proc.communicate()
         return {"outcome": "hang", "detail": f"{' '.join(argv)}: no exit within {timeout:g} s"}
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out_bytes, err_bytes)
+    if before is not None and (not link.is_symlink() or os.lstat(link).st_ino != before.st_ino):
+        return {"outcome": "wrong", "detail": f"{' '.join(argv)}: wrote over a link to a device"}
     err = done.stderr.decode("utf-8", "replace")
     out = done.stdout.decode("utf-8", "replace")
     if "Traceback" in err or done.returncode not in (0, 1, 2):
@@ -729,8 +780,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before an input counts as a hang")
     parser.add_argument("--memory-gb", type=float, default=8.0, help="address-space cap of the worker process")
     parser.add_argument("--report", type=Path, default=None, help="write every outcome to this JSON file")
-    parser.add_argument("--surfaces", choices=("first", "new", "all"), default="first",
-                        help="the first round's surfaces (default), the ones added since, or both")
+    parser.add_argument("--surfaces", default="first",
+                        help="the first round's surfaces (default), 'new' (the ones added since), 'all' (both), or a "
+                             "comma list of the newest: cards,estimate,choose,request,seq,formats,calibrate,cli")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

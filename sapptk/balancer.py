@@ -81,9 +81,14 @@ def solve(request: SolveRequest) -> Plan:
         checks.fail(ConfigError, "request", request, "a sapptk.SolveRequest")
     clock = Clock(request.time_limit, request.stop)  # started before the solver stack (OR-Tools) is imported
     from sapptk.plan import make_plan
+    from sapptk.solver.interrupt import interruptible
     from sapptk.solver.pipeline import run
 
-    found, seconds = run(request, clock)
+    def search(stop: Any) -> Any:
+        clock.stop = stop  # the caller's event, or one that SIGINT sets too
+        return run(request, clock)
+
+    found, seconds = interruptible(search, request.stop)
     config = found.config
     if request.safety is not None:
         config = dataclasses.replace(config, memory_budget=request.config.memory_budget)

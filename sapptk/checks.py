@@ -294,7 +294,10 @@ def number(value: Any, where: str, *, error: type[SapptkError], low: float | Non
             int(value).bit_length() > 1000  # float() of it would overflow: refused before conversion
             or (high is not None and abs(int(value)) > max(abs(high), abs(low or 0)))):
         fail(error, where, value, expected)
-    result = float(value)
+    try:
+        result = float(value)
+    except OverflowError:  # an integer (or fraction) beyond any float: 10**400
+        fail(error, where, value, expected)
     if (not math.isfinite(result) or (low is not None and result < low) or (high is not None and result > high)
             or (above is not None and result <= above)):
         fail(error, where, value, expected)

@@ -307,7 +307,7 @@ class PipelineConfig:
         for every virtual stage that holds neither the head nor the tail.
         """
         self.validate()
-        self._check_slices(profile)
+        self.check_slices(profile)
         body = tuple(profile.body)
         rec = self.recompute
         if not body:
@@ -333,18 +333,18 @@ class PipelineConfig:
                     f"the profile has {layers}; use fewer stages/chunks or allow empty stages"
                 )
 
-    def _check_slices(self, profile: Profile) -> None:
+    def check_slices(self, profile: Profile) -> None:
         """Slice lengths against the profile's ``seq_length``; K/V sizes for a sliced long-context setup."""
         seq = profile.seq_length
         lengths = self.slice_lengths
         if lengths is not None and self.splits > 1 and seq is None:
             raise ConfigError(f"splits = {list(lengths)}: slice lengths in tokens need the profile's seq_length "
                               f"(profile {profile.name!r} has none); give seq_length or splits = k")
-        if seq is None or self.splits == 1:
-            return
-        if lengths is not None and sum(lengths) != seq:
+        if seq is not None and lengths is not None and sum(lengths) != seq:  # one slice too: splits=[5]
             raise ConfigError(f"splits = {list(lengths)}: the slice lengths sum to {sum(lengths)} tokens: expected "
                               f"the profile's seq_length = {seq}")
+        if seq is None or self.splits == 1:
+            return
         if self.splits > seq:
             raise ConfigError(f"splits = {self.splits}: more slices than the profile's seq_length = {seq} tokens: "
                               "expected at most one slice per token")

@@ -415,7 +415,7 @@ _STAGE_COST_ARGS = frozenset({"forward", "backward", "weight", "activation", "pa
                               "host_bandwidth"})
 
 
-def _whole_layers(arr: np.ndarray, name: str) -> np.ndarray:
+def whole_layers(arr: np.ndarray, name: str) -> np.ndarray:
     """``arr`` as int64 layer counts; a :class:`~sapptk.errors.ConfigError` naming ``name`` unless
     every entry is a whole number (integers, or finite floats without a fraction)."""
     if arr.dtype.kind not in "iu" and (
@@ -423,6 +423,15 @@ def _whole_layers(arr: np.ndarray, name: str) -> np.ndarray:
     ):
         raise ConfigError(f"{name}: expected whole numbers of layers")
     return arr.astype(np.int64)
+
+
+def counts_array(counts: Any) -> np.ndarray:
+    """``counts`` as an array, a ragged or odd nesting refused as a :class:`ConfigError`."""
+    try:
+        return np.asarray(counts)
+    except (ValueError, TypeError, OverflowError) as exc:  # ragged lists, objects NumPy cannot hold
+        raise ConfigError(f"counts: expected a (groups, modes, virtual stages) array of layer counts, got a "
+                          f"nesting NumPy cannot read as one ({exc})") from None
 
 
 def check_counts(profile: Profile, config: PipelineConfig, counts: Any) -> np.ndarray:
@@ -434,10 +443,10 @@ def check_counts(profile: Profile, config: PipelineConfig, counts: Any) -> np.nd
     """
     body = tuple(profile.body)
     shape = (len(body), len(MODES), config.num_virtual_stages)
-    arr = np.asarray(counts)
+    arr = counts_array(counts)
     if arr.shape != shape:
         raise ConfigError(f"counts: expected shape {shape} (groups, modes, virtual stages), got {arr.shape}")
-    arr = _whole_layers(arr, "counts")
+    arr = whole_layers(arr, "counts")
     if (arr < 0).any():
         g, r, vs = (int(i) for i in np.argwhere(arr < 0)[0])
         raise ConfigError(f"counts: negative layer count for group {g}, mode {MODES[r]!r}, virtual stage {vs}")
@@ -568,7 +577,7 @@ def check_offload(profile: Profile, config: PipelineConfig, counts: Any, offload
         raise ConfigError(f"offload: expected an integer array of shape {shape} (groups, virtual stages)") from None
     if raw.shape != shape:
         raise ConfigError(f"offload: expected shape {shape} (body groups, virtual stages), got {raw.shape}")
-    arr = _whole_layers(raw, "offload")
+    arr = whole_layers(raw, "offload")
     if (arr < 0).any():
         g, vs = (int(i) for i in np.argwhere(arr < 0)[0])
         raise ConfigError(f"offload: negative layer count {arr[g, vs]} for group {profile.body[g].name!r}, "

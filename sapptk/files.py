@@ -462,11 +462,23 @@ def writable_dir(path: str | os.PathLike[str], *, what: str = "output folder", e
 def write_text(path: str | os.PathLike[str], text: str, *, what: str = "file", error: ErrorType = FileError) -> Path:
     """Write UTF-8 text atomically (a temporary file in the same folder, renamed into place):
     a reader sees the old file or the new one, never half of one; a failure leaves no
-    temporary file behind and names the cause (missing folder, permissions, full disk)."""
+    temporary file behind and names the cause (missing folder, permissions, full disk). A
+    directory, FIFO, device or socket at ``path`` is refused, never replaced."""
     source, file = _source(path, error, what)
     folder = file.parent
-    if file.is_dir():
+    try:
+        mode: int | None = file.stat().st_mode  # followed: a link to /dev/null is a device too
+    except (FileNotFoundError, NotADirectoryError):  # the folder checks below name what is missing
+        mode = None
+    except (OSError, ValueError) as exc:
+        raise error(f"{source}: cannot write the {what}: {_os_reason(exc) if isinstance(exc, OSError) else exc}") \
+            from None
+    if mode is not None and stat.S_ISDIR(mode):
         raise error(f"{source}: cannot write the {what}: it is a directory")
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+        raise error(f"{source}: cannot write the {what}: it is {kind}, not a regular file (sapptk never replaces "
+                    "one)")
     if not folder.is_dir():
         missing = "does not exist" if not folder.exists() else "is not a folder"
         raise error(f"{source}: cannot write the {what}: the folder {os.fspath(folder)!r} {missing}")

@@ -32,10 +32,12 @@ from sapptk.costs import (
     check_alternative,
     check_counts,
     check_offload,
+    counts_array,
     fits_budget,
     micro_batch_costs,
     simulate_counts,
     stage_costs,
+    whole_layers,
     within_budget,
 )
 from sapptk.errors import ConfigError, SapptkError
@@ -414,6 +416,8 @@ def make_plan(
     """
     if status not in PLAN_STATUSES:
         raise ConfigError(f"status = {status!r}: expected one of {', '.join(PLAN_STATUSES)}")
+    if callable(getattr(config, "check_slices", None)) and hasattr(profile, "seq_length"):
+        config.check_slices(profile)  # slice lengths that are not the profile's sequence: splits=[5] on 4,096 tokens
     shape = (len(profile.body), len(MODES), config.num_virtual_stages)
     if status in _SOLVED:
         if counts is None:
@@ -422,9 +426,10 @@ def make_plan(
     elif counts is None:
         arr = np.zeros(shape, dtype=np.int64)
     else:
-        arr = np.array(counts, dtype=np.int64, copy=True)
+        arr = counts_array(counts)
         if arr.shape != shape:
             raise ConfigError(f"counts: expected shape {shape} (groups, modes, virtual stages), got {arr.shape}")
+        arr = np.array(whole_layers(arr, "counts"), dtype=np.int64, copy=True)
     arr.setflags(write=False)
     off = None
     if offload is not None:

@@ -155,6 +155,26 @@ class SolveRequest:
                               f"{', '.join(f.name for f in dataclasses.fields(self) if f.init)}")
         return dataclasses.replace(self, **changes)
 
+    # ------------------------------------------------------------------ equality
+    def _key(self) -> tuple[Any, ...]:
+        """What two equal requests share: every compared field, ``start`` as its checked counts
+        (an array compares element-wise, so it cannot be compared or hashed as given)."""
+        fields = tuple((f.name, _comparable(getattr(self, f.name))) for f in dataclasses.fields(self)
+                       if f.compare and f.name != "start")
+        return (*fields, ("start", _comparable(self.start_counts)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SolveRequest):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        key = self._key()
+        try:
+            return hash(key)
+        except TypeError:  # a field of a type without a hash (memory_error as a list, say)
+            return hash(repr(key))
+
     # ------------------------------------------------------------------ pickling
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -164,6 +184,17 @@ class SolveRequest:
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
             object.__setattr__(self, name, value)
+
+
+def _comparable(value: Any) -> Any:
+    """``value`` in a form ``==`` and ``hash`` take: arrays as (shape, dtype, bytes), lists as tuples."""
+    if isinstance(value, np.ndarray):
+        return ("array", value.shape, value.dtype.str, value.tobytes())
+    if isinstance(value, list | tuple):
+        return tuple(_comparable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((repr(k), _comparable(v)) for k, v in value.items()))
+    return value
 
 
 def _safe_budget(config: PipelineConfig, memory_margin: Any, oom_risk: Any,

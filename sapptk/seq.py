@@ -123,8 +123,9 @@ def kv_per_token(profile: Profile, counts: np.ndarray) -> np.ndarray:
 
 
 def kv_ratio(program: Program, lengths: Any = None) -> float:
-    """The most K/V alive per unit of activation alive on one chunk at any allocation point of
-    ``program`` (both in tokens of the slices alive; ``lengths`` None: equal slices).
+    """The most K/V alive per unit of activation alive on any chunk of a device at any allocation
+    point of that device in ``program`` (both in tokens of the slices alive; ``lengths`` None:
+    equal slices).
 
     Both terms allocate at the start of an ``F`` only, and a chunk holding K/V of a micro-batch
     also holds its slice 0's activation, so at every point of a device
@@ -145,7 +146,9 @@ def kv_ratio(program: Program, lengths: Any = None) -> float:
                     kv[op.virtual_stage] = kv.get(op.virtual_stage, 0.0) + share[op.slice]
                     key = (op.virtual_stage, op.micro_batch)
                     kept[key] = kept.get(key, 0.0) + share[op.slice]
-                    worst = max(worst, kv[op.virtual_stage] / act[op.virtual_stage])
+                    # every chunk of the device at this allocation, not only the allocating one: another
+                    # chunk between the backwards of its slices holds K/V for tokens whose activation is gone
+                    worst = max(worst, *(kv[v] / a for v, a in act.items() if a > 1e-12))
             for op in unit:
                 if op.kind in ("B", "I"):
                     act[op.virtual_stage] -= share[op.slice]

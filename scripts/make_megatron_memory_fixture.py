@@ -9,8 +9,8 @@ difference is the one ``docs/estimation.md`` explains.
 
 Usage, from the repository root::
 
-    git clone https://github.com/NVIDIA/Megatron-LM /tmp/Megatron-LM
-    python scripts/make_megatron_memory_fixture.py /tmp/Megatron-LM
+    git clone https://github.com/NVIDIA/Megatron-LM ../Megatron-LM
+    python scripts/make_megatron_memory_fixture.py ../Megatron-LM
 
 The module is executed with its one relative import (``from .utils import ...``)
 replaced by stand-ins, so neither torch nor Megatron's package is needed.

@@ -43,12 +43,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from sapptk import checks
 from sapptk.calibration.fields import fail, integer, peak_mb
 from sapptk.config import build_program
 from sapptk.errors import CalibrationError, SapptkError
+from sapptk.files import load_yaml_text
 from sapptk.formats.mindformers import decode
 from sapptk.profile import MAX_LAYERS, MODES, LayerGroup, ModeCost, Profile
 from sapptk.schedules import Program
@@ -111,9 +111,9 @@ def _cell_text(value: Any, source: str, label: str) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, str):
-        try:
-            return yaml.safe_load(value)
-        except yaml.YAMLError:
+        try:  # sapptk's YAML reader and its nesting guard: 10,000 brackets are refused, not a RecursionError
+            return load_yaml_text(value, source=f"{source}: {label}", error=CalibrationError)
+        except SapptkError:
             fail(source, label, value, "a MindFormers list written as YAML or JSON, e.g. [1, 0, -1, 0]")
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None

@@ -19,6 +19,7 @@ The calibrated profile is the prior with these scales applied, same groups and m
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
@@ -98,10 +99,13 @@ def scaled_profile(prior: Profile, scales: Mapping[str, float], *, constant_mb: 
     for g in prior.groups:
         extra = constant_mb if g.kind in ("head", "tail") else 0.0
         modes = {m: ModeCost(backward=c.backward * t, activation=c.activation * a) for m, c in g.modes.items()}
-        groups.append(LayerGroup(g.name, g.kind, g.count, g.forward * t, g.params * s + extra, modes))
+        kv = None if g.kv_mb_per_token is None else g.kv_mb_per_token * a  # K/V is activation memory
+        # replace, not a new group: the long-context fields (attention_share, kv_mb_per_token) stay
+        groups.append(dataclasses.replace(g, forward=g.forward * t, params=g.params * s + extra, modes=modes,
+                                          kv_mb_per_token=kv))
     provenance = dict(prior.provenance or {})
     provenance["calibrated"] = {k: float(v) for k, v in scales.items()} | {"constant_mb": float(constant_mb)}
-    return Profile(name or prior.name, tuple(groups), provenance=provenance)
+    return dataclasses.replace(prior, name=name or prior.name, groups=tuple(groups), source=None, provenance=provenance)
 
 
 def moved_frame(prior: Profile, scales: Mapping[str, float], constant_mb: float) -> pd.DataFrame:

@@ -350,6 +350,8 @@ def chrome_layer_times(path: str | os.PathLike[str] | Trace, layers: Any, *,
     trace = _read(path)
     patterns = _patterns(layers, trace.source)
     rules = []
+    if phases is not None and not isinstance(phases, Mapping):
+        checks.fail(TraceError, f"{trace.source}: phases", phases, "a mapping {phase: regex} (or None)")
     for phase, text in (phases or {}).items():
         if phase not in PHASES:
             raise TraceError(f"{trace.source}: phases: unknown phase {phase!r}: expected one of {', '.join(PHASES)}")

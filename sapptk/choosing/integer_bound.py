@@ -143,6 +143,7 @@ def _integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, 
         model.add(z >= int(math.floor(start.bound_ms / TIME_UNIT_MS * config.splits)))
     model.minimize(z)
     solver = cp_model.CpSolver()
+    solver.parameters.catch_sigint_signal = False  # SIGINT stays Python's (sapptk.solver.interrupt)
     solver.parameters.num_workers = int(workers)
     best_ticks = 0
     rounds = 0

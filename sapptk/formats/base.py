@@ -27,7 +27,7 @@ from sapptk.formats.expressible import ExpressedCost
 if TYPE_CHECKING:
     from sapptk.plan import Plan
 
-__all__ = ["Export", "check_inputs", "check_path", "make_export", "need_solution", "refuse_offload",
+__all__ = ["Export", "check_inputs", "check_path", "make_export", "need_solution", "one_line", "refuse_offload",
            "refuse_per_micro_batch", "refuse_slices", "write_files"]
 
 
@@ -144,3 +144,10 @@ def check_inputs(profile: Any, config: Any, where: str, *, optional_config: bool
         checks.fail(ConfigError, f"{where}: profile", profile, "a sapptk Profile (sapptk.load_profile)")
     if not (isinstance(config, PipelineConfig) or (optional_config and config is None)):
         checks.fail(ConfigError, f"{where}: config", config, "a sapptk PipelineConfig")
+
+
+def one_line(text: Any) -> str:
+    """``text`` on one line, fit for a ``#`` comment or a docstring: line breaks and other
+    control characters escaped as Python writes them, and a ``\"\"\"`` no longer a quote."""
+    flat = "".join(repr(ch)[1:-1] if (not ch.isprintable() and ch != " ") else ch for ch in str(text))
+    return flat.replace('"""', '\\"\\"\\"')

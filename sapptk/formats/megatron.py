@@ -75,6 +75,7 @@ from sapptk.formats.base import (
     check_path,
     make_export,
     need_solution,
+    one_line,
     refuse_offload,
     refuse_per_micro_batch,
     refuse_slices,
@@ -145,12 +146,12 @@ class MegatronExport(ExpressedCost):
             lines += ["# the same partition with uniform-layout flags instead of the layout:",
                       " ".join(shlex.quote(a) for a in self.uniform)]
         else:
-            lines.append(f"# no uniform-layout flags: {self.uniform_reason}")
+            lines.append(f"# no uniform-layout flags: {one_line(self.uniform_reason)}")
         lines.append(f"# Megatron runs {self.schedule}"
                      + (f" in groups of {self.group_size} micro-batches" if self.schedule != "1f1b" else ""))
         if self.notes:
             lines.append("# what Megatron cannot express, and what it runs instead:")
-            lines += [f"#   {n}" for n in self.notes]
+            lines += [f"#   {one_line(n)}" for n in self.notes]
         if self.cost_ms is not None:
             lines.append(
                 f"# step time: plan {self.step_time_ms:.1f} ms, as Megatron runs it {self.expressed_step_time_ms:.1f} "

@@ -75,6 +75,7 @@ from sapptk.formats.base import (
     check_path,
     make_export,
     need_solution,
+    one_line,
     refuse_offload,
     refuse_per_micro_batch,
     write_files,
@@ -555,10 +556,10 @@ def plan_export(plan: Plan, path: str | os.PathLike[str] | None = None) -> Expor
     body = plan.profile.body
     step = "n/a" if plan.step_time is None else f"{plan.step_time:.1f} ms"
     header = [
-        f"# sapptk plan for MindFormers: profile {plan.profile.name!r}, schedule {c.schedule!r}",
+        f"# sapptk plan for MindFormers: profile '{one_line(plan.profile.name)}', schedule {c.schedule!r}",
         f"# pipeline_stage (p) = {c.stages}, pp_interleave_num (v) = {c.chunks}, micro_batch_num = "
         f"{c.micro_batches}",
-        f"# status {plan.status}, step time {step}, source {plan.source}",
+        f"# status {plan.status}, step time {step}, source {one_line(plan.source)}",
         "# lists are [chunk][stage]; offset = layers in the cell - floor(N / (p*v));",
         "# select_recompute / select_comm_recompute count layers with select / comm, both or full",
     ]
@@ -567,11 +568,11 @@ def plan_export(plan: Plan, path: str | os.PathLike[str] | None = None) -> Expor
                          "slices per micro-batch)")
     if len(body) == 1:
         payload: dict[str, Any] = data[body[0].name]
-        header.append(f"# body group {body[0].name!r}: N = {body[0].count}")
+        header.append(f"# body group '{one_line(body[0].name)}': N = {body[0].count}")
     else:
         payload = data
         header.append("# one mapping per body group, offsets relative to floor(N_g / (p*v)): "
-                      + ", ".join(f"{g.name} N = {g.count}" for g in body))
+                      + ", ".join(f"{one_line(g.name)} N = {g.count}" for g in body))
     text = "\n".join(header) + "\n" + yaml.safe_dump(payload, sort_keys=False, default_flow_style=None, width=1000)
     written = {} if out is None else write_files("mindformers", {"yaml": (out, text)})
     step_ms = plan.simulation.step_time

@@ -108,7 +108,7 @@ def infer_format(source: Any) -> str:
         return "torch-csv"
     text = read_text(where, what="plan file", error=ConfigError)
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    if lines and lines[0].startswith("--"):
+    if lines and lines[0].startswith("--") and not lines[0].startswith("---"):  # "---" starts a YAML document
         return "megatron"
     data = mindformers.load(where)
     if isinstance(data, Mapping) and ("format" in data or {"setup", "layout"} <= set(data)):

@@ -64,6 +64,7 @@ from sapptk.formats.base import (
     check_path,
     make_export,
     need_solution,
+    one_line,
     refuse_offload,
     refuse_per_micro_batch,
     refuse_slices,
@@ -202,13 +203,16 @@ def fqns(layers: Sequence[int], *, head: bool = True, tail: bool = True,
 
 
 def _toml_str(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """A TOML basic string: backslash, quote and every control character escaped (a newline in a
+    file name would otherwise end the string and the line)."""
+    body = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(f"\\u{ord(ch):04x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch for ch in body) + '"'
 
 
 def render(*, degree: int, schedule: str, parts: Sequence[Sequence[str]], ac: Mapping[str, str], micro_batches: int,
            schedule_csv: str | None = None, comments: Sequence[str] = ()) -> str:
     """The TOML fragment ([parallelism], [activation_checkpoint], [training])."""
-    lines = [f"# {c}" for c in comments]
+    lines = [f"# {one_line(c)}" for c in comments]
     lines += ["[parallelism]", f"pipeline_parallel_degree = {int(degree)}",
               f"pipeline_parallel_schedule = {_toml_str(schedule)}"]
     if schedule_csv is not None:
@@ -232,7 +236,7 @@ def render_python(*, degree: int, schedule: str, parts: Sequence[Sequence[str]],
     if not isinstance(base_config, str) or base_config.count(":") != 1 or not all(base_config.split(":")):
         raise ConfigError(f"base_config = {base_config!r}: expected 'module:function', e.g. {DEFAULT_BASE_CONFIG!r}")
     layers = sum(1 for part in parts for name in part if _LAYER.fullmatch(name))
-    doc = [f"{c}" for c in comments] + [
+    doc = [one_line(c).replace("\\", "\\\\") for c in comments] + [
         f"For {PYTHON_VERSIONS}; the TOML export serves torchtitan <= 0.2.2.",
         "Run with the folder of this file on PYTHONPATH:",
         "    torchrun ... -m torchtitan.train --module <this module's name> --config sapptk_plan",
@@ -349,13 +353,17 @@ def ac_counts(profile: Any, layers: Sequence[int], ac: Mapping[str, str], *, pla
                             "(memory_budget depends on the compiler and has no sapptk mode)")
     if option == "op":
         return counts_from_layers(profile, layers, lambda vs, pos: _SELECT)
-    try:
-        every = int(option)
-    except ValueError:
+    text = option.strip() if isinstance(option, str) else None
+    if isinstance(option, int) and not isinstance(option, bool):
+        every = option
+    elif text is not None and text.lstrip("+-").isascii() and text.lstrip("+-").isdigit() and len(text) <= 4000:
+        every = int(text)  # 4,000 digits: within Python's limit on converting text
+    else:  # a float (2.5 is not "every 2nd layer"), a bool, 5,000 digits
         raise _fail(source, f"activation_checkpoint.selective_ac_option = {checks.show(option)}: expected 'op' or "
-                            "an integer") from None
+                            "an integer")
     if every < 0:
-        raise _fail(source, f"activation_checkpoint.selective_ac_option = {every}: expected >= 0")
+        raise _fail(source, f"activation_checkpoint.selective_ac_option = {checks.show(every)}: expected >= 0")
+    every = min(every, checks.MAX_LAYERS + 1)  # the same answer (no layer reaches it), and no int64 overflow
     # torchtitan counts the layers of a rank over its model parts in order, 1-based
     before = np.zeros(len(layers), dtype=np.int64)
     seen: dict[int, int] = {}

@@ -4,7 +4,7 @@ Hugging Face ``config.json`` files) and hardware cards (:data:`~sapptk.models.la
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import fields, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -52,8 +52,12 @@ def card(name: str) -> ModelCard:
     return _bundled(key)
 
 
-def hardware(name: str | Hardware | Mapping[str, Any], **overrides: Any) -> Hardware:
+def hardware(card: str | Hardware | Mapping[str, Any], /, **overrides: Any) -> Hardware:
     """A bundled hardware card by name (``"h100"``, ``"h800"``, ``"h200"``, ``"a100"``,
     ``"b200"``, ``"mi300x"``, ``"ascend910b"``), or a mapping of :class:`Hardware` fields,
-    any field overridden."""
-    return hardware_card(name, **overrides)
+    any field overridden (``name`` too: ``hardware("h100", name="my-h100")``)."""
+    if "name" not in overrides:
+        return hardware_card(card, **overrides)
+    rest = {k: v for k, v in overrides.items() if k != "name"}
+    base = hardware_card(card, **rest)
+    return hardware_card({**{f.name: getattr(base, f.name) for f in fields(base)}, "name": overrides["name"]})

@@ -65,6 +65,14 @@ class Moe:
     shared_gate: bool = False
     router_bias: bool = False
 
+    def __post_init__(self) -> None:
+        for name in ("experts", "top_k", "expert_size"):
+            _size(getattr(self, name), "Moe", name)
+        _count(self.shared_size, "Moe", "shared_size")
+        for name in ("shared_gate", "router_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ProfileError(f"Moe: field {name!r} = {checks.show(getattr(self, name))}: expected true or false")
+
 
 @dataclass(frozen=True)
 class Mla:
@@ -77,6 +85,11 @@ class Mla:
     qk_nope_dim: int
     qk_rope_dim: int
     v_dim: int
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_dim"):
+            _size(getattr(self, name), "Mla", name)
+        _count(self.q_lora_rank, "Mla", "q_lora_rank")
 
 
 @dataclass(frozen=True)
@@ -121,7 +134,17 @@ class ModelCard:
     source: str | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ProfileError(f"model card: name = {checks.show(self.name)}: expected a non-empty string")
         where = f"model card {self.name!r}"
+        if not isinstance(self.source, str | None):
+            raise ProfileError(f"{where}: source = {checks.show(self.source)}: expected a string or None")
+        # a card's layers become profile layers: beyond MAX_LAYERS no profile could hold them, and the
+        # per-layer MoE flags of 10**9 layers would not fit in memory
+        if isinstance(self.num_layers, numbers.Integral) and not isinstance(self.num_layers, bool) \
+                and self.num_layers > checks.MAX_LAYERS:
+            raise ProfileError(f"{where}: field 'num_hidden_layers' = {self.num_layers}: expected an integer >= 1 "
+                               f"and at most {checks.MAX_LAYERS:,} (sapptk.checks.MAX_LAYERS)")
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
                      "vocab_size"):
             _size(getattr(self, name), where, name)
@@ -135,8 +158,11 @@ class ModelCard:
                 f"num_attention_heads = {self.num_heads}"
             )
         if self.moe is not None:
+            if not isinstance(self.moe, Moe):
+                raise ProfileError(f"{where}: moe = {checks.show(self.moe)}: expected a sapptk.models.Moe or None")
             for name in ("experts", "top_k", "expert_size"):
                 _size(getattr(self.moe, name), where, name)
+            _count(self.moe.shared_size, where, "shared_size")
             if self.moe.top_k > self.moe.experts:
                 raise ProfileError(
                     f"{where}: field 'num_experts_per_tok' = {self.moe.top_k}: expected at most the "
@@ -149,8 +175,11 @@ class ModelCard:
             raise ProfileError(f"{where}: MoE layers without MoE shapes")
         object.__setattr__(self, "moe_layers", tuple(bool(x) for x in layers))
         if self.mla is not None:
+            if not isinstance(self.mla, Mla):
+                raise ProfileError(f"{where}: mla = {checks.show(self.mla)}: expected a sapptk.models.Mla or None")
             for name in ("kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_dim"):
                 _size(getattr(self.mla, name), where, name)
+            _count(self.mla.q_lora_rank, where, "q_lora_rank")
 
     # --- reading -------------------------------------------------------------------------
     @classmethod
@@ -163,8 +192,11 @@ class ModelCard:
             data, source = path_or_dict, "<config>"
         elif isinstance(path_or_dict, (str, os.PathLike)):
             path = Path(path_or_dict)
-            if path.is_dir():
-                path = path / "config.json"
+            try:
+                if path.is_dir():
+                    path = path / "config.json"
+            except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte
+                raise ProfileError(f"model config {checks.show(os.fspath(path))}: cannot read it ({exc})") from None
             data = load_document(path, what="model config", error=ProfileError)
             source = str(path)
         else:
@@ -323,6 +355,14 @@ def _size(value: Any, where: str, field_name: str) -> int:
     return int(value)
 
 
+def _count(value: Any, where: str, field_name: str) -> int:
+    """An integer >= 0 (0: none, as for shared experts or a full query projection)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value <= _MAX_SIZE:
+        return int(value)
+    raise ProfileError(f"{where}: field {field_name!r} = {checks.show(value)}: expected an integer >= 0 and at most "
+                       f"{_MAX_SIZE}")
+
+
 class _Fields:
     """Typed access to a config mapping with errors naming the source and field."""
 
@@ -343,7 +383,7 @@ class _Fields:
         value = self.data.get(name)
         if value is None:
             return default
-        if value == 0 and not isinstance(value, bool):
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and value == 0:
             return 0
         return _size(value, self.source, name)
 
@@ -392,6 +432,9 @@ def _parse(data: Mapping[str, Any], source: str, *, name: str) -> ModelCard:
         )
     h = f.size("hidden_size")
     layers = f.size("num_hidden_layers")
+    if layers > checks.MAX_LAYERS:  # before any per-layer flag is made
+        raise ProfileError(f"{source}: field 'num_hidden_layers' = {layers}: expected an integer >= 1 and at most "
+                           f"{checks.MAX_LAYERS:,} (sapptk.checks.MAX_LAYERS)")
     heads = f.size("num_attention_heads")
     kv_heads = f.size("num_key_value_heads", default=heads)
     head_dim = f.size("head_dim", default=0) or max(1, h // heads)
@@ -431,7 +474,8 @@ def _parse(data: Mapping[str, Any], source: str, *, name: str) -> ModelCard:
             raise ProfileError(
                 f"{source}: field 'mlp_only_layers' = {dense_only!r}: expected a list of layer indices below {layers}"
             )
-        flags = tuple(i not in dense_only and (i + 1) % step == 0 for i in range(layers))
+        dense = set(dense_only)  # a set: 10**6 layers against 10**4 indices, not a list scan per layer
+        flags = tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
         return ModelCard(**common, moe=moe if any(flags) else None, moe_layers=flags)
     # deepseek_v2 / deepseek_v3
     q_lora = f.count("q_lora_rank")

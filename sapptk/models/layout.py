@@ -42,6 +42,8 @@ def _int(value: Any, where: str, name: str, *, low: int = 1, high: int = _MAX_PA
 
 def _positive(value: Any, where: str, name: str, *, high: float = 1e12) -> float:
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if ok and isinstance(value, numbers.Integral):  # bounded before float(): 10**400 is refused, not an OverflowError
+        ok = 0 < value <= high
     if not ok or not math.isfinite(float(value)) or not 0 < float(value) <= high:
         raise ConfigError(f"{where}: field {name!r} = {value!r}: expected a number > 0 and at most {high:g}")
     return float(value)

@@ -78,6 +78,7 @@ def run_master(
         return MasterSolve("unknown")
     solver = cp_model.CpSolver()
     prm = solver.parameters
+    prm.catch_sigint_signal = False  # on, CP-SAT leaves SIGINT fatal after a solve (sapptk.solver.interrupt)
     prm.num_workers = 1 if deterministic else int(workers)
     prm.random_seed = int(seed)
     if deterministic:

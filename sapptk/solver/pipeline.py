@@ -48,7 +48,7 @@ __all__ = ["REORDER_ROUNDS", "SLICED_SOLVES", "Found", "offload", "per_micro_bat
 REORDER_ROUNDS = 4
 """At most this many re-orderings of a cost-driven schedule after the first solve."""
 
-SLICED_SOLVES = 4
+SLICED_SOLVES = 7
 """At most this many solves of a sliced setup's layers (K/V weight 1, the safe weight, then bisection)."""
 
 
@@ -228,7 +228,8 @@ def sliced(request: SolveRequest, clock: Clock) -> Found:
     that fits. Layers then move across stage boundaries while the exact step time falls
     (:func:`sapptk.solver.slices.move_layers`). With ``choose_splits`` the slice lengths are then
     chosen for the plan (:func:`sapptk.solver.slices.choose_slices`). The status is "feasible"
-    with no bound (the solver's bound is for its model) or "infeasible"; step time and peaks are
+    with no bound (the solver's bound is for its model), "infeasible" (proven: the model with
+    weight 1, a lower bound, has no plan) or "unknown" (plans found, none fits); step time and peaks are
     the simulated ones. With ``deterministic`` the two searches stop after
     ``slices.EVALUATIONS_PER_SECOND`` candidates per second of their share, not by the clock."""
     from sapptk.seq import kv_ratio, solver_profile
@@ -270,10 +271,12 @@ def sliced(request: SolveRequest, clock: Clock) -> Found:
             f"and K/V ({profile.seq_length} tokens in {safe.splits} slices)")
     if best is None:
         assert last is not None
-        if last.solved:  # the plans found do not fit with their K/V: none is kept
-            return Found(safe, "infeasible", None, None,
-                         message=f"infeasible: every plan found is over the budget with its K/V; {note}")
-        return dataclasses.replace(last, config=safe, counts=None).noted(note)
+        if len(tried) == 1 and not last.solved:  # the lower model (weight 1) has no plan: that is a proof
+            return dataclasses.replace(last, config=safe, counts=None).noted(note)
+        # plans found miss the budget with their K/V, or only a heavier (upper) model had none: nothing proven
+        return Found(safe, "unknown", None, None,
+                     message=f"no plan found that fits with its K/V (not proven infeasible: the model with weight 1 "
+                             f"has plans; a weight between those tried, or more time, may find one that fits); {note}")
     found = best
 
     def choose(found: Found, seconds: float) -> tuple[Found, str]:

@@ -15,7 +15,9 @@ Guarantees:
 
 * Interrupts (Ctrl-C): finished results are handed to ``rescue`` (and so reach the cache)
   and the rest are cancelled; with ``processes`` the running solves end at once (the
-  lifeline is closed: every worker exits).
+  lifeline is closed: every worker exits). The workers themselves ignore SIGINT (a
+  terminal's Ctrl-C and a kernel interrupt reach the whole process group): the parent alone
+  decides, and its ``KeyboardInterrupt`` is the sweep's.
 * A worker process that dies (a native crash in the solver) only fails its points: the
   pool is rebuilt and they are retried up to :data:`MAX_ATTEMPTS` times. If the caller's
   main module is a script without an ``if __name__ == "__main__":`` guard (every spawned
@@ -34,6 +36,7 @@ from __future__ import annotations
 import ast
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import uuid
@@ -157,6 +160,25 @@ def _pool_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
+def _start_fork_server(ctx: multiprocessing.context.BaseContext) -> None:
+    """Start the fork server (if that is the method and it is not running) with SIGINT blocked,
+    as the standard library starts its resource tracker: a Ctrl-C reaches the whole process
+    group, and one arriving while the server imports its preloads would kill it with a
+    traceback. Blocked, it stays pending here and is raised once the server is up."""
+    if ctx.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    blocked = hasattr(signal, "pthread_sigmask")
+    if blocked:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        forkserver.ensure_running()
+    finally:
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _watch_parent(lifeline: Any) -> None:
     """Pool initializer: exit this worker when the sweeping process dies.
 
@@ -164,6 +186,10 @@ def _watch_parent(lifeline: Any) -> None:
     it blocks until the parent closes it or dies (even by ``SIGKILL``), and then gives EOF.
     CP-SAT releases the GIL while it solves, so the watching thread runs meanwhile.
     """
+
+    # Ctrl-C (a kernel interrupt reaches the whole process group) is the parent's to handle: it
+    # closes the lifeline, and every worker exits; a worker of its own would die mid-solve with a traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         try:
@@ -257,6 +283,7 @@ class _ProcessRunner:
 
     def _open(self) -> ProcessPoolExecutor:
         if self.pool is None:
+            _start_fork_server(self.ctx)
             read, write = self.ctx.Pipe(duplex=False)  # workers read; only this process writes
             self.lifeline = (read, write)
             self.pool = ProcessPoolExecutor(max_workers=self.slots, mp_context=self.ctx, initializer=_watch_parent,
