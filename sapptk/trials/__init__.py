@@ -6,6 +6,8 @@ needs torch), ``ingesting`` (:func:`ingest`: the runs' traces, step times and pe
 costs fitted from them), ``ranking`` (:func:`rerank`: the choice ranked again with them).
 """
 
+from sapptk.trials.ingesting import Calibrated, ingest
 from sapptk.trials.planning import plan
+from sapptk.trials.ranking import Reranked, rerank
 
-__all__ = ["plan"]
+__all__ = ["Calibrated", "Reranked", "ingest", "plan", "rerank"]
