@@ -161,3 +161,21 @@ def test_rerank_with_the_true_costs(choice, planned):
     assert "winner:" in result.summary()
     with pytest.raises(ConfigError, match="calibrated"):
         rerank(choice, "costs")
+
+
+def test_command_line_plan_and_ingest(tmp_path, capsys):
+    from sapptk.cli import main
+
+    out = tmp_path / "cli"
+    assert main(["trials", "plan", "demo", "--devices", "4", "--global-batch", "8", "--stages", "4",
+                 "--schedules", "gpipe,1f1b", "--time-limit", "1", "-k", "2", "--steps", "2", "--out", str(out)]) == 0
+    folders = sorted(p for p in out.iterdir() if p.is_dir())
+    assert len(folders) == 2 and (out / "choose.json").exists()
+    assert "launch.sh" in capsys.readouterr().out
+    for folder in folders:
+        _write_run(folder)
+    assert main(["trials", "ingest", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "2 runs: 2 ok" in text and "winner:" in text
+    assert main(["trials", "ingest", str(tmp_path / "none")]) == 2
+    assert "trials.json" in capsys.readouterr().err

@@ -95,6 +95,29 @@ class Calibrated:
     dp_sync_per_layer_ms: float = float("nan")
     notes: list[str] = field(default_factory=list)
 
+    @classmethod
+    def from_fits(cls, samples: list[pd.DataFrame], fits: list[Any], *, step_outside: list[float] | None = None,
+                  dp_sync: list[float] | None = None, folder: Path | None = None,
+                  runs: pd.DataFrame | None = None) -> Calibrated:
+        """The pooled fit of several runs: ``samples`` (one :func:`~sapptk.calibration.runtime_ops.op_samples`
+        frame per run with a ``layers`` column: the layers of each op's virtual stage) and their
+        :class:`~sapptk.calibration.runtime_ops.RuntimeFit`; the runtime's terms are their means
+        weighted by the runs' op counts (``step_outside``: each run's step work to use instead of
+        its fit's ``step_ms``; ``dp_sync``: all-reduce ms per layer of runs with dp > 1)."""
+        if not samples or len(samples) != len(fits):
+            raise ConfigError(f"{len(samples)} sample frames and {len(fits)} fits: expected one of each per run, "
+                              "at least one")
+        pooled = pd.concat(samples, ignore_index=True)
+        pooled["kind"] = pooled["kind"].astype(str)
+        weights = np.asarray([len(x) for x in samples], dtype=float)
+        outside = step_outside if step_outside is not None else [f.step_ms for f in fits]
+        return cls(runs=runs if runs is not None else pd.DataFrame(), costs=_fit_kinds(pooled),
+                   folder=folder or Path("."),
+                   overhead_ms=float(np.average([f.overhead for f in fits], weights=weights)),
+                   comm_ms=float(np.average([f.comm for f in fits], weights=weights)),
+                   step_ms=float(np.average(outside, weights=weights)),
+                   dp_sync_per_layer_ms=float(np.mean(dp_sync)) if dp_sync else np.nan)
+
     def _op_ms(self, kind: str, layers: int) -> float:
         c = self.costs.set_index("kind")
         if kind in c.index:
@@ -297,15 +320,8 @@ def ingest(folder: str | os.PathLike[str]) -> Calibrated:
     if not samples:
         raise ConfigError(f"{root}: no run of any trial is ok with a readable trace: nothing to fit "
                           f"({'; '.join(f'{r.trial}: {r.status}' for r in frame.itertuples())})")
-    pooled = pd.concat(samples, ignore_index=True)
-    pooled["kind"] = pooled["kind"].astype(str)
-    weights = np.asarray([n for _, n in fits], dtype=float)
-    calibrated = Calibrated(
-        runs=frame, costs=_fit_kinds(pooled), folder=root,
-        overhead_ms=float(np.average([f.overhead for f, _ in fits], weights=weights)),
-        comm_ms=float(np.average([f.comm for f, _ in fits], weights=weights)),
-        step_ms=float(np.average(step_outside, weights=weights)),
-        dp_sync_per_layer_ms=float(np.mean(syncs)) if syncs else np.nan)
+    calibrated = Calibrated.from_fits(samples, [f for f, _ in fits], step_outside=step_outside, dp_sync=syncs,
+                                      folder=root)
     fitted = []
     for r in frame.itertuples():
         ok = r.status == "ok"
