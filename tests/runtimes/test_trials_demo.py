@@ -4,7 +4,7 @@ A profile of 8 transformer blocks (a rough guess: forward 1 ms, backward 2 ms pe
 chosen over 4 devices (p in {2, 4}, dp = 4 / p, so m in {4, 8}; GPipe, 1F1B, interleaved,
 ZB-H1: 13 setups). The top 3 are trialled: each folder's own ``launch.sh`` starts 4 gloo
 processes on 127.0.0.1 (torchrun, one thread each) that run the stand-in transformer with
-PyTorch's pipeline runtime for 2 warm-up, 3 timed and 3 profiled steps. Then ``ingest`` fits
+PyTorch's pipeline runtime for 1 warm-up, 3 timed and 3 profiled steps. Then ``ingest`` fits
 one set of costs from all three traces, and ``rerank`` ranks the 13 setups again.
 
 Asserted: every trial ran; each trialled setup's step time predicted with the pooled fit is
@@ -45,7 +45,7 @@ def test_choose_trial_ingest_rerank(tmp_path):
                            deterministic=True)
     valid = choice.frame[choice.frame["status"].isin(["balanced", "pruned", "unsolved"])]
     assert len(valid) >= 6 and valid["micro_batches"].nunique() >= 2 and valid["chunks"].nunique() >= 2
-    folders = plan(choice, k=3, out=tmp_path / "trials", steps=3, warmup=2)
+    folders = plan(choice, k=3, out=tmp_path / "trials", steps=3, warmup=1)
     env = {**os.environ, "PYTHON": sys.executable,
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     for folder in folders:
