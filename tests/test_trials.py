@@ -179,3 +179,50 @@ def test_command_line_plan_and_ingest(tmp_path, capsys):
     assert "2 runs: 2 ok" in text and "winner:" in text
     assert main(["trials", "ingest", str(tmp_path / "none")]) == 2
     assert "trials.json" in capsys.readouterr().err
+
+
+def _bench():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "runtime_fidelity.py"
+    spec = importlib.util.spec_from_file_location("runtime_fidelity", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_predict_gives_back_runs_that_follow_the_time_model(tmp_path):
+    """--predict on a kept folder whose traces are sapptk's own simulations with one cost per op
+    kind: fitted on 1F1B and ZB-H1 at m = 8, every other run is predicted exactly."""
+    bench = _bench()
+    cost = {"forward": 1.0, "backward": 1.5, "weight": 0.75}  # per virtual stage; ZB's I + W = B
+    cases, ranks = [], [{}, {}]
+    for name, v in (("1f1b", 1), ("zb-h1", 1), ("gpipe", 1), ("interleaved", 2)):
+        for m in (4, 8):
+            program = build(name, stages=2, micro_batches=m, chunks=v)
+            split = name == "zb-h1"  # the one schedule here that splits the backward
+            sim = simulate(program, forward=cost["forward"],
+                           backward=cost["backward"] if split else cost["backward"] + cost["weight"],
+                           weight=cost["weight"] if split else 0.0)
+            key = f"{name}_m{m}"
+            cases.append({"id": key, "name": name, "m": m, "v": v, "csv": "", "placement": []})
+            for rank in range(2):
+                events = []
+                for step in range(2):
+                    t0 = step * (sim.step_time + 5) * 1e3
+                    events.append({"ph": "X", "name": f"ProfilerStep#{step}", "ts": t0, "dur": sim.step_time * 1e3,
+                                   "pid": 1, "tid": 1})
+                    for e in sim.events[sim.events["device"] == rank].itertuples():
+                        events.append({"ph": "X", "name": f"sapptk:{e.kind}:{e.virtual_stage}:{e.micro_batch}",
+                                       "ts": t0 + e.start_ms * 1e3, "dur": (e.end_ms - e.start_ms) * 1e3,
+                                       "pid": 1, "tid": 1})
+                (tmp_path / f"{key}_rank{rank}.json").write_text(json.dumps({"traceEvents": events}))
+                ranks[rank][key] = {"wall_ms": [sim.step_time] * 2}
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    for rank in range(2):
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(ranks[rank]))
+    cross, loso = bench.predict(tmp_path, [("1f1b", 8), ("zb-h1", 8)])
+    assert len(cross) == 6 and len(loso) == 8
+    assert max(abs(r["error"]) for r in cross) < 1e-9
+    interleaved = [r for r in loso if r["schedule"] == "interleaved"]
+    assert max(abs(r["error"]) for r in interleaved) < 1e-9  # from the other three schedules' costs
