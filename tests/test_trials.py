@@ -96,6 +96,9 @@ def test_plan_refusals(choice, planned):
         plan("not a choice", out=root / "other")
     with pytest.raises(ConfigError, match="unknown keys"):
         plan(choice, out=root / "other", model={"width": 3})
+    (root / "a-file").write_text("")
+    with pytest.raises(ConfigError, match="is a file"):
+        plan(choice, out=root / "a-file")
 
 
 def test_ingest_gives_the_costs_back_and_keeps_every_run(choice, planned):
@@ -138,6 +141,11 @@ def test_ingest_bad_input(planned, tmp_path):
     bad = runs.loc[(folders[1].name, truncated.name)]
     assert bad["status"] == "bad-trace" and "truncated" in bad["reason"] and np.isfinite(bad["measured_ms"])
     assert runs.loc[(folders[2].name, "r1"), "status"] == "foreign"
+    manifest = json.loads((folders[2] / "manifest.json").read_text())
+    del manifest["setup"]["placement"]
+    (folders[2] / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match="lacks setup.placement"):
+        ingest(root / "trials")
     (folders[2] / "manifest.json").unlink()
     with pytest.raises(ConfigError, match="manifest"):
         ingest(root / "trials")

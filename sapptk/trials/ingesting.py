@@ -183,6 +183,18 @@ def _load_json(path: Path, what: str) -> Any:
         raise ConfigError(f"{path}: {what} is not valid JSON: {exc}") from None
 
 
+_MANIFEST_SETUP = ("schedule", "stages", "chunks", "micro_batches", "dp", "placement", "layers_per_virtual_stage")
+
+
+def _check_manifest(manifest: Any, path: Path) -> None:
+    if not isinstance(manifest, dict) or manifest.get("format") != "sapptk-trial/1":
+        raise ConfigError(f"{path}: not a sapptk trial manifest (expected format 'sapptk-trial/1')")
+    missing = [k for k in ("key", "rank", "setup", "predicted_pipeline_ms") if k not in manifest]
+    missing += [f"setup.{k}" for k in _MANIFEST_SETUP if k not in (manifest.get("setup") or {})]
+    if missing:
+        raise ConfigError(f"{path}: the manifest lacks {', '.join(missing)}")
+
+
 def _read_run(run: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """The run's row without the fit: status, measured step, peaks, reason."""
     stages, key = int(manifest["setup"]["stages"]) * int(manifest["setup"]["dp"]), manifest["key"]
@@ -279,6 +291,7 @@ def ingest(folder: str | os.PathLike[str]) -> Calibrated:
             continue
         trial_dir = root / entry["folder"]
         manifest = _load_json(trial_dir / "manifest.json", f"manifest of trial {entry['folder']!r}")
+        _check_manifest(manifest, trial_dir / "manifest.json")
         setup = manifest["setup"]
         base = {"trial": entry["folder"], "key": manifest["key"], "rank": manifest["rank"],
                 **{k: setup[k] for k in ("schedule", "stages", "chunks", "micro_batches", "dp")},

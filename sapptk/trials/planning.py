@@ -154,6 +154,8 @@ def plan(choice: Any, k: int = 3, *, runtime: str = "torch", steps: int = 5, war
     if out is None or not isinstance(out, str | os.PathLike):
         raise ConfigError(f"out = {out!r}: expected the folder to write the trials into")
     root = Path(out)
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"out = {os.fspath(out)!r}: is a file; expected a folder to write the trials into")
     if (root / "trials.json").exists():
         raise ConfigError(f"out = {os.fspath(out)!r}: holds trials already (trials.json); give a new folder")
     frame = choice.frame
