@@ -186,6 +186,10 @@ def _load_json(path: Path, what: str) -> Any:
 _MANIFEST_SETUP = ("schedule", "stages", "chunks", "micro_batches", "dp", "placement", "layers_per_virtual_stage")
 
 
+def _said(run: Any) -> str:
+    return f"{run.trial}: {run.status}" + (f" ({run.reason})" if run.reason else "")
+
+
 def _check_manifest(manifest: Any, path: Path) -> None:
     if not isinstance(manifest, dict) or manifest.get("format") != "sapptk-trial/1":
         raise ConfigError(f"{path}: not a sapptk trial manifest (expected format 'sapptk-trial/1')")
@@ -332,7 +336,7 @@ def ingest(folder: str | os.PathLike[str]) -> Calibrated:
     frame = pd.DataFrame(rows)
     if not samples:
         raise ConfigError(f"{root}: no run of any trial is ok with a readable trace: nothing to fit "
-                          f"({'; '.join(f'{r.trial}: {r.status}' for r in frame.itertuples())})")
+                          f"({'; '.join(_said(r) for r in frame.itertuples())})")
     calibrated = Calibrated.from_fits(samples, [f for f, _ in fits], step_outside=step_outside, dp_sync=syncs,
                                       folder=root)
     fitted = []
