@@ -81,6 +81,7 @@ def test_plan_writes_one_folder_per_setup(choice, planned):
         launch = (folder / "launch.sh").read_text()
         assert "torch.distributed.run --standalone --nnodes 1 --nproc-per-node 4" in launch
         assert "sapptk:layer:<index>" in (folder / "profiler.json").read_text()
+        compile((folder / "train.py").read_text(), str(folder / "train.py"), "exec")
 
 
 def test_plan_refusals(choice, planned):

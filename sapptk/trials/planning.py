@@ -28,7 +28,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -203,9 +202,12 @@ def plan(choice: Any, k: int = 3, *, runtime: str = "torch", steps: int = 5, war
                        "train.py --results runs/<name>",
             "environment": env, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
+        if len(profile.groups) > len(kinds):
+            manifest["note"] = ("the stand-in model runs the profile's body layers only: its head and tail are not "
+                                "part of the trial (give model['factory'] to run your own layers)")
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         (folder / "profiler.json").write_text(json.dumps(_PROFILE, indent=1), encoding="utf-8")
-        (folder / "train.py").write_text(_TRAIN.format(key=key, purpose=shlex.quote(purpose).replace('"', "'"),
+        (folder / "train.py").write_text(_TRAIN.format(key=key, purpose=purpose.replace('"', "'"),
                                                        stages=setup["stages"] * setup["dp"]), encoding="utf-8")
         launch = folder / "launch.sh"
         launch.write_text(_launch(setup["stages"] * setup["dp"], env), encoding="utf-8")

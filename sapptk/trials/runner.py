@@ -196,7 +196,11 @@ def main(folder: Path, argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, required=True, help="the run folder (created; never overwritten)")
     args = parser.parse_args(argv)
     folder = Path(folder)
-    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        print(f"sapptk trial: {folder / 'manifest.json'}: cannot read the trial's manifest: {exc}", file=sys.stderr)
+        return 2
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     run = args.results if args.results.is_absolute() else folder / args.results
     run.mkdir(parents=True, exist_ok=True)
