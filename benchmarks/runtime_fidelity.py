@@ -27,7 +27,7 @@ costs come from that run's own trace (:mod:`sapptk.calibration.runtime_ops`), tw
 
     python benchmarks/runtime_fidelity.py [--steps 10] [--out DIR] [--schedules gpipe,1f1b] [--malloc heap]
     python benchmarks/runtime_fidelity.py --analyse DIR   # the tables again from a kept run, no new run
-    python benchmarks/runtime_fidelity.py --predict [--fit-on 1f1b:8,zb-h1:8] [--analyse DIR]
+    python benchmarks/runtime_fidelity.py --predict [--fit-on 1f1b:8,zb-h1:8] [--across median] [--analyse DIR]
 
 ``--predict`` predicts runs from other runs' costs: fitted on the ``--fit-on`` runs
 (pooled: the mean op per kind, one layer per virtual stage, the mean overhead, comm and step
@@ -235,7 +235,7 @@ def _case_fits(out: Path) -> list[dict]:
     return done
 
 
-def predict(out: Path, fit_on: list[tuple[str, int]]) -> tuple[list[dict], list[dict]]:
+def predict(out: Path, fit_on: list[tuple[str, int]], across: str = "mean") -> tuple[list[dict], list[dict]]:
     """Cross-run prediction from a kept folder: (rows fitted on the ``fit_on`` runs and predicting
     every other run, rows of leave-one-schedule-out: each schedule's runs predicted from the
     costs of every other schedule's runs). The costs are pooled over the fitted runs
@@ -246,7 +246,7 @@ def predict(out: Path, fit_on: list[tuple[str, int]]) -> tuple[list[dict], list[
     runs = _case_fits(out)
 
     def rows_for(train: list[dict], test: list[dict], split: str) -> list[dict]:
-        cal = Calibrated.from_fits([r["ops"] for r in train], [r["fit"] for r in train])
+        cal = Calibrated.from_fits([r["ops"] for r in train], [r["fit"] for r in train], across=across)
         rows = []
         for r in test:
             value = cal.predict(r["name"], STAGES, r["v"], r["m"], [1] * r["program"].num_virtual_stages)
@@ -322,6 +322,8 @@ def main() -> None:
                         help="also predict each run from the costs of other runs (--fit-on; leave-one-schedule-out)")
     parser.add_argument("--fit-on", default="1f1b:8,zb-h1:8",
                         help="the runs --predict fits on, as schedule:m pairs (default 1f1b:8,zb-h1:8)")
+    parser.add_argument("--across", choices=("mean", "median"), default="mean",
+                        help="--predict pools the fitted runs' terms by their mean (weighted by ops) or median")
     args = parser.parse_args()
 
     from sapptk.schedules import build
@@ -330,7 +332,7 @@ def main() -> None:
     if args.analyse is not None:
         _report(analyse(args.analyse), args.analyse)
         if args.predict:
-            _report_predict(*predict(args.analyse, fit_on), args.analyse)
+            _report_predict(*predict(args.analyse, fit_on, args.across), args.analyse)
         return
     chunks = dict(SCHEDULES)
     names = [n.strip() for n in args.schedules.split(",") if n.strip()]
@@ -354,7 +356,7 @@ def main() -> None:
     _run(out, cases, args)
     _report(analyse(out), out)
     if args.predict:
-        _report_predict(*predict(out, fit_on), out)
+        _report_predict(*predict(out, fit_on, args.across), out)
 
 
 if __name__ == "__main__":

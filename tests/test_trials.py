@@ -235,3 +235,6 @@ def test_benchmark_predict_gives_back_runs_that_follow_the_time_model(tmp_path):
     assert max(abs(r["error"]) for r in cross) < 1e-9
     interleaved = [r for r in loso if r["schedule"] == "interleaved"]
     assert max(abs(r["error"]) for r in interleaved) < 1e-9  # from the other three schedules' costs
+    for across in ("median",):
+        cross, loso = bench.predict(tmp_path, [("1f1b", 8), ("zb-h1", 8)], across)
+        assert max(abs(r["error"]) for r in cross) < 1e-9

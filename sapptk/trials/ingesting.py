@@ -98,12 +98,16 @@ class Calibrated:
     @classmethod
     def from_fits(cls, samples: list[pd.DataFrame], fits: list[Any], *, step_outside: list[float] | None = None,
                   dp_sync: list[float] | None = None, folder: Path | None = None,
-                  runs: pd.DataFrame | None = None) -> Calibrated:
+                  runs: pd.DataFrame | None = None, across: str = "mean") -> Calibrated:
         """The pooled fit of several runs: ``samples`` (one :func:`~sapptk.calibration.runtime_ops.op_samples`
         frame per run with a ``layers`` column: the layers of each op's virtual stage) and their
         :class:`~sapptk.calibration.runtime_ops.RuntimeFit`; the runtime's terms are their means
         weighted by the runs' op counts (``step_outside``: each run's step work to use instead of
-        its fit's ``step_ms``; ``dp_sync``: all-reduce ms per layer of runs with dp > 1)."""
+        its fit's ``step_ms``; ``dp_sync``: all-reduce ms per layer of runs with dp > 1).
+        ``across="median"``: each term (and each kind's op costs, fitted per run) is the median
+        over the runs instead: a run taken under a burst of load then moves nothing."""
+        if across not in ("mean", "median"):
+            raise ConfigError(f"across = {across!r}: expected 'mean' or 'median'")
         if not samples or len(samples) != len(fits):
             raise ConfigError(f"{len(samples)} sample frames and {len(fits)} fits: expected one of each per run, "
                               "at least one")
@@ -111,6 +115,16 @@ class Calibrated:
         pooled["kind"] = pooled["kind"].astype(str)
         weights = np.asarray([len(x) for x in samples], dtype=float)
         outside = step_outside if step_outside is not None else [f.step_ms for f in fits]
+        if across == "median":
+            per_run = pd.concat([_fit_kinds(x.assign(kind=x["kind"].astype(str))) for x in samples])
+            costs = per_run.groupby("kind", sort=False).agg(per_layer_ms=("per_layer_ms", "median"),
+                                                            per_op_ms=("per_op_ms", "median"),
+                                                            ops=("ops", "sum")).reset_index()
+            costs = costs.set_index("kind").loc[[k for k in KIND_ORDER if k in set(costs["kind"])]].reset_index()
+            return cls(runs=runs if runs is not None else pd.DataFrame(), costs=costs, folder=folder or Path("."),
+                       overhead_ms=float(np.median([f.overhead for f in fits])),
+                       comm_ms=float(np.median([f.comm for f in fits])), step_ms=float(np.median(outside)),
+                       dp_sync_per_layer_ms=float(np.median(dp_sync)) if dp_sync else np.nan)
         return cls(runs=runs if runs is not None else pd.DataFrame(), costs=_fit_kinds(pooled),
                    folder=folder or Path("."),
                    overhead_ms=float(np.average([f.overhead for f in fits], weights=weights)),
