@@ -27,6 +27,12 @@ costs come from that run's own trace (:mod:`sapptk.calibration.runtime_ops`), tw
 
     python benchmarks/runtime_fidelity.py [--steps 10] [--out DIR] [--schedules gpipe,1f1b] [--malloc heap]
     python benchmarks/runtime_fidelity.py --analyse DIR   # the tables again from a kept run, no new run
+    python benchmarks/runtime_fidelity.py --predict [--fit-on 1f1b:8,zb-h1:8] [--across median] [--analyse DIR]
+
+``--predict`` predicts runs from other runs' costs: fitted on the ``--fit-on`` runs
+(pooled: the mean op per kind, one layer per virtual stage, the mean overhead, comm and step
+work), every other schedule and micro-batch count; and leave-one-schedule-out (each schedule's
+runs from the costs of all the others). It writes ``predict_cross.csv`` and ``predict_loso.csv``.
 
 It prints one row per run and the mean and worst |simulated − measured| / measured, and writes
 ``summary.csv`` in the output folder. Timings on a shared machine are noisy: say so (and the
@@ -139,15 +145,9 @@ def _free_port() -> int:
 
 def _merged_trace(paths: list[str], out: Path):
     """The ranks' traces as one (each rank its own pid), read by sapptk's trace reader."""
-    from sapptk.formats.chrome_trace import read_trace
+    from sapptk.trials.ingesting import merge_rank_traces
 
-    events = []
-    for rank, path in enumerate(paths):
-        for e in json.loads(Path(path).read_text(encoding="utf-8"))["traceEvents"]:
-            if e.get("ph") == "X":
-                events.append({**e, "pid": rank, "tid": 0})
-    out.write_text(json.dumps({"traceEvents": events}), encoding="utf-8")
-    return read_trace(out)
+    return merge_rank_traces([Path(p) for p in paths], out)
 
 
 def _run(out: Path, cases: list[dict], args: argparse.Namespace) -> None:
@@ -214,6 +214,77 @@ def analyse(out: Path) -> list[dict]:
     return rows
 
 
+def _case_fits(out: Path) -> list[dict]:
+    """Per run of a kept folder: the case, its measured step, its ops (one layer per virtual
+    stage) and its RuntimeFit."""
+    from sapptk.calibration.runtime_ops import fit_runtime, op_samples
+    from sapptk.schedules import build
+
+    cases = json.loads((out / "cases.json").read_text(encoding="utf-8"))
+    ranks = [json.loads((out / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(STAGES)]
+    done = []
+    for case in cases:
+        if case["id"] not in ranks[0]:
+            continue
+        trace = _merged_trace([str(out / f"{case['id']}_rank{r}.json") for r in range(STAGES)],
+                              out / f"{case['id']}_merged.json")
+        ops = op_samples(trace)
+        program = build(case["name"], stages=STAGES, micro_batches=case["m"], chunks=case["v"])
+        done.append({**case, "measured_ms": _median(ranks[0][case["id"]]["wall_ms"]), "program": program,
+                     "ops": ops.assign(layers=1), "fit": fit_runtime(program, ops, trace)})
+    return done
+
+
+def predict(out: Path, fit_on: list[tuple[str, int]], across: str = "mean") -> tuple[list[dict], list[dict]]:
+    """Cross-run prediction from a kept folder: (rows fitted on the ``fit_on`` runs and predicting
+    every other run, rows of leave-one-schedule-out: each schedule's runs predicted from the
+    costs of every other schedule's runs). The costs are pooled over the fitted runs
+    (:meth:`sapptk.trials.Calibrated.from_fits`: the mean op per kind, the mean overhead, comm
+    and step work; a split backward never fitted is costed as half the whole one)."""
+    from sapptk.trials.ingesting import Calibrated
+
+    runs = _case_fits(out)
+
+    def rows_for(train: list[dict], test: list[dict], split: str) -> list[dict]:
+        cal = Calibrated.from_fits([r["ops"] for r in train], [r["fit"] for r in train], across=across)
+        rows = []
+        for r in test:
+            value = cal.predict(r["name"], STAGES, r["v"], r["m"], [1] * r["program"].num_virtual_stages)
+            rows.append({"split": split, "schedule": r["name"], "m": r["m"], "measured_ms": r["measured_ms"],
+                         "predicted_ms": value, "error": (value - r["measured_ms"]) / r["measured_ms"]})
+        return rows
+
+    wanted = set(fit_on)
+    train = [r for r in runs if (r["name"], r["m"]) in wanted]
+    missing = wanted - {(r["name"], r["m"]) for r in train}
+    if missing:
+        raise SystemExit(f"--fit-on: no kept run of {sorted(missing)} in {out}")
+    label = "+".join(f"{n}@m{m}" for n, m in fit_on)
+    cross = rows_for(train, [r for r in runs if (r["name"], r["m"]) not in wanted], f"fit on {label}")
+    loso = []
+    for name in dict.fromkeys(r["name"] for r in runs):
+        loso += rows_for([r for r in runs if r["name"] != name], [r for r in runs if r["name"] == name],
+                         f"without {name}")
+    return cross, loso
+
+
+def _report_predict(cross: list[dict], loso: list[dict], out: Path) -> None:
+    import pandas as pd
+
+    for title, rows, name in (("cross-run", cross, "predict_cross.csv"), ("leave one schedule out", loso,
+                                                                          "predict_loso.csv")):
+        frame = pd.DataFrame(rows)
+        frame.to_csv(out / name, index=False)
+        print(f"-- {title}: {frame['split'].iloc[0] if title == 'cross-run' else 'each schedule from the others'}")
+        print(f"{'schedule':<16}{'m':>4}{'measured':>10}{'predicted':>11}{'error':>8}   (ms)")
+        for r in rows:
+            print(f"{r['schedule']:<16}{r['m']:>4}{r['measured_ms']:>10.1f}{r['predicted_ms']:>11.1f}"
+                  f"{r['error']:>+8.1%}")
+        err = frame["error"].abs()
+        print(f"mean |error| {err.mean():.1%}, worst {err.max():.1%} over {len(frame)} runs ({title})")
+    print(f"load average now {os.getloadavg()[0]:.1f}")
+
+
 def _report(rows: list[dict], out: Path) -> None:
     import pandas as pd
 
@@ -247,12 +318,21 @@ def main() -> None:
                         help="heap: MALLOC_MMAP_THRESHOLD_=32 MiB in the ranks; default: glibc's own")
     parser.add_argument("--analyse", type=Path, default=None, metavar="DIR",
                         help="print the tables of a kept output folder again, without running")
+    parser.add_argument("--predict", action="store_true",
+                        help="also predict each run from the costs of other runs (--fit-on; leave-one-schedule-out)")
+    parser.add_argument("--fit-on", default="1f1b:8,zb-h1:8",
+                        help="the runs --predict fits on, as schedule:m pairs (default 1f1b:8,zb-h1:8)")
+    parser.add_argument("--across", choices=("mean", "median"), default="mean",
+                        help="--predict pools the fitted runs' terms by their mean (weighted by ops) or median")
     args = parser.parse_args()
 
     from sapptk.schedules import build
 
+    fit_on = [(p.split(":")[0].strip(), int(p.split(":")[1])) for p in args.fit_on.split(",") if p.strip()]
     if args.analyse is not None:
         _report(analyse(args.analyse), args.analyse)
+        if args.predict:
+            _report_predict(*predict(args.analyse, fit_on, args.across), args.analyse)
         return
     chunks = dict(SCHEDULES)
     names = [n.strip() for n in args.schedules.split(",") if n.strip()]
@@ -275,6 +355,8 @@ def main() -> None:
           f"{MMAP_THRESHOLD if args.malloc == 'heap' else 'unset'}", flush=True)
     _run(out, cases, args)
     _report(analyse(out), out)
+    if args.predict:
+        _report_predict(*predict(out, fit_on, args.across), out)
 
 
 if __name__ == "__main__":

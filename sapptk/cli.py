@@ -862,6 +862,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_calibrate(commands)
     _add_design(commands)
     _add_estimate(commands)
+    from sapptk.trials.cli import add_trials  # `sapptk trials plan|ingest` (sapptk/trials/cli.py)
+
+    add_trials(commands)
     return parser
 
 

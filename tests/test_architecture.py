@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.calibration",),
     ("sapptk.sweeps",),
     ("sapptk.choosing",),
+    ("sapptk.trials",),  # row 12¾: trial folders of a choice, their runs ingested, the choice re-ranked
     ("sapptk.viz",),
     ("sapptk.choose_panel", "sapptk.explorer_inputs"),  # row 13½ of docs/internals.md
     ("sapptk.explorer_controls", "sapptk.explorer_tabs"),  # row 13¾: the Explorer's controls and tabs
