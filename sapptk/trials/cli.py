@@ -30,7 +30,8 @@ def _choose(arguments: dict[str, Any]) -> Any:
 
     return choose(arguments["profile"], devices=arguments["devices"], global_batch=arguments["global_batch"],
                   memory_budget=arguments["memory_budget"], schedules=arguments["schedules"],
-                  stages=arguments["stages"], time_limit=arguments["time_limit"], seed=0, deterministic=True)
+                  stages=arguments["stages"], time_limit=arguments["time_limit"],
+                  setup_time_limit=arguments["setup_time_limit"], seed=0, deterministic=True)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -38,7 +39,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     arguments = {"profile": args.profile, "devices": args.devices, "global_batch": args.global_batch,
                  "memory_budget": args.memory_budget, "schedules": _names(args.schedules),
-                 "stages": _ints(args.stages), "time_limit": args.time_limit}
+                 "stages": _ints(args.stages), "time_limit": args.time_limit,
+                 "setup_time_limit": args.setup_time_limit}
     choice = _choose(arguments)
     folders = plan(choice, k=args.k, steps=args.steps, warmup=args.warmup, out=args.out, device=args.device)
     (Path(args.out) / "choose.json").write_text(json.dumps(arguments, indent=1), encoding="utf-8")
@@ -72,7 +74,8 @@ def add_trials(commands: Any) -> None:
     p.add_argument("--memory-budget", type=float, default=None, help="MB per device (default: unlimited)")
     p.add_argument("--schedules", default=None, help="comma-separated schedules (default: all)")
     p.add_argument("--stages", default=None, help="comma-separated stage counts (default: every divisor)")
-    p.add_argument("--time-limit", type=float, default=10.0, help="seconds per balanced setup")
+    p.add_argument("--time-limit", type=float, default=None, help="seconds for the whole choice (default: none)")
+    p.add_argument("--setup-time-limit", type=float, default=10.0, help="seconds per balanced setup")
     p.add_argument("-k", type=int, default=3, help="setups to trial (default 3)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)

@@ -41,7 +41,7 @@ def test_choose_trial_ingest_rerank(tmp_path):
     began = time.perf_counter()
     profile = Profile("demo", (LayerGroup("block", "body", 8, 1.0, 1.0, {"none": ModeCost(2.0, 1.0)}),))
     choice = sapptk.choose(profile, devices=4, global_batch=8, memory_budget=None, stages=[2, 4],
-                           schedules=["gpipe", "1f1b", "interleaved", "zb-h1"], time_limit=2, seed=0,
+                           schedules=["gpipe", "1f1b", "interleaved", "zb-h1"], setup_time_limit=2, seed=0,
                            deterministic=True)
     valid = choice.frame[choice.frame["status"].isin(["balanced", "pruned", "unsolved"])]
     assert len(valid) >= 6 and valid["micro_batches"].nunique() >= 2 and valid["chunks"].nunique() >= 2
