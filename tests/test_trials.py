@@ -177,7 +177,8 @@ def test_command_line_plan_and_ingest(tmp_path, capsys):
 
     out = tmp_path / "cli"
     assert main(["trials", "plan", "demo", "--devices", "4", "--global-batch", "8", "--stages", "4",
-                 "--schedules", "gpipe,1f1b", "--setup-time-limit", "1", "-k", "2", "--steps", "2", "--out", str(out)]) == 0
+                 "--schedules", "gpipe,1f1b", "--setup-time-limit", "1", "-k", "2", "--steps", "2",
+                 "--out", str(out)]) == 0
     folders = sorted(p for p in out.iterdir() if p.is_dir())
     assert len(folders) == 2 and (out / "choose.json").exists()
     assert "launch.sh" in capsys.readouterr().out
