@@ -17,9 +17,9 @@ from jupyter_bokeh.widgets import BokehModel
 
 import sapptk.balancer as balancer
 from sapptk.config import PipelineConfig
+from sapptk.explorer import Explorer
 from sapptk.plan import even_split, make_plan
 from sapptk.schedules import get, names
-from sapptk.widgets import Explorer
 
 SETUP = PipelineConfig(4, 8, memory_budget=56000.0)
 
@@ -192,7 +192,7 @@ def test_the_export_tab_shows_every_format_when_opened(explorer, fake):
 
 
 def test_export_texts_say_why_a_format_cannot_hold_a_plan(llama):
-    from sapptk.widgets import EXPORT_FORMATS, export_texts
+    from sapptk.explorer import EXPORT_FORMATS, export_texts
 
     texts = export_texts(even_split(llama, PipelineConfig(2, 4, 2, "zb-v"), "none"))
     assert list(texts) == list(EXPORT_FORMATS)
@@ -320,7 +320,7 @@ class FakeKernel:
 
 @pytest.fixture
 def kernel(monkeypatch):
-    import sapptk.explorer_inputs as inputs
+    import sapptk.explorer.inputs as inputs
 
     fake_kernel = FakeKernel()
     monkeypatch.setattr(inputs, "_kernel", lambda: fake_kernel)
@@ -498,7 +498,7 @@ import sapptk.balancer as balancer
 from sapptk.config import PipelineConfig
 from sapptk.plan import even_split, make_plan
 from sapptk.profile import bundled_profile
-from sapptk.widgets import Explorer
+from sapptk.explorer import Explorer
 
 def held(request):  # a search that runs until stopped
     request.stop.wait(60)

@@ -24,7 +24,7 @@ _DESC = {"description_width": "150px"}
 
 
 class ChoosePanel:
-    """The choose tab of an :class:`~sapptk.widgets.Explorer` (``explorer``: anything with
+    """The choose tab of an :class:`~sapptk.explorer.Explorer` (``explorer``: anything with
     ``profile``, ``budget``, ``recompute``, ``schedule``, ``stages``, ``micro_batches`` and
     ``chunks`` widgets). ``choice`` holds the last :class:`~sapptk.Choice`."""
 
