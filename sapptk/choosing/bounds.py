@@ -34,8 +34,7 @@ would import the others' internals.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +43,7 @@ from ortools.linear_solver import pywraplp
 from sapptk.config import PipelineConfig
 from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients, memory_units
 from sapptk.profile import Profile
+from sapptk.solver.clock import Clock
 from sapptk.solver.paths import live_rows, path_model
 
 __all__ = ["FIRST_ROUNDS", "ROW_ROUNDS", "ROW_TIME", "RowLP", "SetupBound", "pipeline_bound"]
@@ -330,10 +330,12 @@ class RowLP:
         value += lp.group_minimum(coeffs)
         return max(0.0, value * (1 - _MARGIN))
 
-    def generate(self, *, max_rounds: int, deadline: float | None, enough: float = math.inf) -> tuple[float, int]:
+    def generate(self, *, max_rounds: int, deadline: float | None, enough: float = math.inf,
+                 stopped: Callable[[], bool] | None = None) -> tuple[float, int]:
         """Row generation: (the best certified bound, ticks / 1000; the LP solves). Stops when no
         path is violated, at ``max_rounds``, past ``deadline`` or once the bound reaches
-        ``enough``; 0.0 when the LP has no solution (infeasible ranges: the caller decides)."""
+        ``enough``, or once ``stopped()``; 0.0 when the LP has no solution (infeasible ranges:
+        the caller decides)."""
         lp, z = self.lp, self.z
         best, rounds = 0.0, 0
         self.last_values = None
@@ -361,14 +363,27 @@ class RowLP:
                     break
                 if center is None:
                     center = cost
-            if deadline is not None and time.perf_counter() > deadline:
+            if (deadline is not None and Clock.now() > deadline) or (stopped is not None and stopped()):
                 break
         return best, rounds
 
 
+def phase_clock(clock: Clock | None, seconds: float) -> Clock:
+    """A phase of ``seconds`` on the caller's ``clock`` (its stop event, never past its deadline);
+    on a clock of its own without one."""
+    return (clock or Clock(math.inf)).phase(seconds)
+
+
+def call_over(clk: Clock) -> bool:
+    """Whether the whole call of the phase ``clk`` is over: stopped, or past the call's own
+    deadline (not the phase's: a ``deterministic`` search counts its work, not the phase's seconds)."""
+    return clk.stopped or (clk.call_deadline is not None and Clock.now() >= clk.call_deadline)
+
+
 def pipeline_bound(profile: Profile, config: PipelineConfig, *, max_rounds: int = 40,
                    time_limit: float = 10.0, deterministic: bool = False,
-                   enough_ms: float = math.inf, start: SetupBound | None = None) -> SetupBound:
+                   enough_ms: float = math.inf, start: SetupBound | None = None,
+                   clock: Clock | None = None) -> SetupBound:
     """A proven lower bound on the simulated step time (ms, without DP synchronisation) of every
     plan of ``profile`` on ``config`` that fits the memory budget; or a proof that none fits.
 
@@ -382,51 +397,57 @@ def pipeline_bound(profile: Profile, config: PipelineConfig, *, max_rounds: int 
     ``start``: an earlier bound of the same setup (not infeasible) to resume from: its path rows
     seed the LP, the memory certificate is not computed again, and the result is at least
     ``start``'s bound, with its rounds and seconds added.
+
+    ``clock``: the caller's :class:`~sapptk.solver.clock.Clock`; the rounds also stop at its
+    deadline or stop event (even with ``deterministic``).
     """
     if start is not None and (start.infeasible or start.bound_ms is None or start.bound_ms >= enough_ms):
         return start
-    began = time.perf_counter()
+    clk = phase_clock(clock, time_limit)
     lp = _Relaxation(profile, config)
     if start is None and lp.budget is not None:  # a resumed bound's setup already passed this certificate
         excess, device = _infeasibility(lp)
         if excess > _TOLERANCE_MB:
-            return SetupBound(None, infeasible=True, excess_mb=excess, device=device,
-                              seconds=time.perf_counter() - began)
+            return SetupBound(None, infeasible=True, excess_mb=excess, device=device, seconds=clk.elapsed())
     rows = RowLP(lp)
     if start is not None:
         rows.add_paths(start.paths)
     enough = enough_ms / (1000.0 * TIME_UNIT_MS / config.splits)
-    best, rounds = rows.generate(max_rounds=max_rounds, deadline=None if deterministic else began + time_limit,
-                                 enough=enough)
+    best, rounds = rows.generate(max_rounds=max_rounds, deadline=None if deterministic else clk.deadline,
+                                 enough=enough, stopped=lambda: call_over(clk))
     ms = best * 1000.0 * TIME_UNIT_MS / config.splits
     found_paths = rows.binding()
     if start is not None:
         return SetupBound(max(ms, start.bound_ms), rounds=start.rounds + rounds,
-                          seconds=start.seconds + time.perf_counter() - began, paths=found_paths)
-    return SetupBound(ms, rounds=rounds, seconds=time.perf_counter() - began, paths=found_paths)
+                          seconds=start.seconds + clk.elapsed(), paths=found_paths)
+    return SetupBound(ms, rounds=rounds, seconds=clk.elapsed(), paths=found_paths)
 
 
 def integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, *, time_limit: float = 2.0,
-                  max_rounds: int = 12, workers: int = 1, deterministic: bool = False) -> SetupBound:
+                  max_rounds: int = 12, workers: int = 1, deterministic: bool = False,
+                  clock: Clock | None = None) -> SetupBound:
     """``start`` tightened by integrality (:func:`_integer_bound`): first without the memory
     rows and every layer in its fastest allowed mode (a relaxation CP-SAT proves quickly),
     then with them in the time left; the largest proven bound. With ``deterministic``, one
     CP-SAT worker counts deterministic time instead of seconds (the same input gives the same
-    bound, whatever the machine's load)."""
+    bound, whatever the machine's load). ``clock``: the caller's, as in :func:`pipeline_bound`."""
     if start.infeasible or start.bound_ms is None:
         return start
-    began = time.perf_counter()
+    clk = phase_clock(clock, time_limit)
     free = _integer_bound(profile, config, start, time_limit=time_limit / 2, max_rounds=max_rounds,
-                          workers=1 if deterministic else workers, memory=False, deterministic=deterministic)
-    left = time_limit / 2 if deterministic else time_limit - (time.perf_counter() - began)
-    if config.memory_budget is None or left <= 0.1:
+                          workers=1 if deterministic else workers, memory=False, deterministic=deterministic,
+                          clock=clk)
+    left = time_limit / 2 if deterministic else clk.remaining()
+    if config.memory_budget is None or left <= 0.1 or call_over(clk):
         return free
     return _integer_bound(profile, config, free, time_limit=left, max_rounds=max_rounds,
-                          workers=1 if deterministic else workers, memory=True, deterministic=deterministic)
+                          workers=1 if deterministic else workers, memory=True, deterministic=deterministic,
+                          clock=clk)
 
 
 def _integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, *, time_limit: float,
-                   max_rounds: int, workers: int, memory: bool, deterministic: bool = False) -> SetupBound:
+                   max_rounds: int, workers: int, memory: bool, deterministic: bool = False,
+                   clock: Clock | None = None) -> SetupBound:
     """``start`` tightened by integrality: CP-SAT minimises the step time over integer layer
     counts per (group, mode, virtual stage) (contiguity relaxed; every virtual stage without
     head or tail holds a body layer, as :func:`sapptk.balance` requires) subject to the exact
@@ -441,7 +462,7 @@ def _integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, 
 
     if start.infeasible or start.bound_ms is None:
         return start
-    began = time.perf_counter()
+    clk = phase_clock(clock, time_limit)
     coef = layer_coefficients(profile, config)
     program = config.program()
     paths = path_model(program)
@@ -529,7 +550,7 @@ def _integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, 
     rounds = 0
     spent = 0.0  # deterministic time, when counted
     while rounds < max_rounds:
-        left = time_limit - (spent if deterministic else time.perf_counter() - began)
+        left = (0.0 if call_over(clk) else time_limit - spent) if deterministic else clk.remaining()
         if left <= 0.05:
             break
         rounds += 1
@@ -541,7 +562,7 @@ def _integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, 
         spent += solver.deterministic_time
         if status == cp_model.INFEASIBLE and memory:  # nothing the balancer could return fits
             return SetupBound(None, infeasible=True, excess_mb=0.0, device=None, rounds=start.rounds + rounds,
-                              seconds=start.seconds + time.perf_counter() - began, paths=start.paths, integer=True)
+                              seconds=start.seconds + clk.elapsed(), paths=start.paths, integer=True)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
         best_ticks = max(best_ticks, int(math.floor(solver.best_objective_bound + 1e-9)))
@@ -557,4 +578,4 @@ def _integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, 
     ms = best_ticks * TIME_UNIT_MS / config.splits
     found = tuple((k[:-8], int.from_bytes(k[-8:], "little")) for k in seen)
     return SetupBound(max(ms, start.bound_ms), rounds=start.rounds + rounds,
-                      seconds=start.seconds + time.perf_counter() - began, paths=found, integer=True)
+                      seconds=start.seconds + clk.elapsed(), paths=found, integer=True)

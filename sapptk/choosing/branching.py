@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 
 import numpy as np
 from ortools.linear_solver import pywraplp
 
-from sapptk.choosing.bounds import ROW_ROUNDS, RowLP, SetupBound, _Relaxation
+from sapptk.choosing.bounds import ROW_ROUNDS, RowLP, SetupBound, _Relaxation, phase_clock
 from sapptk.config import PipelineConfig
 from sapptk.costs import TIME_UNIT_MS
 from sapptk.profile import Profile
+from sapptk.solver.clock import Clock
 
 __all__ = ["BRANCH_TIME", "BRANCH_WITHIN", "branch_bound"]
 
@@ -87,15 +87,16 @@ def _sums(lp: _Relaxation, config: PipelineConfig) -> list[np.ndarray]:
 
 
 def branch_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub_ms: float, *,
-                 time_limit: float = 5.0, within: float = BRANCH_WITHIN) -> SetupBound:
+                 time_limit: float = 5.0, within: float = BRANCH_WITHIN, clock: Clock | None = None) -> SetupBound:
     """``start`` raised by branching on whole layers (module docstring), below ``ub_ms``
     (pipeline ms): the result is at most ``max(start, ub_ms)``. Timed (not deterministic).
     Branching starts only when the path LP's bound is within ``within`` (a share) of ``ub_ms``;
-    otherwise the result is that LP's bound."""
+    otherwise the result is that LP's bound. ``clock``: the caller's (its deadline and stop event
+    end the branching too)."""
     if start.infeasible or start.bound_ms is None or start.bound_ms >= ub_ms:
         return start
-    began = time.perf_counter()
-    deadline = began + time_limit
+    clk = phase_clock(clock, time_limit)
+    deadline = clk.deadline
     scale = 1000.0 * TIME_UNIT_MS / config.splits  # ms per LP unit (ticks / 1000)
     ub = ub_ms / scale
     lp = _Relaxation(profile, config)
@@ -103,10 +104,10 @@ def branch_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
     rows.add_paths(start.paths)
     sums = _sums(lp, config)
     matrix = np.array(sums)
-    root, rounds = rows.generate(max_rounds=ROW_ROUNDS, deadline=deadline, enough=ub)
+    root, rounds = rows.generate(max_rounds=ROW_ROUNDS, deadline=deadline, enough=ub, stopped=lambda: clk.stopped)
     if root < (1 - within) * ub:  # too far below: a better incumbent may bring it within reach
         return SetupBound(max(root * scale, start.bound_ms), rounds=start.rounds + rounds,
-                          seconds=start.seconds + time.perf_counter() - began, paths=rows.binding(), integer=False)
+                          seconds=start.seconds + clk.elapsed(), paths=rows.binding(), integer=False)
     price = 2.0 * max(ub, 1.0)  # per layer out of range: above a whole step
     slots: dict[int, tuple[int, pywraplp.Variable, pywraplp.Variable]] = {}  # sum -> (range row, slacks)
 
@@ -131,15 +132,15 @@ def branch_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
         for k in box:
             if k not in slots:
                 rows.set_range(slot(k), *box[k])
-        bound, n = rows.generate(max_rounds=_NODE_ROUNDS, deadline=deadline, enough=ub)
-        if rows.last_values is None and time.perf_counter() < deadline:
+        bound, n = rows.generate(max_rounds=_NODE_ROUNDS, deadline=deadline, enough=ub, stopped=lambda: clk.stopped)
+        if rows.last_values is None and not clk.expired():
             # GLOP gave up from the last basis (ABNORMAL, seen on llama2_70b interleaved-lm p8 v4 and
             # again with the primal simplex): the node once more on a fresh LP with every path so far
             rows = rows.fresh()
             slots.clear()
             for k in box:
                 rows.set_range(slot(k), *box[k])
-            bound, m = rows.generate(max_rounds=_NODE_ROUNDS, deadline=deadline, enough=ub)
+            bound, m = rows.generate(max_rounds=_NODE_ROUNDS, deadline=deadline, enough=ub, stopped=lambda: clk.stopped)
             n += m
         rounds += n
         return bound, rows.last_values
@@ -172,11 +173,11 @@ def branch_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
             best_open = ub
             break
         best_open = heap[0][0]
-        if best_open >= ub or time.perf_counter() > deadline:
+        if best_open >= ub or clk.expired():
             break
         parent, _, node_box = heapq.heappop(heap)
         bound, values = solve(node_box)
         bound = max(bound, parent)
     ms = min(best_open, ub) * scale
     return SetupBound(max(ms, start.bound_ms), rounds=start.rounds + rounds,
-                      seconds=start.seconds + time.perf_counter() - began, paths=start.paths, integer=True)
+                      seconds=start.seconds + clk.elapsed(), paths=start.paths, integer=True)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from numbers import Real
@@ -65,6 +65,7 @@ from sapptk.choosing.setups import (
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.profile import resolve_profile
 from sapptk.request import SolveRequest
+from sapptk.solver.clock import Clock
 from sapptk.sweeps.cache import LAYOUT_COLUMN, Cache
 from sapptk.sweeps.executors import check_executor, default_workers, open_executor
 from sapptk.sweeps.frame import input_row
@@ -129,6 +130,8 @@ def choose(
     progress: bool = False,
     seed: int = 0,
     deterministic: bool = False,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
     **parallel: Any,
 ) -> Choice:
     """The fastest pipeline setup for ``global_batch`` samples on ``devices`` devices.
@@ -164,12 +167,22 @@ def choose(
     batch: setups balanced per round (one until a step time is known, unless ``tighten=False``;
         fixed, so every executor gives the same frame).
     executor, workers, cache, progress, seed, deterministic: as in :func:`sapptk.sweep`.
+    stop: a :class:`threading.Event`; once set, the choice ends within about a second (with the
+        serial executor; with processes or Dask, when the running balances end) and returns what
+        it has: the setups decided so far keep their rows, the others are ``undecided``, and
+        ``Choice.status`` is ``"stopped"``.
+    on_progress: called with a dict after each setup is decided (balanced, pruned, infeasible,
+        invalid): ``decided``, ``balanced``, ``pruned``, ``total`` (setups) and ``elapsed_s``.
 
     Raises :class:`~sapptk.errors.ConfigError` for a bad argument, a device count no stage
     count divides, a global batch no setup divides, an empty list, or when every setup is
     infeasible (naming the nearest one, its device and the MB it lacks).
     """
-    began = time.perf_counter()
+    clock = Clock(math.inf, stop)
+    if stop is not None and not callable(getattr(stop, "is_set", None)):
+        raise ConfigError(f"stop = {stop!r}: expected a threading.Event (or None)")
+    if on_progress is not None and not callable(on_progress):
+        raise ConfigError(f"on_progress = {on_progress!r}: expected a function of one dict (or None)")
     bw = _check_float("dp_bandwidth", dp_bandwidth)
     share = _check_float("gradient_share", gradient_share, allow_none=False)
     if sequence_length is not None and (isinstance(sequence_length, bool) or not isinstance(sequence_length, int)
@@ -215,7 +228,7 @@ def choose(
                              bound_time=float(bound_time), retry=float(retry), prove=prove, tighten=tighten,
                              batch=batch, executor=executor, workers=workers,
                              cache=cache, progress=progress, seed=seed, deterministic=deterministic,
-                             notes=notes, began=began)
+                             notes=notes, clock=clock, on_progress=on_progress)
 
 
 def choose_candidates(
@@ -238,8 +251,9 @@ def choose_candidates(
     seed: int,
     deterministic: bool,
     notes: list[str],
-    began: float,
+    clock: Clock,
     on_row: Callable[[Candidate], None] | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> Choice:
     """The engine behind :func:`choose` (see the module docstring), on prepared candidates."""
     from tqdm.auto import tqdm
@@ -260,8 +274,13 @@ def choose_candidates(
             bar.update()
             if on_row is not None:
                 on_row(c)
+            if on_progress is not None:
+                decided = sum(n for k, n in tally.items() if k != "undecided")
+                on_progress({"decided": decided, "balanced": tally["balanced"], "pruned": tally["pruned"],
+                             "infeasible": tally["infeasible"], "invalid": tally["invalid"],
+                             "total": len(candidates), "elapsed_s": clock.elapsed()})
 
-        clock = dict.fromkeys(STEPS, 0.0)  # wall seconds by step (Choice.timings)
+        spent = dict.fromkeys(STEPS, 0.0)  # wall seconds by step (Choice.timings)
 
         digests: dict[int, str] = {}
         twins: dict[tuple[Any, ...], tuple[SetupBound, int]] = {}  # (bound, level) by program and profile
@@ -270,19 +289,22 @@ def choose_candidates(
             c.row = {"schedule": cfg.schedule, "stages": cfg.stages, "chunks": cfg.chunks,
                      "micro_batches": cfg.micro_batches, "dp": c.setup.dp, **c.columns,
                      "memory_budget_mb": math.nan if cfg.memory_budget is None else cfg.memory_budget}
-            t0 = time.perf_counter()
+            if clock.expired():  # stopped (or out of time) before this setup was bounded
+                continue
+            t0 = clock.now()
             try:
                 cfg.check(c.profile)
                 c.twin = twin_key(c, digests.setdefault(id(c.profile), profile_digest(c.profile)))
                 if c.twin not in twins:
-                    twins[c.twin] = (pipeline_bound(c.profile, cfg, max_rounds=1, deterministic=deterministic), 0)
+                    twins[c.twin] = (pipeline_bound(c.profile, cfg, max_rounds=1, deterministic=deterministic,
+                                                    clock=clock), 0)
                 c.bound, c.level = twins[c.twin]
             except SapptkError as exc:
                 c.row["reason"] = str(exc)
                 done(c, "invalid")
                 continue
-            c.row["bound_seconds"] = time.perf_counter() - t0
-            clock["bound"] += c.row["bound_seconds"]
+            c.row["bound_seconds"] = clock.now() - t0
+            spent["bound"] += c.row["bound_seconds"]
             if c.bound.infeasible:
                 c.row["reason"] = c.bound.reason
                 c.row["excess_mb"] = c.bound.excess_mb
@@ -292,7 +314,7 @@ def choose_candidates(
             c.lower_ms = float(c.bound.bound_ms) + c.sync_floor_ms
             heapq.heappush(heap, (c.lower_ms, i))
 
-        if not heap:
+        if not heap and not clock.expired():
             all_infeasible(candidates)
 
         store = Cache(cache) if cache is not None else None
@@ -331,16 +353,17 @@ def choose_candidates(
             not with ``deterministic``, and nothing to branch against without an incumbent."""
             if deterministic or not math.isfinite(ub):
                 return start
-            return branch_bound(c.profile, c.setup.config, start, ub, time_limit=BRANCH_TIME * bound_time)
+            return branch_bound(c.profile, c.setup.config, start, ub, time_limit=BRANCH_TIME * bound_time,
+                                clock=clock)
 
-        while heap:
+        while heap and not clock.expired():
             chosen: list[int] = []
             solves = 0  # setups of this batch that need a balance (a twin already balanced takes its result)
             deferred: list[tuple[float, int]] = []  # twins of a setup in this batch: they take its result
             # before any step time is known, one balance at a time: the second of a batch would be balanced
             # without the first's step time to prune it (on llama2_70b, a 10 s balance of a loser); not
             # with tighten=False, where hardly anything is pruned and a round less counts more
-            while heap and solves < (batch if best < math.inf or not tighten else 1):
+            while heap and solves < (batch if best < math.inf or not tighten else 1) and not clock.expired():
                 lower, i = heap[0]
                 if lower >= best * (1 - _TIE):
                     break
@@ -357,17 +380,17 @@ def choose_candidates(
                         if not c.layouts and deterministic:  # too many layouts: a longer bound would not
                             heapq.heappush(heap, (lower, i))  # enumerate them either
                             continue
-                        t0 = time.perf_counter()
+                        t0 = clock.now()
                         if c.twin not in long_bounds or best - c.sync_floor_ms < long_ub[c.twin] * (1 - _TIE):
                             long_ub[c.twin] = best - c.sync_floor_ms
                             tight = layout_bound(c.profile, c.setup.config, c.bound, best - c.sync_floor_ms,
                                                  time_limit=4 * bound_time, deterministic=deterministic,
-                                                 memo=memos.setdefault(c.twin, {})) if c.layouts else None
+                                                 memo=memos.setdefault(c.twin, {}), clock=clock) if c.layouts else None
                             long_bounds[c.twin] = branch(c, c.bound if tight is None else tight,
                                                          best - c.sync_floor_ms)
                         c.bound = long_bounds[c.twin]
-                        dt = time.perf_counter() - t0
-                        clock["prove"] += dt
+                        dt = clock.now() - t0
+                        spent["prove"] += dt
                         c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + dt
                         c.lower_ms = max(c.lower_ms, float(c.bound.bound_ms) + c.sync_floor_ms)
                         c.row["bound_ms"] = c.lower_ms
@@ -397,14 +420,14 @@ def choose_candidates(
                     # its layout bound was capped by a worse incumbent (or none), so the layouts are fewer
                     # now; or it stopped at a goal below the best step time and is first again; or its
                     # path LP (too many layouts) has not converged yet
-                    t0 = time.perf_counter()
+                    t0 = clock.now()
                     if c.bound is twins[c.twin][0]:
                         ub = best - c.sync_floor_ms
                         tight = None
                         if ub < layout_ub.get(c.twin, math.inf) * (1 - _TIE) or layouts_of.get(c.twin, False):
                             tight = layout_bound(c.profile, c.setup.config, c.bound, ub, time_limit=bound_time,
                                                  deterministic=deterministic, enough_ms=goal,
-                                                 memo=memos.setdefault(c.twin, {}))
+                                                 memo=memos.setdefault(c.twin, {}), clock=clock)
                             layout_ub[c.twin] = ub
                             if tight is not None:
                                 twins[c.twin] = (tight, 2)
@@ -413,7 +436,7 @@ def choose_candidates(
                         if tight is None and more_rows:  # more path rows, from every path found so far
                             rows = pipeline_bound(c.profile, c.setup.config, max_rounds=ROW_ROUNDS,
                                                   time_limit=ROW_TIME * bound_time, enough_ms=goal,
-                                                  start=twins[c.twin][0])
+                                                  start=twins[c.twin][0], clock=clock)
                             rows_done[c.twin] = rows.bound_ms < goal * (1 - _TIE)  # converged, or out of time
                             twins[c.twin] = (rows, 2)
                         stop(c, goal)
@@ -421,27 +444,28 @@ def choose_candidates(
                             twins[c.twin] = (branch(c, twins[c.twin][0], ub), 2)
                     c.bound = twins[c.twin][0]
                     c.layouts = layouts_of.get(c.twin, False)
-                    dt = time.perf_counter() - t0
-                    clock["tighten"] += dt
+                    dt = clock.now() - t0
+                    spent["tighten"] += dt
                     c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + dt
                     c.lower_ms = max(c.lower_ms, float(c.bound.bound_ms) + c.sync_floor_ms)
                     heapq.heappush(heap, (c.lower_ms, i))
                     continue
                 if tighten and c.level < 2 and c.twin not in twin_results:
-                    t0 = time.perf_counter()
+                    t0 = clock.now()
                     c.level += 1
                     bound, level = twins[c.twin]
                     if level < c.level == 1:
                         # whole layouts first: where they can be enumerated, they are the strong bound
                         tight = layout_bound(c.profile, c.setup.config, bound, best - c.sync_floor_ms,
                                              time_limit=bound_time, deterministic=deterministic, enough_ms=goal,
-                                             memo=memos.setdefault(c.twin, {}))
+                                             memo=memos.setdefault(c.twin, {}), clock=clock)
                         if tight is None:  # too many layouts: path rows (the integer model next, then more rows)
                             quick = deterministic or best == math.inf
                             rows = pipeline_bound(c.profile, c.setup.config,
                                                   max_rounds=FIRST_ROUNDS if quick else ROW_ROUNDS,
                                                   time_limit=(1.0 if quick else ROW_TIME) * bound_time,
-                                                  deterministic=deterministic, enough_ms=goal, start=bound)
+                                                  deterministic=deterministic, enough_ms=goal, start=bound,
+                                                  clock=clock)
                             rows_done[c.twin] = deterministic or (not quick and rows.bound_ms < goal * (1 - _TIE))
                         # whole layouts (when they could be enumerated) make the integer model needless
                         twins[c.twin] = (rows, 1) if tight is None else (tight, 2)
@@ -452,12 +476,12 @@ def choose_candidates(
                             twins[c.twin] = (branch(c, twins[c.twin][0], best - c.sync_floor_ms), twins[c.twin][1])
                     elif level < c.level == 2:
                         twins[c.twin] = (integer_bound(c.profile, c.setup.config, bound, time_limit=bound_time,
-                                                       deterministic=deterministic), 2)
+                                                       deterministic=deterministic, clock=clock), 2)
                     c.bound, level = twins[c.twin]
                     c.layouts = layouts_of.get(c.twin, False)
                     c.level = max(c.level, level)
-                    dt = time.perf_counter() - t0
-                    clock["tighten"] += dt
+                    dt = clock.now() - t0
+                    spent["tighten"] += dt
                     c.row["bound_seconds"] = c.row.get("bound_seconds", 0.0) + dt
                     if c.bound.infeasible:
                         c.row["reason"] = c.bound.reason
@@ -509,17 +533,17 @@ def choose_candidates(
                 for key, c, digest, start in left:
                     try:
                         opts = {**options, "time_limit": retry * options["time_limit"]} if c.retry else options
-                        request = SolveRequest(c.profile, c.setup.config, workers=per_solve, **opts)
+                        request = SolveRequest(c.profile, c.setup.config, workers=per_solve, stop=clock.stop, **opts)
                     except SapptkError as exc:
                         results[key] = no_plan(key, "invalid", str(exc))
                         continue
                     todo.append(SweepTask(key, c.profile.name, digest, request, start))
-                t0 = time.perf_counter()
+                t0 = clock.now()
                 it = runner(todo, lambda r: None)
                 try:
                     for res in it:
                         results[res.key] = res
-                        if store is not None and res.status != "error":
+                        if store is not None and res.status != "error" and not clock.stopped:
                             owner = candidate_of(candidates, chosen, res.key)
                             row = {**input_row(owner.profile.name,
                                                {f: getattr(owner.setup.config, f) for f in CONFIG_FIELDS},
@@ -529,7 +553,7 @@ def choose_candidates(
                             store.append(row)
                 finally:
                     it.close()
-                    _share_wall(clock, time.perf_counter() - t0,
+                    _share_wall(spent, clock.now() - t0,
                                 [(results.get(key), c.retry) for key, c, _d, _s in left])
             for i in chosen:  # in batch order: the same frame whatever the executor
                 c = candidates[i]
@@ -562,14 +586,23 @@ def choose_candidates(
                         c.balanced, c.level = True, 3
                     if prove:  # back in the queue: a longer bound, a second balance
                         heapq.heappush(heap, (c.lower_ms, i))
+        status = "stopped" if clock.stopped else "complete"
         for _lower, i in heap:
             c = candidates[i]
             if c.balanced:
                 continue
             c.row["bound_ms"] = c.lower_ms
+            if c.lower_ms < best * (1 - _TIE):  # the queue was left early: not proven slower
+                c.row["reason"] = "stopped before it was decided"
+                done(c, "undecided")
+                continue
             c.row["reason"] = (f"pruned: proven bound {c.lower_ms:,.1f} ms >= best step time {best:,.1f} ms"
                                if best < math.inf else "not balanced")
             done(c, "pruned")
+        for c in candidates:  # never bounded: the call was stopped first
+            if "status" not in c.row:
+                c.row["reason"] = "stopped before it was bounded"
+                done(c, "undecided")
         if store is not None:
             store.compact()
 
@@ -583,6 +616,10 @@ def choose_candidates(
             if sequence_length is not None:
                 c.row["tokens_per_s_per_device"] = c.row["samples_per_s_per_device"] * sequence_length
     balanced = [c for c in candidates if c.row.get("status") == "balanced"]
+    if not balanced and status == "stopped":
+        frame = typed_choice([c.row for c in candidates], extra)
+        return Choice(frame=frame, best=None, proven=False, plans={}, seconds=clock.elapsed(), notes=notes,
+                      timings=spent, status=status)
     if not balanced:
         reasons = "; ".join(sorted({str(c.row.get("reason")) for c in candidates})[:3])
         raise ConfigError(f"choose: no setup could be balanced within time_limit = {time_limit:g} s ({reasons})")
@@ -602,13 +639,13 @@ def choose_candidates(
                 step_time=c.row["pipeline_ms"], bound=c.row.get("solver_bound_ms"), gap=c.row.get("solver_gap"),
                 solve_seconds=c.row.get("solve_seconds") or 0.0, source=f"choose: {c.setup.label}")
     best_plan = plans[int(frame.index[0])]
-    seconds = time.perf_counter() - began
-    clock["other"] = max(0.0, seconds - sum(clock.values()))
+    seconds = clock.elapsed()
+    spent["other"] = max(0.0, seconds - sum(spent.values()))
     return Choice(frame=frame, best=best_plan, proven=proven, plans=plans, seconds=seconds, notes=notes,
-                  timings=clock)
+                  timings=spent, status=status)
 
 
-def _share_wall(clock: dict[str, float], wall: float, solves: list[tuple[PointResult | None, bool]]) -> None:
+def _share_wall(spent: dict[str, float], wall: float, solves: list[tuple[PointResult | None, bool]]) -> None:
     """Book a batch's wall time to ``balance`` and ``retry`` in proportion to the seconds of its
     first and second balances (``(result, is_retry)`` each; in processes they overlap)."""
     seconds = {"balance": 0.0, "retry": 0.0}
@@ -616,4 +653,4 @@ def _share_wall(clock: dict[str, float], wall: float, solves: list[tuple[PointRe
         seconds["retry" if is_retry else "balance"] += (res.solve_seconds or 0.0) if res is not None else 0.0
     total = sum(seconds.values())
     for step, sec in seconds.items():
-        clock[step] += wall * (sec / total) if total else (wall if step == "balance" else 0.0)
+        spent[step] += wall * (sec / total) if total else (wall if step == "balance" else 0.0)

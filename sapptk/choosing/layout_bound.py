@@ -27,15 +27,15 @@ Every bound holds for every plan :func:`sapptk.balance` can return (no empty vir
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import numpy as np
 
-from sapptk.choosing.bounds import SetupBound
+from sapptk.choosing.bounds import SetupBound, call_over, phase_clock
 from sapptk.config import PipelineConfig
 from sapptk.costs import TIME_UNIT_MS
 from sapptk.profile import Profile
+from sapptk.solver.clock import Clock
 from sapptk.solver.layouts import DeviceLayouts, TooManyLayouts, device_layouts, layer_caps, stage_options
 from sapptk.solver.problem import Problem, make_problem
 from sapptk.solver.relaxation import LinearRelaxation
@@ -121,7 +121,8 @@ def chain_minmax(layouts: list[DeviceLayouts], counts: np.ndarray, extra: list[i
 
 def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub_ms: float, *,
                  time_limit: float = 1.0, deterministic: bool = False,
-                 enough_ms: float = math.inf, memo: dict[str, Any] | None = None) -> SetupBound | None:
+                 enough_ms: float = math.inf, memo: dict[str, Any] | None = None,
+                 clock: Clock | None = None) -> SetupBound | None:
     """``start`` raised by whole layouts (module docstring), for every plan no slower than
     ``ub_ms`` (pipeline ms; ``inf``: every plan): the result is at most ``max(start, ub_ms)``
     with ``ub_ms`` rounded up to a whole tick of the setup's time unit.
@@ -135,12 +136,13 @@ def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
     depend on ``ub_ms``.
 
     With ``deterministic``, the LP runs a fixed number of iterations and the totals search
-    is left out, so the same input gives the same bound.
+    is left out, so the same input gives the same bound. ``clock``: the caller's (its deadline
+    and stop event end the search too; then the result is ``start`` or None).
     """
     if start.infeasible or start.bound_ms is None:
         return start
-    began = time.perf_counter()
-    deadline = began + time_limit
+    clk = phase_clock(clock, time_limit)
+    began, deadline = clk.start, clk.deadline
     memo = {} if memo is None else memo
     if "problem" not in memo:
         memo["problem"] = make_problem(profile, config, allow_empty=False, options=SearchOptions())
@@ -180,12 +182,14 @@ def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
             lp.add(sig, crossings)
         for sig_bytes, crossings in start.paths:
             lp.add(np.frombuffer(sig_bytes, dtype=np.int64).copy(), crossings)
-        until = began + (3600.0 if deterministic else max(time_limit / 2, time.perf_counter() - began + 0.1))
-        relaxed = lp.run(until=until, max_iterations=60 if deterministic else 1000,
-                         stopped=None if enough == math.inf else (lambda: lp.best >= enough))
+        until = began + (3600.0 if deterministic else max(time_limit / 2, clk.elapsed() + 0.1))
+        relaxed = lp.run(until=min(until, clk.call_deadline or math.inf),
+                         max_iterations=60 if deterministic else 1000,
+                         stopped=None if clock is None and enough == math.inf
+                         else (lambda: call_over(clk) or lp.best >= enough))
         rounds += relaxed.iterations
         best = max(best, float(relaxed.bound))
-        if not deterministic and best < enough and time.perf_counter() < deadline - 0.05:
+        if not deterministic and best < enough and Clock.now() < deadline - 0.05 and not clk.stopped:
             totals = TotalsBound(lp)
             found = totals.run(cutoff=2**62 if enough == math.inf else int(enough), until=deadline)
             best = max(best, float(found.bound))
@@ -193,4 +197,4 @@ def layout_bound(profile: Profile, config: PipelineConfig, start: SetupBound, ub
         return start  # no plan among the layouts, and no incumbent to cap the bound: the caller decides
     ms = min(best, cap) * scale
     return SetupBound(max(ms, start.bound_ms), rounds=start.rounds + rounds,
-                      seconds=start.seconds + time.perf_counter() - began, paths=start.paths, integer=True)
+                      seconds=start.seconds + clk.elapsed(), paths=start.paths, integer=True)

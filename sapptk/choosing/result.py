@@ -12,7 +12,9 @@ pruned ones by bound, then infeasible and invalid ones), with the sweep frame's 
     ``balanced``: a plan was found; ``pruned``: its proven bound is at or above the winner's
     step time, so it was never balanced; ``infeasible``: no plan fits the memory budget
     (``reason`` says which device and by how much); ``invalid``: the setup does not suit the
-    profile or schedule (``reason``); ``unsolved``: balanced, but no plan was found in time.
+    profile or schedule (``reason``); ``unsolved``: balanced, but no plan was found in time;
+    ``undecided``: the choice was stopped (or ran out of its time limit) before this setup was
+    balanced or proven slower.
 ``solver_status`` (categorical)
     the balancer's status for balanced setups (``optimal``, ``feasible``, ...).
 ``step_time_ms``, ``pipeline_ms``, ``dp_sync_ms``
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHOICE_COLUMNS", "CHOICE_STATUSES", "Choice"]
 
-CHOICE_STATUSES: tuple[str, ...] = ("balanced", "pruned", "infeasible", "invalid", "unsolved")
+CHOICE_STATUSES: tuple[str, ...] = ("balanced", "pruned", "infeasible", "invalid", "unsolved", "undecided")
 """Every value of ``Choice.frame["status"]``."""
 
 CHOICE_COLUMNS: tuple[str, ...] = (
@@ -71,7 +73,7 @@ def typed_choice(rows: list[dict[str, Any]], extra: tuple[str, ...] = ()) -> pd.
     columns = list(CHOICE_COLUMNS)
     columns[columns.index("dp") + 1:columns.index("dp") + 1] = list(extra)
     frame = frame.reindex(columns=columns)
-    order = {"balanced": 0, "unsolved": 1, "pruned": 2, "infeasible": 3, "invalid": 4}
+    order = {"balanced": 0, "unsolved": 1, "undecided": 2, "pruned": 3, "infeasible": 4, "invalid": 5}
     sort_key = frame["status"].map(order).astype(float) * 1e30 + pd.to_numeric(
         frame["step_time_ms"].where(frame["status"] == "balanced", frame["bound_ms"]), errors="coerce").fillna(1e29)
     frame = frame.iloc[np.argsort(sort_key.to_numpy(), kind="stable")].reset_index(drop=True)
@@ -98,23 +100,27 @@ class Choice:
     """The answer of :func:`sapptk.choose`.
 
     ``frame``: one row per setup, ranked (module docstring). ``best``: the winner's
-    :class:`~sapptk.plan.Plan`. ``proven``: every other setup is proven no faster than the
+    :class:`~sapptk.plan.Plan` (None only when the choice was stopped before any setup was
+    balanced). ``proven``: every other setup is proven no faster than the
     winner (a bound at or above its step time, or an optimal balance no faster).
     ``plans``: the plans of the balanced setups, by the setup's row index in ``frame``.
     ``profiles``: the profile of each setup row (model-card choices estimate one per setup).
     ``seconds``: wall time of the whole choice. ``notes``: what the choice assumed (for
     instance, no DP synchronisation without a bandwidth). ``timings``: wall seconds by step
     (:data:`sapptk.choosing.engine.STEPS`: ``bound``, ``tighten``, ``balance``, ``prove``,
-    ``retry``, ``other``), adding up to ``seconds``.
+    ``retry``, ``other``), adding up to ``seconds``. ``status``: ``"complete"`` (every setup
+    decided), ``"stopped"`` (the ``stop`` event was set; ``undecided`` rows were left) or
+    ``"time limit"`` (the whole call's ``time_limit`` ran out; ``undecided`` rows were left).
     """
 
     frame: pd.DataFrame
-    best: Plan
+    best: Plan | None
     proven: bool
     plans: dict[int, Plan] = field(default_factory=dict)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    status: str = "complete"
 
     @property
     def counts(self) -> dict[str, int]:
@@ -140,16 +146,25 @@ class Choice:
     def summary(self) -> str:
         """A few lines: the winner, how many setups were pruned, whether the winner is proven."""
         c = self.counts
+        ended = {"stopped": "stopped before every setup was decided",
+                 "time limit": "the time limit ran out before every setup was decided"}.get(self.status)
+        if self.best is None:
+            return "\n".join([f"no winner: {ended or 'nothing balanced'} ({c['undecided']} undecided, "
+                              f"{c['pruned']} pruned, {c['infeasible']} infeasible, {c['invalid']} invalid) "
+                              f"in {self.seconds:.1f} s", *self.notes])
         w = self.frame.iloc[0]
         layout = "".join(f" {k} {w[k]}" for k in ("tp", "cp", "ep", "zero") if k in self.frame)
         lines = [
             f"winner: {w['schedule']} stages {w['stages']} chunks {w['chunks']} micro-batches {w['micro_batches']} "
             f"dp {w['dp']}{layout}: step {w['step_time_ms']:,.1f} ms, peak {w['peak_mb_max']:,.0f} MB",
             f"setups: {len(self.frame)} ({c['balanced']} balanced, {c['pruned']} pruned by bounds, "
-            f"{c['infeasible']} infeasible, {c['invalid']} invalid, {c['unsolved']} unsolved) in {self.seconds:.1f} s",
+            f"{c['infeasible']} infeasible, {c['invalid']} invalid, {c['unsolved']} unsolved"
+            + (f", {c['undecided']} undecided" if c["undecided"] else "") + f") in {self.seconds:.1f} s",
             "winner proven: every other setup has a bound at or above its step time" if self.proven else
             "winner NOT proven: some balanced setup's bound is below the winner's step time (raise time_limit)",
         ]
+        if ended:
+            lines.append(f"{ended}: the ranking is partial")
         return "\n".join(lines + self.notes)
 
     def __repr__(self) -> str:
