@@ -359,6 +359,10 @@ class Explorer:
             stopped = ("stopped by Kernel → Interrupt" if self._interrupted else "stopped by Cancel"
                        ) if stop.is_set() else None
             self._show(run, plan, baseline, setup, seconds, stopped=stopped)
+        except KeyboardInterrupt:  # a SIGINT that reached this thread: the search is lost, the kernel lives
+            note = "; the tabs still show the previous plan" if self._shown is not None else ""
+            self._status_of(run, "cancelled", ": the search was interrupted (KeyboardInterrupt) before it returned "
+                                              f"a plan{note}; press Solve to run it again")
         except BaseException as exc:  # the status line says it; the thread never dies silently
             self._status_of(run, "error", f": {error_text(exc)}")
         finally:
