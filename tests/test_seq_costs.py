@@ -259,6 +259,10 @@ def test_exports_of_a_sliced_plan() -> None:
     unequal = even_split(profile, PipelineConfig(4, 8, 2, "seq-interleaved", splits=[1536, 1024, 896, 640]))
     with pytest.raises(ConfigError, match=r"cannot express unequal slice lengths \[1536, 1024, 896, 640\]"):
         unequal.export("mindformers")
+    for fmt in ("megatron", "torchtitan", "torch-csv"):  # never sends the user to the format that just refused it
+        with pytest.raises(ConfigError, match=r"keep it as a sapptk plan .*MindFormers runs equal slices only") as info:
+            unequal.export(fmt)
+        assert "export it to MindFormers" not in str(info.value)
 
 
 def test_plan_file_keeps_the_slice_lengths(tmp_path) -> None:

@@ -33,6 +33,18 @@ _TICK_S = 0.5  # how often the elapsed time of a running choice is refreshed
 _POLL_S = 0.05  # wait() joins in slices so that a kernel interrupt is seen at once
 
 
+def _mb_text(x: float) -> str:
+    return "" if x != x else f"{x:,.0f}"
+
+
+def _ms_text(x: float) -> str:
+    return "" if x != x else f"{x:,.1f}"
+
+
+def _rate_text(x: float) -> str:
+    return "" if x != x else f"{x:.3g}"
+
+
 def progress_text(counts: dict[str, Any], elapsed: float) -> str:
     """``"decided 5 of 24 setups (2 balanced, 3 pruned) · 12.3 s"``: a running choice's progress."""
     if not counts:
@@ -227,8 +239,10 @@ class ChoosePanel:
             self._set_status(summary, bold=f"stopped by {self._why or 'the stop event'}:")
         else:
             self._set_status(summary)
-        self.table.value = choice_table(choice).to_html(index=False, border=0, na_rep="",
-                                                        float_format=lambda x: f"{x:,.1f}")
+        table = choice_table(choice)
+        formats = {c: (_mb_text if c.endswith(("_mb", "_mb_max")) else _ms_text if c.endswith("_ms") else _rate_text)
+                   for c in table.columns if pd.api.types.is_float_dtype(table[c])}
+        self.table.value = table.to_html(index=False, border=0, na_rep="", formatters=formats)
         timed = choice.frame["status"].isin(["balanced", "pruned", "unsolved"])
         if timed.any() and (choice.frame["step_time_ms"].notna() | choice.frame["bound_ms"].notna())[timed].any():
             from sapptk import viz

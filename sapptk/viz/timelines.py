@@ -64,10 +64,10 @@ def _title(sim: Simulation, label: str | None = None, ratio: str = "") -> str:
     if pr.splits > 1:
         parts.append(f"k={pr.splits}")
     setup = " ".join(parts)
-    bubble = f"bubble {sim.bubble.of_compute:.1%} of compute ({sim.bubble.of_step:.1%} of step)"
+    bubble = f"bubble {sim.bubble.of_compute:.1%} of compute"
     if label is None:
-        return f"{setup} | step time {look.fmt_ms(sim.step_time)} | {bubble}"
-    return f"{label}: step time {look.fmt_ms(sim.step_time)}{ratio} | {bubble} | {setup}"
+        return f"{setup} | step time {look.fmt_ms(sim.step_time)} | {bubble} ({sim.bubble.of_step:.1%} of step)"
+    return f"{label}: step time {look.fmt_ms(sim.step_time)}{ratio} | {bubble} | {setup}"  # fits ~800 px
 
 
 def _rank_in_unit(unit: np.ndarray) -> np.ndarray:
@@ -342,13 +342,6 @@ def _memory_figure(
                       ("memory", "@memory_mb{0,0.0} MB")],
         )
     )
-    kv_mb = sim.memory.get("kv_mb")
-    if kv_mb is not None and float(kv_mb.to_numpy().max(initial=0.0)) > 0:  # K/V of sequence slices, dashed
-        kv = ColumnDataSource(memory_segments(sim.memory.assign(memory_mb=kv_mb), float(sim.step_time)))
-        kv_lines = fig.add_glyph(kv, Segment(**line, line_width=1.2, line_dash="dashed"), name="kv")
-        fig.add_tools(HoverTool(renderers=[kv_lines],
-                                tooltips=[("device", "@device"), ("K/V", "@memory_mb{0,0.0} MB")]))
-        fig.yaxis.axis_label = "memory in use, K/V dashed (MB)"
     top = float(sim.memory["memory_mb"].max()) if len(sim.memory) else 1.0
     if budget is not None:
         fig.add_layout(Span(location=budget, dimension="width", line_color="black", line_dash="dashed",
@@ -363,16 +356,50 @@ def _memory_figure(
     return fig, lines
 
 
+def _kv_figure(
+    sim: Simulation, x_range: Range1d, width: int, y_end: float, backend: str, colors: LinearColorMapper,
+    title: str,
+) -> tuple[figure, GlyphRenderer]:
+    """A pane of the K/V each device holds (``Simulation.memory["kv_mb"]``, long context) on
+    its own scale: a few hundred MB would be flat under a memory axis of tens of GB."""
+    fig = figure(title=title, width=width, frame_height=110, x_range=x_range, tools="", output_backend=backend,
+                 x_axis_label="time (ms)", y_axis_label="K/V held (MB)")
+    src = ColumnDataSource(memory_segments(sim.memory.assign(memory_mb=sim.memory["kv_mb"]), float(sim.step_time)))
+    look.time_tools(fig)
+    line = {"x0": "start_ms", "x1": "end_ms", "y0": "from_mb", "y1": "memory_mb", "line_alpha": "alpha",
+            "line_color": {"field": "device", "transform": colors}}
+    lines = fig.add_glyph(src, Segment(**line, line_width=1.4), hover_glyph=Segment(**line, line_width=3), name="kv")
+    fig.add_tools(HoverTool(renderers=[lines], tooltips=[("device", "@device"), ("K/V", "@memory_mb{0,0.0} MB")]))
+    fig.y_range = Range1d(0, y_end, bounds="auto")
+    fig.yaxis.formatter = look.thousands()
+    fig.toolbar.logo = None
+    look.time_axis(fig)
+    return fig, lines
+
+
+def _has_kv(sim: Simulation) -> bool:
+    kv = sim.memory.get("kv_mb")
+    return kv is not None and float(kv.to_numpy().max(initial=0.0)) > 0
+
+
 def _memory_panes(
-    sims: Sequence[Simulation], titles: Sequence[str | None], lines: Sequence[float | None], x_range: Range1d,
+    sims: Sequence[Simulation], labels: Sequence[str | None], lines: Sequence[float | None], x_range: Range1d,
     width: int, y_end: float | None, backend: str,
 ) -> list[figure]:
-    """One memory pane per simulation, one device colour each, and a device legend on the
-    first pane whose clicks dim that device in every pane."""
+    """One memory pane per simulation (titled "<label>: memory in use" when labelled), one
+    device colour each, followed by a K/V pane for a simulation with sequence slices (all K/V
+    panes on one scale); a device legend on the first pane whose clicks dim that device in
+    every pane."""
     p = max(int(s.program.stages) for s in sims)
     colors = look.indexed(look.device_colors(max(p, 1)))
-    panes = [_memory_figure(s, x_range, width, b, y_end, backend, colors, t)
-             for s, t, b in zip(sims, titles, lines, strict=True)]
+    kv_top = max((float(s.memory["kv_mb"].max()) for s in sims if _has_kv(s)), default=0.0)
+    panes: list[tuple[figure, GlyphRenderer]] = []
+    for sim, label, budget in zip(sims, labels, lines, strict=True):
+        title = None if label is None else f"{label}: memory in use"
+        panes.append(_memory_figure(sim, x_range, width, budget, y_end, backend, colors, title))
+        if _has_kv(sim):
+            kv_title = "K/V of the sequence slices held" if label is None else f"{label}: K/V held"
+            panes.append(_kv_figure(sim, x_range, width, kv_top * 1.08, backend, colors, kv_title))
     fig, renderer = panes[0]
     devices = np.asarray(renderer.data_source.data["device"])[: len(sims[0].memory)]
     firsts = np.flatnonzero(np.r_[True, devices[1:] != devices[:-1]]) if len(devices) else []
@@ -436,7 +463,8 @@ def timeline(
     start to its end, coloured by kind (forward, backward, input-gradient,
     weight-gradient; overlapped ops share a row in strips), lighter for later chunks,
     with the micro-batch written on boxes wide enough. Below, sharing the time axis,
-    memory in use per device as steps and the memory budget as a dashed line:
+    memory in use per device as steps and the memory budget as a dashed line (with sequence
+    slices, the K/V each device holds in a pane of its own below):
     ``budget="auto"`` takes the plan's or the simulation's own budget, a number (MB)
     draws that one, None none. ``backend``: Bokeh's output backend, "webgl" (default),
     "canvas" or "svg". ``width``: None (default) stretches to the output width (the paper
@@ -466,8 +494,8 @@ def compare(
 
     ``labels`` name them (default "1", "2", ...). With ``memory=True`` each timeline has
     its memory pane, all on one memory scale, each with its budget line (``budget`` as in
-    :func:`timeline`: "auto" gives each subject its own). A dotted line marks the end of
-    each step. ``backend`` and ``width`` as in :func:`timeline`.
+    :func:`timeline`: "auto" gives each subject its own; K/V panes for sequence slices,
+    on one K/V scale). A dotted line marks the end of each step. ``backend`` and ``width`` as in :func:`timeline`.
     """
     look.check_backend(backend)
     px = _width(width, "compare")
@@ -489,6 +517,6 @@ def compare(
         headers.append(_title(sim, label, ratio))
     children = [_gantt(sims, headers, x_range, None, px, x_axis=True, backend=backend)]
     if memory:
-        children += _memory_panes(sims, [f"{label}: memory in use" for label in labels], lines, x_range, px,
+        children += _memory_panes(sims, labels, lines, x_range, px,
                                   y_end, backend)
     return look.finish(_stack(children, "compare"), width=width)
