@@ -190,7 +190,7 @@ const ticks = []
 for (const v of views) {
   if (!v.model.type.endsWith('Axis') || !v.model.visible || !v.parent || !v.parent.frame) continue
   const plot = v.parent.model, frame = v.parent.frame.bbox
-  if (frame.width === 0) continue
+  if (!plot || !Array.isArray(plot.left) || frame.width === 0) continue  // a colour bar's own axis
   const title = plot.title && plot.title.text ? plot.title.text : ''
   if (v.model.type === 'CategoricalAxis') {
     const vertical = plot.left.includes(v.model) || plot.right.includes(v.model)
