@@ -1,12 +1,16 @@
 """``sapptk.choose`` against a brute-force sweep of the same grid, its throughput, and a model card.
 
-Run: python benchmarks/choose.py [--part winner throughput card] [--time-limit 10]
+Run: python benchmarks/choose.py [--part winner choose throughput card runaway] [--time-limit 10]
+
+``--time-limit`` is each balance's (``choose(setup_time_limit=)``, the sweep's per point).
 
 * ``winner``: llama2_70b, 64 devices, global batch 512, micro-batch 1, 56000 MB, every
   schedule whose order is fixed, chunks 1-4 (stages: every divisor of 64, dp = 64 / p).
   ``choose`` runs, then the brute-force baseline: ``sapptk.sweep`` over every valid setup
   of the same grid at the same time limit per setup. Prints both times, their ratio, both
-  winners and whether ``choose`` proved its winner. ``sweep``: the brute-force half alone.
+  winners and whether ``choose`` proved its winner. ``sweep``: the brute-force half alone;
+  ``choose``: the ``choose`` half alone (with ``--whole S``: ``time_limit=S`` for the whole call,
+  printing by how much the call overran it).
 * ``throughput``: sixteen-stage setups of llama2_70b decided (balanced or pruned) per
   minute: ``choose`` on 16 devices (dp = 1) for global batches 32-128 and budgets
   48000-72000 MB, every fixed schedule, chunks 1-4 (``--executor``, ``--retry``,
@@ -14,6 +18,10 @@ Run: python benchmarks/choose.py [--part winner throughput card] [--time-limit 1
 * ``card``: DeepSeek-V3 from its model card on 256 H800s (tp, ep, stages, dp, chunks,
   schedules), then Megatron-LM's published DeepSeek-V3 layouts simulated on the bundled
   deepseek_v3 profile against the balanced plan at the same shape and budget.
+* ``runaway``: the seconds ``choose`` takes to refuse each runaway input (devices=10**12,
+  2**31 devices with global batch 2**31, max_chunks=10**9, batch=10**9, time_limit=10**400,
+  a grid of more than ``sapptk.checks.MAX_SETUPS`` setups), and how long a set ``stop``
+  event takes to end a running choice.
 
 Timings are wall-clock on whatever machine runs it; on the shared 2-core machines they are
 taken under load (say so where you record them).
@@ -62,13 +70,53 @@ def sweep_only(time_limit: float) -> None:
           f"v{best['chunks']} {best['step_time_ms']:,.1f} ms")
 
 
-def winner(time_limit: float) -> None:
+def choose_only(time_limit: float, whole: float | None = None) -> tuple[Any, float]:
     profile = sapptk.bundled_profile("llama2_70b")
     t0 = time.perf_counter()
-    choice = sapptk.choose(profile, time_limit=time_limit, **WINNER_GRID)
+    choice = sapptk.choose(profile, setup_time_limit=time_limit, time_limit=whole, **WINNER_GRID)
     t_choose = time.perf_counter() - t0
     print(choice.summary())
     print(choice.top(8).to_string(index=False))
+    print(f"choose: {t_choose:.1f} s, proven {choice.proven}, status {choice.status}; seconds by step: "
+          + ", ".join(f"{k} {v:.1f}" for k, v in choice.timings.items()))
+    if whole is not None:
+        print(f"whole-call time_limit {whole:g} s: returned after {t_choose:.2f} s (overrun {t_choose - whole:+.2f} s)")
+    return choice, t_choose
+
+
+def runaway() -> None:
+    import threading
+
+    profile = sapptk.bundled_profile("llama2_70b")
+    grid = dict(devices=64, global_batch=512, memory_budget=56000.0)
+    cases = {"devices=10**12": dict(grid, devices=10**12),
+             "devices=global_batch=2**31": dict(grid, devices=2**31, global_batch=2**31),
+             "max_chunks=10**9": dict(grid, max_chunks=10**9), "batch=10**9": dict(grid, batch=10**9),
+             "time_limit=10**400": dict(grid, time_limit=10**400),
+             "max_chunks=1.5": dict(grid, max_chunks=1.5),
+             "720720 devices, chunks to 64 (93,360 setups)": dict(grid, devices=720720, global_batch=720720,
+                                                                   max_chunks=64)}
+    for what, kw in cases.items():
+        t0 = time.perf_counter()
+        try:
+            sapptk.choose(profile, **kw)
+            said = "answered"
+        except ConfigError as exc:
+            said = f"ConfigError: {str(exc)[:110]}"
+        print(f"{what}: {1000 * (time.perf_counter() - t0):.1f} ms; {said}")
+    for after in (2.0, 8.0, 20.0):
+        stop = threading.Event()
+        timer = threading.Timer(after, stop.set)
+        timer.start()
+        t0 = time.perf_counter()
+        choice = sapptk.choose(profile, stop=stop, setup_time_limit=10, **grid)
+        wall = time.perf_counter() - t0
+        print(f"stop set after {after:g} s: returned after {wall:.2f} s (latency {wall - after:.2f} s), "
+              f"status {choice.status}, {choice.counts}")
+
+
+def winner(time_limit: float) -> None:
+    choice, t_choose = choose_only(time_limit)
     best, t_sweep, n_valid = brute_force(time_limit)
     w = choice.frame.iloc[0]
     same = (best["schedule"], best["stages"], best["chunks"]) == (w["schedule"], w["stages"], w["chunks"]) or abs(
@@ -91,7 +139,7 @@ def throughput(time_limit: float, minutes: float, **levers: Any) -> None:
             if time.perf_counter() - t0 > minutes * 60:
                 break
             choice = sapptk.choose(profile, devices=16, global_batch=batch, memory_budget=budget, stages=[16],
-                                   time_limit=time_limit, **levers)
+                                   setup_time_limit=time_limit, **levers)
             for step, sec in choice.timings.items():
                 steps[step] = steps.get(step, 0.0) + sec
             c = choice.counts
@@ -115,7 +163,7 @@ def card(time_limit: float) -> None:
     choice = sapptk.choose(model_card("deepseek-v3"), hardware="h800", devices=256, global_batch=1024,
                            memory_budget=None, tp=[1, 2], ep=[8, 32, 64], stages=[8, 16],
                            schedules=["1f1b", "interleaved", "zb-h1", "dualpipe-v"], chunks=[1, 2],
-                           time_limit=time_limit, seq_length=4096)
+                           setup_time_limit=time_limit, seq_length=4096)
     print(f"DeepSeek-V3 card on 256 H800: {time.perf_counter() - t0:.1f} s")
     print(choice.summary())
     print(choice.top(8).to_string(index=False))
@@ -134,7 +182,7 @@ def hand_vs_plan(time_limit: float) -> pd.DataFrame:
         peak = float(hand.simulation.peak_memory.max())
         plan = sapptk.balance(profile, base.replace(memory_budget=peak), time_limit=time_limit)
         choice = sapptk.choose(profile, devices=16, global_batch=32, memory_budget=peak, stages=[8, 16],
-                               time_limit=time_limit)
+                               setup_time_limit=time_limit)
         best = choice.best
         rows += [
             {"layout": layout, "plan": what, "step_ms": hand.step_time, "peak_mb": peak},
@@ -153,8 +201,9 @@ def hand_vs_plan(time_limit: float) -> pd.DataFrame:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", nargs="+", default=["winner", "throughput", "card"],
-                        choices=["winner", "sweep", "throughput", "card", "hand"])
-    parser.add_argument("--time-limit", type=float, default=10.0)
+                        choices=["winner", "choose", "sweep", "throughput", "card", "hand", "runaway"])
+    parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per balanced setup")
+    parser.add_argument("--whole", type=float, default=None, help="choose: time_limit of the whole call")
     parser.add_argument("--minutes", type=float, default=10.0, help="cap of the throughput part")
     parser.add_argument("--executor", default="serial", help="throughput: serial or processes")
     parser.add_argument("--retry", type=float, default=2.0, help="throughput: choose's retry")
@@ -167,6 +216,10 @@ def main() -> None:
         print(f"== {part} (time limit {args.time_limit:g} s per balanced setup)")
         if part == "winner":
             winner(args.time_limit)
+        elif part == "choose":
+            choose_only(args.time_limit, args.whole)
+        elif part == "runaway":
+            runaway()
         elif part == "sweep":
             sweep_only(args.time_limit)
         elif part == "throughput":

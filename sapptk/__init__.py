@@ -55,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "sweep": "sapptk.sweeps",
     "choose": "sapptk.choosing",
     "Choice": "sapptk.choosing",
+    "ChooseRequest": "sapptk.choosing",
     "estimate_profile": "sapptk.models.estimate",
     "SliceChoice": "sapptk.solver.slices",
     "choose_slices": "sapptk.solver.slices",
@@ -67,6 +68,7 @@ __all__ = [
     "Calibration",
     "CalibrationError",
     "Choice",
+    "ChooseRequest",
     "ConfigError",
     "DeadlockError",
     "Export",
@@ -113,7 +115,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from sapptk.balancer import balance, solve
     from sapptk.calibration.fitting import Calibration, calibrate
     from sapptk.calibration.validation import validate
-    from sapptk.choosing import Choice, choose
+    from sapptk.choosing import Choice, ChooseRequest, choose
     from sapptk.config import PipelineConfig
     from sapptk.errors import (
         CalibrationError,

@@ -35,6 +35,14 @@ __all__ = [
     "MAX_SOLVER_INTEGER",
     "MAX_ATTEMPTS",
     "MAX_BANDWIDTH",
+    "MAX_CHOOSE_BATCH",
+    "MAX_CHOOSE_CHUNKS",
+    "MAX_DEVICES",
+    "MAX_GLOBAL_BATCH",
+    "MAX_GRADIENT_SHARE",
+    "MAX_RETRY",
+    "MAX_SECONDS",
+    "MAX_SETUPS",
     "MAX_BUDGET_MB",
     "MAX_CALIBRATION_BYTES",
     "MAX_COEF",
@@ -99,6 +107,34 @@ MAX_ATTEMPTS = 3
 
 MAX_POINTS = 1_000_000
 """Most points one sweep may have (its rows, keys and tasks live in memory)."""
+
+MAX_SECONDS = 1e9
+"""Any time limit, seconds (about 31 years): a finite bound checked before conversion, so
+``time_limit=10**400`` is a :class:`~sapptk.errors.ConfigError`, not an ``OverflowError``."""
+
+# ------------------------------------------------------------------ choose
+MAX_DEVICES = 2**20
+"""Devices of one choice (``choose(devices=)``): their divisors are found by factorising."""
+
+MAX_GLOBAL_BATCH = 2**31
+"""Samples of one step (``choose(global_batch=)``, and ``micro_batch_size``)."""
+
+MAX_SETUPS = 20_000
+"""Setups one choice may range over, estimated before any is enumerated (each is a row, a bound
+and perhaps a balance): a larger grid is refused with the estimate, before anything is built."""
+
+MAX_CHOOSE_CHUNKS = 64
+"""``choose(max_chunks=)``: chunks per device a choice tries by default (a schedule that takes any
+chunk count is tried at 1 … ``max_chunks``)."""
+
+MAX_CHOOSE_BATCH = 1024
+"""``choose(batch=)``: setups balanced per round."""
+
+MAX_RETRY = 1000.0
+"""``choose(retry=)``: the second balance's time limit as a multiple of the first's."""
+
+MAX_GRADIENT_SHARE = 100.0
+"""``choose(gradient_share=)``: gradient MB per parameter MB of a bare profile."""
 
 # ------------------------------------------------------------------ the Explorer's sliders
 MAX_EXPLORER_STAGES = 64
@@ -250,11 +286,13 @@ def number(value: Any, where: str, *, error: type[SapptkError], low: float | Non
            high: float | None = None, above: float | None = None) -> float:
     """``value`` as a finite ``float`` within [low, high] (or > ``above``). Bools and text are
     refused; an integer's magnitude is checked before it is converted."""
-    lower = f" > {above:g}" if above is not None else ""
+    lower = f" > {above:g}" + (" and" if high is not None and low is None else "") if above is not None else ""
     expected = _range("a finite number" + lower, low, high)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         fail(error, where, value, expected)
-    if isinstance(value, numbers.Integral) and high is not None and abs(int(value)) > max(abs(high), abs(low or 0)):
+    if isinstance(value, numbers.Integral) and (
+            int(value).bit_length() > 1000  # float() of it would overflow: refused before conversion
+            or (high is not None and abs(int(value)) > max(abs(high), abs(low or 0)))):
         fail(error, where, value, expected)
     result = float(value)
     if (not math.isfinite(result) or (low is not None and result < low) or (high is not None and result > high)
@@ -282,8 +320,8 @@ def seed(value: Any, where: str = "seed", *, error: type[SapptkError] = ConfigEr
 
 
 def time_limit(value: Any, where: str = "time_limit", *, error: type[SapptkError] = ConfigError) -> float:
-    """Wall-clock seconds: a finite number > 0."""
-    return number(value, where, error=error, above=0.0)
+    """Wall-clock seconds: a finite number > 0, at most :data:`MAX_SECONDS`."""
+    return number(value, where, error=error, above=0.0, high=MAX_SECONDS)
 
 
 def solver_arguments(*, time_limit: Any = 1.0, workers: Any = 1, seed: Any = 0, deterministic: Any = False,

@@ -597,7 +597,7 @@ def _choose(args: argparse.Namespace) -> int:
     choice = choose(profile, devices=args.devices, global_batch=args.global_batch,
                     micro_batch_size=args.micro_batch_size, memory_budget=args.memory, schedules=args.schedule,
                     stages=args.stages, chunks=args.chunks, recompute=args.recompute, dp_bandwidth=args.dp_bandwidth,
-                    sequence_length=args.sequence_length, time_limit=args.time_limit, executor=args.executor,
+                    sequence_length=args.sequence_length, setup_time_limit=args.time_limit, executor=args.executor,
                     cache=args.cache, progress=not args.no_progress, deterministic=args.deterministic,
                     prove=not args.no_prove, tighten=not args.no_tighten)
     table = choice.top(max(1, args.top)).round({"step_time_ms": 1, "bound_ms": 1, "peak_mb_max": 0,

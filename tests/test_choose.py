@@ -12,9 +12,10 @@ import pytest
 from support import EXHAUSTIVE, all_assignments, exhaustive_cases, fast_step, peaks_mb, small_profile, two_mode_profile
 
 import sapptk
-from sapptk.choosing.bounds import SetupBound, integer_bound, pipeline_bound
-from sapptk.choosing.engine import STEPS
+from sapptk.choosing.bounds import SetupBound, pipeline_bound
+from sapptk.choosing.integer_bound import integer_bound
 from sapptk.choosing.layout_bound import chain_minmax, fill_drain, layout_bound
+from sapptk.choosing.run import STEPS
 from sapptk.choosing.setups import dp_sync_ms, enumerate_setups
 from sapptk.config import PipelineConfig
 from sapptk.costs import TIME_UNIT_MS
@@ -212,8 +213,8 @@ def test_profile_refuses_model_card_dimensions() -> None:
 def small_choice() -> tuple[Profile, sapptk.Choice]:
     profile = small_profile(np.random.default_rng(19), groups=2, layers=(4, 6))
     choice = sapptk.choose(profile, devices=4, global_batch=16, memory_budget=60.0,
-                           schedules=["1f1b", "interleaved", "zb-h1"], max_chunks=2, time_limit=5, dp_bandwidth=2.0,
-                           deterministic=True, sequence_length=8)
+                           schedules=["1f1b", "interleaved", "zb-h1"], max_chunks=2, setup_time_limit=5,
+                           dp_bandwidth=2.0, deterministic=True, sequence_length=8)
     return profile, choice
 
 
@@ -273,7 +274,7 @@ def test_choice_frame_conventions(small_choice: tuple[Profile, sapptk.Choice]) -
 def test_prove_false_spends_nothing_on_proofs(monkeypatch) -> None:
     """Balances that stop with a 5 % gap: prove=True spends longer bounds and second balances on
     them, prove=False none, and both decide every setup the same way."""
-    from sapptk.choosing import engine
+    from sapptk.choosing import balancing
     from sapptk.sweeps.solving import solve_point
 
     limits: list[float] = []
@@ -285,10 +286,10 @@ def test_prove_false_spends_nothing_on_proofs(monkeypatch) -> None:
             return res
         return dataclasses.replace(res, status="feasible", bound_ms=0.95 * res.step_time_ms, gap=0.05)
 
-    monkeypatch.setattr(engine, "solve_point", gapped)
+    monkeypatch.setattr(balancing, "solve_point", gapped)
     profile = small_profile(np.random.default_rng(19), groups=2, layers=(4, 6))
     kw = dict(devices=4, global_batch=16, memory_budget=60.0, schedules=["1f1b", "interleaved", "zb-h1"],
-              max_chunks=2, time_limit=2, dp_bandwidth=2.0, deterministic=True)
+              max_chunks=2, setup_time_limit=2, dp_bandwidth=2.0, deterministic=True)
     proving = sapptk.choose(profile, **kw)
     assert proving.timings["prove"] + proving.timings["retry"] > 0  # longer bounds or second balances
     limits.clear()
@@ -304,16 +305,17 @@ def test_prove_false_spends_nothing_on_proofs(monkeypatch) -> None:
 def test_tighten_false_balances_what_the_first_bound_leaves(monkeypatch, small_choice) -> None:
     """tighten=False (with prove=False) never calls the tightenings, names the same winner, and
     gives the same frame in processes."""
-    from sapptk.choosing import engine
+
+    from sapptk.choosing import run
 
     def refuse(*args, **kwargs):
         raise AssertionError("a tightening ran")
 
-    monkeypatch.setattr(engine, "layout_bound", refuse)
-    monkeypatch.setattr(engine, "integer_bound", refuse)
+    monkeypatch.setattr(run, "layout_bound", refuse)
+    monkeypatch.setattr(run, "integer_bound", refuse)
     profile, choice = small_choice
     kw = dict(devices=4, global_batch=16, memory_budget=60.0, schedules=["1f1b", "interleaved", "zb-h1"],
-              max_chunks=2, time_limit=5, dp_bandwidth=2.0, deterministic=True, sequence_length=8, prove=False,
+              max_chunks=2, setup_time_limit=5, dp_bandwidth=2.0, deterministic=True, sequence_length=8, prove=False,
               tighten=False)
     fast = sapptk.choose(profile, **kw)
     parallel = sapptk.choose(profile, executor="processes", **kw)  # the throughput levers on two cores
@@ -332,10 +334,10 @@ def test_a_round_balances_batch_setups_and_twins_ride_along(monkeypatch) -> None
     """A setup whose twin (same program and profile) is already balanced takes that result and no
     slot of its round: every round but the last balances ``batch`` setups, each program once (with
     ``tighten=False`` the first round is full too)."""
-    from sapptk.choosing import engine
+    from sapptk.choosing import balancing
 
     rounds: list[list[tuple[str, int, int]]] = []
-    opened = engine.open_executor
+    opened = balancing.open_executor
 
     def counting(executor, todo, solve, workers, stack):  # noqa: ANN001, ANN202
         runner, slots = opened(executor, todo, solve, workers, stack)
@@ -347,11 +349,11 @@ def test_a_round_balances_batch_setups_and_twins_ride_along(monkeypatch) -> None
 
         return run, slots
 
-    monkeypatch.setattr(engine, "open_executor", counting)
+    monkeypatch.setattr(balancing, "open_executor", counting)
     profile = small_profile(np.random.default_rng(19), groups=2, layers=(4, 6))
     choice = sapptk.choose(profile, devices=4, global_batch=16, memory_budget=60.0,
                            schedules=["1f1b", "interleaved", "interleaved-rf", "interleaved-megatron", "zb-h1"],
-                           max_chunks=2, time_limit=2, deterministic=True, prove=False, tighten=False, batch=2)
+                           max_chunks=2, setup_time_limit=2, deterministic=True, prove=False, tighten=False, batch=2)
     frame = choice.frame
     balanced = frame[frame["status"] == "balanced"]
     assert len(balanced) > sum(len(r) for r in rounds)  # twins were balanced without a solve of their own
@@ -367,7 +369,7 @@ def test_a_round_balances_batch_setups_and_twins_ride_along(monkeypatch) -> None
 def test_processes_and_cache_give_the_same_frame(tmp_path, small_choice) -> None:
     profile, choice = small_choice
     kw = dict(devices=4, global_batch=16, memory_budget=60.0, schedules=["1f1b", "interleaved", "zb-h1"],
-              max_chunks=2, time_limit=5, dp_bandwidth=2.0, deterministic=True, sequence_length=8)
+              max_chunks=2, setup_time_limit=5, dp_bandwidth=2.0, deterministic=True, sequence_length=8)
     first = sapptk.choose(profile, executor="processes", cache=tmp_path, **kw)
     again = sapptk.choose(profile, cache=tmp_path, **kw)  # every balanced row from the cache
     cols = ["schedule", "stages", "chunks", "status", "step_time_ms"]
@@ -380,7 +382,7 @@ def test_model_card_varies_tp_with_its_own_profiles() -> None:
     from sapptk.models import card
 
     choice = sapptk.choose(card("llama2-7b"), hardware="h100", devices=8, global_batch=16, memory_budget=None,
-                           schedules=["1f1b"], tp=[1, 2], stages=[2, 4], time_limit=3, seq_length=2048,
+                           schedules=["1f1b"], tp=[1, 2], stages=[2, 4], setup_time_limit=3, seq_length=2048,
                            deterministic=True)
     frame = choice.frame
     assert {"tp", "cp", "ep", "zero"} <= set(frame.columns)
@@ -510,7 +512,7 @@ def test_choose_with_goals_matches_brute_force() -> None:
     profile = small_profile(np.random.default_rng(7), groups=2, layers=(4, 6))
     grid = dict(devices=4, global_batch=16, schedules=["1f1b", "interleaved", "zb-v"], memory_budget=60.0,
                 max_chunks=2)
-    choice = sapptk.choose(profile, time_limit=5, seed=1, **grid)
+    choice = sapptk.choose(profile, setup_time_limit=5, seed=1, **grid)
     brute = {}
     for s in enumerate_setups(**grid):
         try:
@@ -530,10 +532,10 @@ def test_choose_with_goals_matches_brute_force() -> None:
 def test_the_first_round_balances_one_setup_when_tightening(monkeypatch) -> None:
     """With tightening on, the first round (no step time known yet) balances one setup, so the
     second best bound can be pruned by the first's step time; later rounds are full."""
-    from sapptk.choosing import engine
+    from sapptk.choosing import balancing
 
     rounds: list[int] = []
-    opened = engine.open_executor
+    opened = balancing.open_executor
 
     def counting(executor, todo, solve, workers, stack):  # noqa: ANN001, ANN202
         runner, slots = opened(executor, todo, solve, workers, stack)
@@ -544,10 +546,10 @@ def test_the_first_round_balances_one_setup_when_tightening(monkeypatch) -> None
 
         return run, slots
 
-    monkeypatch.setattr(engine, "open_executor", counting)
+    monkeypatch.setattr(balancing, "open_executor", counting)
     profile = small_profile(np.random.default_rng(19), groups=2, layers=(4, 6))
     sapptk.choose(profile, devices=4, global_batch=16, memory_budget=60.0, schedules=["1f1b", "interleaved", "zb-h1"],
-                  max_chunks=2, time_limit=2, deterministic=True, prove=False, batch=2)
+                  max_chunks=2, setup_time_limit=2, deterministic=True, prove=False, batch=2)
     assert rounds and rounds[0] == 1
     assert all(n <= 2 for n in rounds)
 
@@ -558,9 +560,9 @@ def test_a_tightening_that_gains_nothing_is_not_repeated(monkeypatch) -> None:
     tightening (same setup, incumbent and goal) never runs twice: before, a setup whose layout
     bound stayed under its goal was tightened again and again (layouts, then branching) and never
     balanced."""
-    from sapptk.choosing import engine
+    from sapptk.choosing import run
 
-    real = engine.layout_bound
+    real = run.layout_bound
     seen: set[tuple] = set()
 
     def layouts(profile, config, start, ub_ms, **kw):  # noqa: ANN001, ANN003, ANN202
@@ -571,9 +573,9 @@ def test_a_tightening_that_gains_nothing_is_not_repeated(monkeypatch) -> None:
         seen.add(key)
         return real(profile, config, start, ub_ms, **kw)
 
-    monkeypatch.setattr(engine, "layout_bound", layouts)
+    monkeypatch.setattr(run, "layout_bound", layouts)
     profile = small_profile(np.random.default_rng(7), groups=2, layers=(4, 6))
     grid = dict(devices=4, global_batch=16, schedules=["1f1b", "interleaved", "zb-v"], memory_budget=60.0,
                 max_chunks=2)
-    choice = sapptk.choose(profile, time_limit=2, seed=1, bound_time=0.1, **grid)
+    choice = sapptk.choose(profile, setup_time_limit=2, seed=1, bound_time=0.1, **grid)
     assert choice.proven and seen

@@ -30,6 +30,13 @@ pruned ones by bound, then infeasible and invalid ones), with the sweep frame's 
     divided by the devices.
 ``peak_mb_max``, ``bubble_of_step``
     the simulated plan's fullest device and idle share.
+``memory_budget_mb``, ``safe_budget_mb``
+    the budget per device, and the safe budget below it every setup was planned for with
+    ``memory_margin`` or ``oom_risk`` (NaN without them).
+``step_time_ms_no_margin``
+    with a margin, the winner's setup balanced again at the full budget (its row only): the
+    margin's price is ``step_time_ms`` minus it (a lower estimate: other setups are not
+    balanced at the full budget).
 ``bound_seconds``, ``solve_seconds``
     wall time of the bound and of the balance.
 ``reason``
@@ -59,7 +66,8 @@ CHOICE_STATUSES: tuple[str, ...] = ("balanced", "pruned", "infeasible", "invalid
 CHOICE_COLUMNS: tuple[str, ...] = (
     "rank", "schedule", "stages", "chunks", "micro_batches", "dp", "status", "solver_status", "step_time_ms",
     "pipeline_ms", "dp_sync_ms", "bound_ms", "gap", "samples_per_s_per_device", "tokens_per_s_per_device",
-    "peak_mb_max", "bubble_of_step", "memory_budget_mb", "bound_seconds", "solve_seconds", "reason", "key",
+    "peak_mb_max", "bubble_of_step", "memory_budget_mb", "safe_budget_mb", "step_time_ms_no_margin", "bound_seconds",
+    "solve_seconds", "reason", "key",
 )
 """The columns of ``Choice.frame`` in order (model-card choices add their parallel columns
 after ``dp``)."""
@@ -81,8 +89,8 @@ def typed_choice(rows: list[dict[str, Any]], extra: tuple[str, ...] = ()) -> pd.
     for col in _INT + tuple(c for c in extra if c != "zero"):
         frame[col] = pd.to_numeric(frame[col]).astype("int64")
     for col in ("step_time_ms", "pipeline_ms", "dp_sync_ms", "bound_ms", "gap", "samples_per_s_per_device",
-                "tokens_per_s_per_device", "peak_mb_max", "bubble_of_step", "memory_budget_mb", "bound_seconds",
-                "solve_seconds"):
+                "tokens_per_s_per_device", "peak_mb_max", "bubble_of_step", "memory_budget_mb", "safe_budget_mb",
+                "step_time_ms_no_margin", "bound_seconds", "solve_seconds"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
     frame["status"] = pd.Categorical(frame["status"], categories=CHOICE_STATUSES)
     frame["schedule"] = pd.Categorical(frame["schedule"], categories=list(dict.fromkeys(frame["schedule"])))

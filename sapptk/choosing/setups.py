@@ -27,7 +27,7 @@ from sapptk.errors import ConfigError
 from sapptk.profile import Profile
 from sapptk.schedules import get, names
 
-__all__ = ["DEFAULT_GRADIENT_SHARE", "Setup", "default_schedules", "dp_sync_ms", "enumerate_setups",
+__all__ = ["DEFAULT_GRADIENT_SHARE", "Setup", "default_schedules", "divisors", "dp_sync_ms", "enumerate_setups",
            "program_digest", "Candidate"]
 
 DEFAULT_GRADIENT_SHARE = 4 / 18
@@ -52,6 +52,39 @@ def default_schedules() -> tuple[str, ...]:
     """Every registered schedule whose op order does not depend on costs (a bound needs the
     order up front) and which differs from 1F1B without sequence slices (not ``seq1f1b``)."""
     return tuple(n for n in names() if not get(n).cost_driven and not get(n).splits)
+
+
+def divisors(n: int) -> list[int]:
+    """Every divisor of ``n >= 1``, ascending, from its prime factors (trial division up to √n:
+    about a thousand steps for :data:`~sapptk.checks.MAX_DEVICES`, never a scan of every integer)."""
+    factors: dict[int, int] = {}
+    rest, d = int(n), 2
+    while d * d <= rest:
+        while rest % d == 0:
+            factors[d] = factors.get(d, 0) + 1
+            rest //= d
+        d += 1 if d == 2 else 2
+    if rest > 1:
+        factors[rest] = factors.get(rest, 0) + 1
+    out = [1]
+    for prime, k in factors.items():
+        out = [x * prime**e for x in out for e in range(k + 1)]
+    return sorted(out)
+
+
+def chunk_options(schedule: str, chunks: Sequence[int] | None, max_chunks: int) -> list[int]:
+    """The chunk counts a choice tries for ``schedule``: ``chunks`` (those the schedule accepts)
+    or every count it accepts up to ``max_chunks``."""
+    spec = get(schedule)
+    allowed = list(range(1, max_chunks + 1)) if spec.chunks is None else list(spec.chunks)
+    if chunks is None:
+        return allowed
+    return [v for v in chunks if spec.chunks is None or v in allowed]
+
+
+def is_card(source: Any) -> bool:
+    """Whether ``source`` is a model card (``sapptk.models``), not a profile."""
+    return type(source).__name__ == "ModelCard" and type(source).__module__.startswith("sapptk.models")
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -110,14 +143,18 @@ def enumerate_setups(
     comm: float = 0,
     recompute: Any = None,
     max_chunks: int = 4,
+    invalid: list[dict[str, Any]] | None = None,
 ) -> list[Setup]:
     """Every setup the arguments allow, in a fixed order (schedule, stages, chunks).
 
     ``stages`` (default: every divisor of ``devices``) must divide ``devices``; ``chunks``
     defaults to what each schedule accepts up to ``max_chunks``. A combination the schedule
-    does not accept (a chunk count it has no order for) is not a setup. Raises
+    does not accept (a chunk count it has no order for), or a stage count whose ``dp ·
+    micro_batch_size`` does not divide ``global_batch``, is not a setup. Raises
     :class:`ConfigError` when no stage count divides the devices, or when ``global_batch`` is
-    divisible by ``dp · micro_batch_size`` for none of them.
+    divisible by ``dp · micro_batch_size`` for none of them. With ``invalid`` (a list), a setup
+    whose config cannot be built (a program too large, ...) goes there as a row with its
+    ``reason`` instead of raising.
     """
     n_dev = _positive_int("devices", devices)
     batch = _positive_int("global_batch", global_batch)
@@ -128,14 +165,13 @@ def enumerate_setups(
     sched = check_schedules(schedules)
     stage_list = _int_list("stages", stages)
     chunk_list = _int_list("chunks", chunks)
-    divisors = [p for p in range(1, n_dev + 1) if n_dev % p == 0]
     if stage_list is None:
-        stage_list = divisors
+        stage_list = divisors(n_dev)
     else:
         good = [p for p in stage_list if n_dev % p == 0]
         if not good:
             raise ConfigError(f"devices = {n_dev}: none of stages = {stage_list} divides it (stages p must divide the "
-                              f"devices, dp = devices / p); divisors: {divisors}")
+                              f"devices, dp = devices / p); divisors: {divisors(n_dev)[:50]}")
         stage_list = good
     shapes = [(p, n_dev // p) for p in stage_list if batch % (n_dev // p * mbs) == 0]
     if not shapes:
@@ -149,18 +185,21 @@ def enumerate_setups(
         extra["recompute"] = recompute
     out = []
     for name in sched:
-        spec = get(name)
-        allowed = list(range(1, max_chunks + 1)) if spec.chunks is None else list(spec.chunks)
         for p, dp in shapes:
             m = batch // (dp * mbs)
-            for v in chunk_list if chunk_list is not None else allowed:
-                if v not in allowed and spec.chunks is not None:
+            for v in chunk_options(name, chunk_list, max_chunks):
+                try:
+                    config = PipelineConfig(stages=p, micro_batches=m, chunks=v, schedule=name,
+                                            memory_budget=None if memory_budget is None else float(memory_budget),
+                                            constant_memory=constant_memory, comm=comm, **extra)
+                except ConfigError as exc:
+                    if invalid is None:
+                        raise
+                    invalid.append({"schedule": name, "stages": p, "chunks": v, "micro_batches": m, "dp": dp,
+                                    "reason": str(exc)})
                     continue
-                config = PipelineConfig(stages=p, micro_batches=m, chunks=v, schedule=name,
-                                        memory_budget=None if memory_budget is None else float(memory_budget),
-                                        constant_memory=constant_memory, comm=comm, **extra)
                 out.append(Setup(config=config, dp=dp))
-    if not out:
+    if not out and not invalid:
         raise ConfigError(f"chunks = {chunk_list}: no schedule of {sched} accepts these chunk counts")
     return out
 
@@ -203,8 +242,8 @@ class Candidate:
     sync_floor_ms: float = 0.0
     row: dict[str, Any] = field(default_factory=dict)
     counts: Any = None
-    level: int = 0  # 0: work bound (device chains), 1: LP rows and layouts, 2: integer model, 3-5: after balancing
+    state: Any = None  # its SetupState (sapptk.choosing.state)
     balanced: bool = False  # balanced once (then it may be bounded longer and balanced again)
     retry: bool = False  # its next balance is the longer second one
     layouts: bool = False  # its layout bound could enumerate the layouts
-    twin: tuple[Any, ...] = ()  # setups with the same program, profile and limits share bounds and plans
+    twin: Any = None  # its Twin (sapptk.choosing.state): setups with the same program, profile and limits

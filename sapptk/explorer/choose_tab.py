@@ -211,7 +211,7 @@ class ChoosePanel:
             modes = tuple(m for m, box in ex.recompute.items() if box.value)
             choice = choose(ex.profile, devices=int(self.devices.value), global_batch=int(self.global_batch.value),
                             micro_batch_size=int(self.micro_batch_size.value), memory_budget=budget,
-                            recompute=modes or None, time_limit=float(self.time_limit.value), stop=stop,
+                            recompute=modes or None, setup_time_limit=float(self.time_limit.value), stop=stop,
                             on_progress=lambda counts: self._on_progress(run, counts))
             done.set()
             self._show(choice)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sapptk import checks
 from sapptk.costs import check_counts, layer_coefficients, simulate_counts, slice_costs
 from sapptk.errors import ConfigError
 from sapptk.seq import equal_lengths, is_sliced, time_attention
@@ -102,7 +103,18 @@ def choose_slices(
     does not depend on the machine's load). Raises :class:`ConfigError` for a setup that is not
     sliced or a bad ``quantum``.
     """
+    from sapptk.config import PipelineConfig
+    from sapptk.profile import Profile
+
     began = time.perf_counter()
+    if not isinstance(profile, Profile):
+        checks.fail(ConfigError, "profile", profile, "a sapptk Profile")
+    if not isinstance(config, PipelineConfig):
+        checks.fail(ConfigError, "config", config, "a sapptk PipelineConfig")
+    time_limit = checks.time_limit(time_limit)
+    if max_evaluations is not None:
+        max_evaluations = checks.integer(max_evaluations, "max_evaluations", error=ConfigError, low=1,
+                                         high=checks.MAX_POINTS)
     if not is_sliced(profile, config):
         raise ConfigError(f"choose_slices: splits = {config.splits} on profile {profile.name!r} (seq_length = "
                           f"{profile.seq_length}): expected k > 1 slices and a profile with seq_length")
