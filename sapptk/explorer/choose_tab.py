@@ -232,7 +232,8 @@ class ChoosePanel:
             self._on_progress(run, self._counts)
 
     def _show(self, choice: Any) -> None:
-        """Put a finished (or stopped) choice in the tab: summary, top rows, ranking."""
+        """Put a finished (or stopped) choice in the tab: summary and top rows at once, then
+        the ranking figure."""
         self.choice = choice
         summary = choice.summary()
         if choice.status == "stopped":
@@ -243,6 +244,7 @@ class ChoosePanel:
         formats = {c: (_mb_text if c.endswith(("_mb", "_mb_max")) else _ms_text if c.endswith("_ms") else _rate_text)
                    for c in table.columns if pd.api.types.is_float_dtype(table[c])}
         self.table.value = table.to_html(index=False, border=0, na_rep="", formatters=formats)
+        self.use_button.disabled = choice.best is None
         timed = choice.frame["status"].isin(["balanced", "pruned", "unsolved"])
         if timed.any() and (choice.frame["step_time_ms"].notna() | choice.frame["bound_ms"].notna())[timed].any():
             from sapptk import viz
@@ -250,7 +252,6 @@ class ChoosePanel:
             self.figure.children = (bokeh_widget(viz.choice_ranking(choice, top=15)),)
         else:
             self.figure.children = ()
-        self.use_button.disabled = choice.best is None
 
     def use_winner(self) -> None:
         """Set the Explorer's controls to the winner's setup."""
