@@ -1,8 +1,9 @@
 """The naive baselines: layers spread evenly over the virtual stages, every layer in one recompute mode.
 
-One function, :func:`even_split`, returns the layer assignment (``counts``, no :class:`~sapptk.plan.Plan`):
-the solver starts from it and :func:`sapptk.even_split` wraps it in a plan. It sits below the
-solver and the plan, so neither has to reach up for it.
+One function, :func:`even_counts`, returns the layer assignment (``counts``, no
+:class:`~sapptk.plan.Plan`): the solver starts from it and :func:`sapptk.even_split` (the one
+public even split) wraps it in a plan. It sits below the solver and the plan, so neither has to
+reach up for it.
 
 The split: every (chunk, device) cell gets ⌊N/(p·v)⌋ body layers; the ``N mod (p·v)`` extra
 layers go one each to the devices nearest the middle of the pipeline (ties to the lower
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sapptk.costs import peak_memory
+from sapptk.costs import fits_budget, peak_memory
 from sapptk.errors import ConfigError
 from sapptk.formats.mindformers import cell_grid
 from sapptk.profile import MODES
@@ -32,12 +33,10 @@ if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
     from sapptk.profile import Profile
 
-__all__ = ["RECOMPUTE_CHOICES", "distinct_recomputes", "even_split", "resolve_recompute"]
+__all__ = ["RECOMPUTE_CHOICES", "distinct_recomputes", "even_counts", "resolve_recompute"]
 
 RECOMPUTE_CHOICES: tuple[str, ...] = (*MODES, "strongest", "auto")
-"""What :func:`even_split`'s ``recompute`` accepts."""
-
-_FIT_TOLERANCE_MB = 1e-6  # a plan's own tolerance (Plan.fits)
+"""What :func:`even_counts`'s (and :func:`sapptk.even_split`'s) ``recompute`` accepts."""
 
 
 def _cells(total: int, stages: int, chunks: int) -> np.ndarray:
@@ -78,12 +77,12 @@ def resolve_recompute(profile: Profile, config: PipelineConfig, recompute: str =
     if budget is None:
         return usable[0]
     for mode in usable:
-        if (peak_memory(profile, config, even_split(profile, config, mode)) <= budget + _FIT_TOLERANCE_MB).all():
+        if fits_budget(peak_memory(profile, config, even_counts(profile, config, mode)), budget):
             return mode
     return usable[-1]
 
 
-def even_split(profile: Profile, config: PipelineConfig, recompute: str = "none") -> np.ndarray:
+def even_counts(profile: Profile, config: PipelineConfig, recompute: str = "none") -> np.ndarray:
     """The even split's layer assignment, an int array (body groups, len(MODES), virtual stages).
 
     ``recompute``: one of :data:`RECOMPUTE_CHOICES` (see the module docstring). Not simulated;
@@ -115,7 +114,7 @@ def distinct_recomputes(profile: Profile, config: PipelineConfig) -> list[str]:
     out: list[str] = []
     seen: list[np.ndarray] = []
     for mode in [*_common_modes(profile), "strongest"]:
-        counts = even_split(profile, config, mode)
+        counts = even_counts(profile, config, mode)
         if not any(np.array_equal(counts, other) for other in seen):
             out.append(mode)
             seen.append(counts)

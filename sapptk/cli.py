@@ -4,9 +4,11 @@ Commands: ``balance`` (solve a plan, compare with the even splits, optionally wr
 plan file, the MindFormers YAML and the layout CSV), ``simulate`` (evaluate hand-made
 MindFormers configs, or a schedule CSV of your own), ``export`` (a saved plan for
 Megatron-LM, torchtitan, MindFormers or as PyTorch's schedule CSV), ``sweep`` (a grid of
-setups to one Parquet table, resumable), ``choose`` (the pipeline setup to run, ranked and
-pruned by proven bounds), ``schedules`` (list the schedules), ``estimate`` (a
-profile from a model card, a layout and a hardware card; ``balance --model`` solves on one).
+setups to one Parquet table, resumable), ``choose`` (the setup to run, ranked and
+pruned by proven bounds: from a profile, or from a model card and a GPU with ``--model``/``--gpu``;
+``--out`` writes the winner's plan files, the ranking CSV and one HTML page), ``schedules``
+(list the schedules), ``estimate`` (a profile from a model card, a layout and a hardware
+card; ``balance --model`` solves on one).
 
 Exit codes: 0 success, 1 no plan found (infeasible, or none within the time limit),
 2 bad input (the message goes to stderr, without a traceback). Output folders are checked
@@ -27,6 +29,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -255,17 +258,27 @@ def _balance(args: argparse.Namespace) -> int:
         print(f"\nno plan: status {plan.status}")
         return 1
     if args.out is not None:
-        layout = args.out / "layout.csv"
-        write_text(layout, plan.layout.to_csv(index=False), what="layout")
-        saved = args.out / "sapptk_plan.yaml"
-        plan.export("sapptk", saved)
-        try:
-            plan.export("mindformers", args.out / "plan.yaml")
-        except ConfigError as exc:  # a cell the MindFormers lists cannot express
-            print(f"\nwrote {saved} and {layout}; plan.yaml not written: {exc}")
-        else:
-            print(f"\nwrote {saved} (sapptk export reads it), {args.out / 'plan.yaml'} and {layout}")
+        written = _write_plan(plan, args.out)
+        print(f"\nwrote {', '.join(str(p) for p in written)} ({written[0]}: the plan; sapptk export reads it)")
     return 0
+
+
+def _write_plan(plan: Any, out: Path) -> list[Path]:
+    """The plan files of ``balance --out`` and ``choose --out``: the plan file (``sapptk_plan.yaml``,
+    first), the MindFormers lists (``plan.yaml``, unless the plan holds a cell they cannot express:
+    then a line says why) and the layout (``layout.csv``). The files written."""
+    saved = out / "sapptk_plan.yaml"
+    plan.export("sapptk", saved)
+    written = [saved]
+    try:
+        plan.export("mindformers", out / "plan.yaml")
+    except ConfigError as exc:  # a cell the MindFormers lists cannot express
+        print(f"plan.yaml not written (the MindFormers lists): {exc}")
+    else:
+        written.append(out / "plan.yaml")
+    layout = out / "layout.csv"
+    write_text(layout, plan.layout.to_csv(index=False), what="layout")
+    return [*written, layout]
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -323,7 +336,8 @@ def _estimate(args: argparse.Namespace) -> int:
     device = model_hardware(args)
     card = profile.provenance["card"]
     print(f"{profile.name}: {card['parameters']:,} parameters; {device.name} {device.peak_tflops:g} TFLOPS "
-          f"x {device.matmul_efficiency:g}, {device.memory_mb:g} MB, constant {device.constant_mb:g} MB (assumed)")
+          f"x {device.matmul_efficiency:g}, {device.memory_mb:g} MB, constant {profile.provenance['constant_mb']:,.0f} "
+          f"MB ({device.constant_mb:g} assumed + the largest transient; {profile.provenance['memory_figure']})")
     print(_table(profile_table(profile), left=("group", "kind")))
     if args.out is not None:
         if args.out.suffix.lower() == ".json":
@@ -550,33 +564,92 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------- choose
+def _positive_int(flag: str) -> Callable[[str], int]:
+    """An argparse type: an integer >= 1 (argparse's message names ``flag``)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+        return value
+
+    parse.__name__ = flag
+    return parse
+
+
+def _int_list(text: str) -> list[int]:
+    """``--tp 1,2,4,8``: positive integers."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers >= 1, comma-separated (e.g. 1,2,4,8)")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 def _add_choose(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "choose",
-        help="choose the pipeline setup (schedule, stages, chunks, micro-batches) with the shortest step",
-        description="Rank every pipeline setup of DEVICES devices for a global batch: proven bounds prune the "
-        "setups that cannot win, the rest are balanced best-bound-first. Prints the top setups, how many were "
-        "pruned and whether the winner is proven.",
+        help="choose the setup to run (schedule, stages, chunks, micro-batches; tp, cp, ep, zero from a card)",
+        description="Rank every setup of DEVICES devices for a global batch: proven bounds prune the setups that "
+        "cannot win, the rest are balanced best-bound-first. From a model card and a GPU (--model, --gpu) tensor, "
+        "context and expert parallelism and the optimizer sharding vary too; from a PROFILE only the pipeline. "
+        "Prints the top setups, how many were pruned and whether the winner is proven; --out writes the winner's "
+        "plan files, the ranking (choice.csv) and one page (choice.html).",
     )
-    parser.add_argument("profile", metavar="PROFILE", help="profile file, or a bundled name (llama2_70b, demo, ...)")
-    parser.add_argument("--devices", type=int, required=True, help="devices in all (pipeline stages x dp)")
-    parser.add_argument("--global-batch", type=int, required=True, help="samples per step over all dp copies")
-    parser.add_argument("--micro-batch-size", type=int, default=1, help="samples per micro-batch (1)")
-    parser.add_argument("--memory", type=_budget, required=True, metavar="MB", help="budget per device, MB ('none')")
+    parser.add_argument("profile", metavar="PROFILE", nargs="?", default=None,
+                        help="profile file, or a bundled name (llama2_70b, demo, ...); or give --model instead")
+    from sapptk.models import SHARDINGS, available
+
+    card = parser.add_argument_group("model card and GPU (docs/choose.md)")
+    card.add_argument("--model", default=None, metavar="CARD|config.json",
+                      help=f"a bundled card ({', '.join(available())}) or a Hugging Face config.json")
+    card.add_argument("--gpu", "--hardware", dest="gpu", default=None, metavar="NAME",
+                      help=f"hardware card, with --model ({', '.join(available('hardware'))})")
+    for flag, what in (("--tp", "tensor"), ("--cp", "context"), ("--ep", "expert")):
+        card.add_argument(flag, type=_int_list, default=None, metavar="N[,N...]",
+                          help=f"{what} parallel sizes to consider, with --model (default: choose's)")
+    card.add_argument("--zero", type=_names, default=None, metavar="NAME[,NAME...]",
+                      help=f"optimizer shardings to consider, with --model ({', '.join(SHARDINGS)}; "
+                      "default distributed)")
+    parser.add_argument("--devices", type=_positive_int("devices"), required=True,
+                        help="devices in all (tp x cp x stages x dp)")
+    parser.add_argument("--global-batch", type=_positive_int("global-batch"), required=True,
+                        help="samples per step over all dp copies")
+    parser.add_argument("--seq-length", "--sequence-length", dest="seq_length", type=_positive_int("seq-length"),
+                        default=None, metavar="S", help="tokens per sample (a card's profiles: 4096; tokens/s)")
+    parser.add_argument("--micro-batch-size", type=_positive_int("micro-batch-size"), default=1,
+                        help="samples per micro-batch (1)")
+    parser.add_argument("--memory", type=_budget, default=None, metavar="MB",
+                        help="budget per device, MB ('none'); with --model the GPU's memory by default")
     parser.add_argument("--schedule", nargs="+", default=None, help="schedules to consider (default: every fixed one)")
     parser.add_argument("--stages", "-p", type=int, nargs="+", default=None, help="stage counts (default: divisors)")
     parser.add_argument("--chunks", "-v", type=int, nargs="+", default=None, help="chunks per device (default 1-4)")
     parser.add_argument("--recompute", nargs="+", choices=MODES, default=None, metavar="MODE",
                         help=f"modes the solver may use (default all: {' '.join(MODES)})")
     parser.add_argument("--dp-bandwidth", type=_positive_bandwidth, default=None, metavar="MB_PER_MS",
-                        help="link per device for the DP gradient all-reduce, MB/ms (default: not counted)")
-    parser.add_argument("--sequence-length", type=int, default=None, help="tokens per sample, for tokens/s")
-    parser.add_argument("--time-limit", type=_positive_seconds, default=20.0, metavar="S",
+                        help="link per device for the DP gradient all-reduce, MB/ms (default: the GPU's inter-node "
+                        "link with --model, else not counted)")
+    parser.add_argument("--memory-margin", type=_finite_nonnegative, default=None, metavar="MB",
+                        help="keep this many MB free on every device of every plan (a value < 1 is a fraction of "
+                        "the budget)")
+    parser.add_argument("--time-limit", type=_positive_seconds, default=None, metavar="S",
+                        help="seconds for the whole choice (default: until every setup is decided); setups not "
+                        "decided by then are 'undecided' rows")
+    parser.add_argument("--setup-time-limit", type=_positive_seconds, default=20.0, metavar="S",
                         help="solver limit per balanced setup, s (20)")
     parser.add_argument("--executor", default="serial",
                         help="serial (default), processes, dask (a local cluster) or dask://HOST:PORT")
     parser.add_argument("--cache", type=Path, default=None, metavar="DIR", help="Parquet cache: a rerun resumes")
-    parser.add_argument("--top", type=int, default=10, help="rows of the ranking to print (10)")
+    parser.add_argument("--top", type=_positive_int("top"), default=10, help="rows of the ranking to print (10)")
     parser.add_argument("--no-prove", action="store_true",
                         help="no longer bounds or second balances on balanced setups that kept a gap (throughput)")
     parser.add_argument("--no-tighten", action="store_true",
@@ -584,32 +657,75 @@ def _add_choose(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--deterministic", action="store_true", help="deterministic bounds and solver runs")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
-                        help="write the winner's plan there (sapptk_plan.yaml) and the ranking (choice.csv)")
+                        help="write the winner's plan there (sapptk_plan.yaml, plan.yaml, layout.csv, as balance "
+                        "--out), the ranking (choice.csv) and the page (choice.html: ranking, Pareto front, the "
+                        "winner's timeline)")
     parser.set_defaults(func=_choose)
+
+
+def _choose_source(args: argparse.Namespace) -> tuple[Any, dict[str, Any], str]:
+    """What ``choose`` is asked about: the profile or model card, its keyword arguments, and a line
+    naming it. Bad combinations are refused here, before anything is estimated or solved."""
+    card_flags = [f"--{name}" for name in ("gpu", "tp", "cp", "ep", "zero") if getattr(args, name) is not None]
+    if args.model is None:
+        if args.profile is None:
+            raise ConfigError("choose: expected a PROFILE or --model CARD (a bundled card or a config.json) "
+                              "with --gpu NAME")
+        if card_flags:
+            raise ConfigError(f"choose: {', '.join(card_flags)} only with --model (a model card); "
+                              f"PROFILE {args.profile!r} fixes the layout")
+        if args.memory is None:
+            raise ConfigError("choose PROFILE: expected --memory MB (the budget per device, or 'none')")
+        profile = resolve_profile(args.profile)
+        return profile, {"sequence_length": args.seq_length}, f"profile {profile.name}"
+    if args.profile is not None:
+        raise ConfigError(f"choose: got both PROFILE {args.profile!r} and --model {args.model!r}: expected one")
+    from sapptk.models import available
+    from sapptk.models import hardware as hardware_card
+    from sapptk.models.options import model_card
+
+    if args.gpu is None:
+        raise ConfigError(f"choose --model: expected --gpu NAME, one of {', '.join(available('hardware'))}")
+    card = model_card(args.model)
+    gpu = hardware_card(args.gpu)
+    extra: dict[str, Any] = {"hardware": gpu}
+    for name in ("tp", "cp", "ep", "zero"):
+        values = getattr(args, name)
+        if values is not None:
+            extra[name] = values
+    if args.seq_length is not None:
+        extra["seq_length"] = args.seq_length
+    return card, extra, f"model card {card.name} on {gpu.name}"
 
 
 def _choose(args: argparse.Namespace) -> int:
     from sapptk.choosing import choose
 
-    profile = resolve_profile(args.profile)
+    source, extra, what = _choose_source(args)
     if args.out is not None:
         writable_dir(args.out, what="output folder (--out)")
-    choice = choose(profile, devices=args.devices, global_batch=args.global_batch,
+    choice = choose(source, devices=args.devices, global_batch=args.global_batch,
                     micro_batch_size=args.micro_batch_size, memory_budget=args.memory, schedules=args.schedule,
                     stages=args.stages, chunks=args.chunks, recompute=args.recompute, dp_bandwidth=args.dp_bandwidth,
-                    sequence_length=args.sequence_length, setup_time_limit=args.time_limit, executor=args.executor,
-                    cache=args.cache, progress=not args.no_progress, deterministic=args.deterministic,
-                    prove=not args.no_prove, tighten=not args.no_tighten)
-    table = choice.top(max(1, args.top)).round({"step_time_ms": 1, "bound_ms": 1, "peak_mb_max": 0,
-                                                "tokens_per_s_per_device": 1})
-    print(f"profile {profile.name} on {args.devices} devices, global batch {args.global_batch}:")
+                    memory_margin=args.memory_margin, time_limit=args.time_limit,
+                    setup_time_limit=args.setup_time_limit, executor=args.executor, cache=args.cache,
+                    progress=not args.no_progress, deterministic=args.deterministic, prove=not args.no_prove,
+                    tighten=not args.no_tighten, **extra)
+    table = choice.top(args.top).round({"step_time_ms": 1, "bound_ms": 1, "peak_mb_max": 0,
+                                        "tokens_per_s_per_device": 1})
+    print(f"{what}, {args.devices} devices, global batch {args.global_batch}:")
     print(table.to_string(index=False))
     print(choice.summary())
     if args.out is not None:
-        saved = args.out / "sapptk_plan.yaml"
-        choice.best.export("sapptk", saved)
-        write_text(args.out / "choice.csv", choice.frame.to_csv(index=False), what="ranking")
-        print(f"wrote {saved} (the winner's plan; sapptk export reads it) and {args.out / 'choice.csv'}")
+        written = _write_plan(choice.best, args.out)
+        ranking = args.out / "choice.csv"
+        write_text(ranking, choice.frame.to_csv(index=False), what="ranking")
+        from sapptk.viz.choice_page import save_choice_page
+
+        title = f"sapptk choose: {what}, {args.devices} devices, global batch {args.global_batch}"
+        page = save_choice_page(choice, args.out / "choice.html", title=title)
+        print(f"wrote the winner's plan ({', '.join(str(p) for p in written)}; sapptk export reads "
+              f"{written[0]}), the ranking {ranking} and the page {page}")
     return 0
 
 

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from sapptk.profile import LayerGroup, Profile
 
 __all__ = [
+    "FIT_TOLERANCE_MB",
     "MAX_UNITS",
     "AlternativeLayout",
     "MEMORY_UNIT_MB",
@@ -67,6 +68,7 @@ __all__ = [
     "check_alternative",
     "check_counts",
     "check_offload",
+    "fits_budget",
     "layer_coefficients",
     "memory_units",
     "micro_batch_costs",
@@ -76,7 +78,26 @@ __all__ = [
     "slice_costs",
     "stage_costs",
     "time_units",
+    "within_budget",
 ]
+
+FIT_TOLERANCE_MB = 1e-6
+"""A peak this many MB over the budget still fits (rounding in sums of MB). The one tolerance of
+"fits the budget": :func:`within_budget` and :func:`fits_budget` apply it, everywhere."""
+
+
+def within_budget(peaks: Any, budget: float | None) -> np.ndarray:
+    """Per peak (MB; a number or an array): whether it fits ``budget`` MB (None: no budget, all fit),
+    up to :data:`FIT_TOLERANCE_MB`. A bool array of the peaks' shape."""
+    arr = np.asarray(peaks, dtype=float)
+    if budget is None:
+        return np.ones(arr.shape, dtype=bool)
+    return arr <= float(budget) + FIT_TOLERANCE_MB
+
+
+def fits_budget(peaks: Any, budget: float | None) -> bool:
+    """Whether every peak (MB) fits ``budget`` MB (:func:`within_budget`); True without a budget."""
+    return bool(within_budget(peaks, budget).all())
 
 TIME_UNIT_MS = 1e-3
 """The integer time unit, in ms (1 µs)."""

@@ -4,7 +4,7 @@ A plan holds ``counts``, an int array ``(body groups, len(MODES), virtual stages
 many layers of each body group run in each recompute mode on each virtual stage (the head
 sits on virtual stage 0, the tail on the last one). Plans come from the balancer
 (:func:`sapptk.balancer.balance`, through :func:`make_plan`), from a naive baseline
-(:func:`even_split`, the plan of :func:`sapptk.baselines.even_split`) or from a file
+(:func:`even_split`, the plan of :func:`sapptk.baselines.even_counts`) or from a file
 (:func:`load_plan`: a sapptk plan file, MindFormers lists, Megatron-LM arguments, torchtitan
 settings). A plan's simulation is :attr:`Plan.simulation` (computed once) or
 :meth:`Plan.simulate` with other options, both :func:`sapptk.simulate` on the plan's own costs.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -25,15 +25,18 @@ import numpy as np
 import pandas as pd
 
 from sapptk import baselines
+from sapptk.assignment import SOLVED_STATUSES, Assignment
 from sapptk.costs import (
     AlternativeLayout,
     StageCosts,
     check_alternative,
     check_counts,
     check_offload,
+    fits_budget,
     micro_batch_costs,
     simulate_counts,
     stage_costs,
+    within_budget,
 )
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.formats import plan_file, registry
@@ -54,13 +57,14 @@ PLAN_STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown"
 """``optimal``/``feasible``: solver results; ``infeasible``/``unknown``: no assignment
 (proved impossible / none found in time); ``given``: fixed by the user or a baseline."""
 
-_SOLVED = ("optimal", "feasible", "given")
-_FIT_TOLERANCE_MB = 1e-6
+_SOLVED = SOLVED_STATUSES
 
 
 @dataclass(frozen=True, eq=False)
-class Plan:
-    """A layer assignment for one profile and pipeline setup.
+class Plan(Assignment):
+    """A layer assignment for one profile and pipeline setup: an
+    :class:`~sapptk.assignment.Assignment` (the fields the solver's phases hand on) with its
+    profile and solve time, and its frames, simulation and exports. Made by :func:`make_plan`.
 
     Attributes
     ----------
@@ -81,25 +85,10 @@ class Plan:
         micro-batch) cells that run it; None (the default): every micro-batch runs ``counts``.
     """
 
-    profile: Profile
-    config: PipelineConfig
-    counts: np.ndarray
-    status: str
-    step_time: float | None
-    bound: float | None
-    gap: float | None
-    solve_seconds: float
-    message: str
-    source: str
-    offload: np.ndarray | None = None
-    alternative: AlternativeLayout | None = None
+    profile: Profile = field(kw_only=True)
+    solve_seconds: float = 0.0
 
     # ------------------------------------------------------------------ basics
-    @property
-    def solved(self) -> bool:
-        """Whether the plan holds an assignment (status optimal, feasible or given)."""
-        return self.status in _SOLVED
-
     def _need_solution(self, what: str) -> None:
         if not self.solved:
             raise ConfigError(f"plan from {self.source!r} has status {self.status!r} and no layer assignment: "
@@ -167,10 +156,7 @@ class Plan:
         """Whether every device's simulated peak memory is within the budget (always, without a budget)."""
         if not self.solved:
             return False
-        budget = self.config.memory_budget
-        if budget is None:
-            return True
-        return bool((self.simulation.peak_memory.to_numpy() <= budget + _FIT_TOLERANCE_MB).all())
+        return fits_budget(self.simulation.peak_memory.to_numpy(), self.config.memory_budget)
 
     # ------------------------------------------------------------ robustness
     def sensitivity(
@@ -315,7 +301,7 @@ class Plan:
         peak = self.simulation.peak_memory.to_numpy(dtype=float)
         budget = self.config.memory_budget
         budget_mb = np.full(p, np.nan if budget is None else float(budget))
-        fits = np.ones(p, dtype=bool) if budget is None else peak <= float(budget) + _FIT_TOLERANCE_MB
+        fits = within_budget(peak, budget)
         return pd.DataFrame(
             {
                 "device": np.arange(p),
@@ -481,7 +467,7 @@ def make_plan(
 
 def even_split(profile: Profile, config: PipelineConfig, recompute: str = "none") -> Plan:
     """The naive baseline as a plan: layers spread evenly, every layer in one mode
-    (:func:`sapptk.baselines.even_split`, whose module docstring states the rule).
+    (:func:`sapptk.baselines.even_counts`, whose module docstring states the rule).
 
     ``recompute`` is a mode name, ``"strongest"`` for each group's
     :attr:`~sapptk.profile.LayerGroup.strongest_mode`, or ``"auto"``: the weakest mode allowed by
@@ -489,7 +475,7 @@ def even_split(profile: Profile, config: PipelineConfig, recompute: str = "none"
     simulated; status ``"given"``, source ``"even_split(<mode>)"`` (the mode ``"auto"`` picked).
     """
     mode = baselines.resolve_recompute(profile, config, recompute)
-    counts = baselines.even_split(profile, config, mode)
+    counts = baselines.even_counts(profile, config, mode)
     return make_plan(profile, config, counts, status="given", source=f"even_split({mode})")
 
 

@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.config",),
     ("sapptk.seq",),
     ("sapptk.costs",),
+    ("sapptk.assignment",),  # row 6¼: the record a solver phase hands on and a Plan extends
     ("sapptk.sensitivity",),
     ("sapptk.formats",),
     ("sapptk.baselines",),  # the even splits: below the solver and the plan

@@ -59,7 +59,7 @@ def test_budget_exactly_at_the_minimum():
     that peak the plan fits, a hundredth of a MB below nothing does (proven infeasible)."""
     profile = _four_layers()
     config = PipelineConfig(stages=4, micro_batches=4)
-    full = make_plan(profile, config, baselines.even_split(profile, config, "full"), status="given")
+    full = make_plan(profile, config, baselines.even_counts(profile, config, "full"), status="given")
     minimum = float(full.simulation.peak_memory.max())
     plan = balance(profile, config.replace(memory_budget=minimum), time_limit=LIMIT)
     assert plan.status == "optimal" and plan.fits

@@ -162,7 +162,7 @@ def test_the_per_micro_batch_search_asks_the_clock_first(llama):
     from sapptk.solver.micro_batches import improve_per_micro_batch
 
     config = PipelineConfig(4, 8, memory_budget=1e6)
-    counts = baselines.even_split(llama, config, "full")
+    counts = baselines.even_counts(llama, config, "full")
     found = improve_per_micro_batch(llama, config, counts, deadline=time.perf_counter() - 1)
     assert found.alternative is None and "not tried" in found.message
 
@@ -177,7 +177,7 @@ def test_the_offload_search_starts_no_simulation_it_cannot_finish(llama):
     from sapptk.solver.offload_search import offload_search
 
     config = PipelineConfig(4, 8, memory_budget=1e6, recompute=(*MODES, "offload"), host_bandwidth=25.0)
-    counts = baselines.even_split(llama, config, "none")
+    counts = baselines.even_counts(llama, config, "none")
     res = offload_search(llama, config, np.asarray(counts), deadline=time.perf_counter() - 1)
     assert res.evaluations == 0 and not res.improved and not res.complete
     res = offload_search(llama, config, np.asarray(counts), deadline=time.perf_counter() + 60)

@@ -51,7 +51,7 @@ P4V2 = PipelineConfig(stages=4, micro_batches=8, chunks=2, schedule="interleaved
 )
 def test_even_split_places_extras_in_the_middle_of_the_last_chunk(total, p, v, expected):
     config = PipelineConfig(stages=p, micro_batches=max(p, 8), chunks=v, schedule="interleaved" if v > 1 else "1f1b")
-    counts = baselines.even_split(tiny(total), config)
+    counts = baselines.even_counts(tiny(total), config)
     cells = even_cells(config, counts)
     assert cells.tolist() == expected
     assert cells.sum() == total and counts[0, NONE].sum() == total
@@ -86,7 +86,7 @@ def test_even_split_several_groups_stay_contiguous():
     plan = even_split(ds, setup, "full")
     check_counts(ds, setup, plan.counts)
     per_vs = plan.counts.sum(axis=(0, 1))
-    np.testing.assert_array_equal(per_vs.reshape(2, 4), even_cells(setup, baselines.even_split(tiny(61), setup)))
+    np.testing.assert_array_equal(per_vs.reshape(2, 4), even_cells(setup, baselines.even_counts(tiny(61), setup)))
     assert plan.counts[0].sum() == 3 and plan.counts[1].sum() == 58
     assert set(plan.export("mindformers").data) == {"DenseDecoderLayer", "MoEDecoderLayer"}
 
@@ -273,7 +273,7 @@ def test_export_into_a_missing_folder_is_a_clear_error(tmp_path, mixed):
 def test_even_split_refuses_an_unknown_recompute(bad):
     with pytest.raises(ConfigError, match=r"even_split: recompute = .*: expected one of none, select, comm, both, "
                                           r"full, strongest, auto"):
-        baselines.even_split(tiny(), P4V2, bad)
+        baselines.even_counts(tiny(), P4V2, bad)
 
 
 @pytest.mark.parametrize("budget", [None, 150.0, 200.0, 260.0, 400.0, 1.0])
@@ -299,5 +299,5 @@ def test_distinct_recomputes_lists_every_distinct_split_once():
         LayerGroup("b", "body", 7, 1.0, 3.0, {"none": ModeCost(2.0, 10.0), "full": ModeCost(3.0, 1.0)}),
     ))
     assert baselines.distinct_recomputes(two, P4V2) == ["none", "strongest"]
-    counts = baselines.even_split(two, P4V2, "strongest")
+    counts = baselines.even_counts(two, P4V2, "strongest")
     assert counts[0, SELECT].sum() == 6 and counts[1, FULL].sum() == 7

@@ -128,12 +128,12 @@ def test_sliced_plan_costs_by_hand() -> None:
     × 2048 tokens = 2.048 MB a slice; activation 5 MB a slice."""
     profile = long_profile(layers=2, head=False)
     config = PipelineConfig(2, 2, 1, "seq1f1b", splits=2)
-    costs = slice_costs(profile, config, baselines.even_split(profile, config))
+    costs = slice_costs(profile, config, baselines.even_counts(profile, config))
     assert costs.forward[0, 0].tolist() == pytest.approx([0.375, 0.625])
     assert costs.backward[1, 1].tolist() == pytest.approx([0.75, 1.25])
     assert costs.activation[0, 0].tolist() == pytest.approx([5.0, 5.0])
     assert costs.kv[0, 0].tolist() == pytest.approx([2.048, 2.048])
-    sim = simulate_counts(profile, config, baselines.even_split(profile, config))
+    sim = simulate_counts(profile, config, baselines.even_counts(profile, config))
     step, peaks = walk(config.program(), costs.forward, costs.backward, costs.activation, costs.kv)
     assert sim.step_time == pytest.approx(step) and (sim.peak_memory.to_numpy() - 100) == pytest.approx(peaks)
 
@@ -158,7 +158,7 @@ def test_without_seq_length_slices_stay_equal_linear() -> None:
     profile = long_profile(layers=16, head=False)
     legacy = Profile("legacy", profile.groups)  # same groups, no seq_length
     config = PipelineConfig(4, 8, 2, "seq-interleaved", splits=4)
-    sim = simulate_counts(legacy, config, baselines.even_split(legacy, config))
+    sim = simulate_counts(legacy, config, baselines.even_counts(legacy, config))
     assert sim.memory["kv_mb"].max() == 0
     assert sim.step_time == pytest.approx((2 * 8 * 4 + 3) * (2 * 1.0 + 2 * 2.0) / 4)  # 2 layers of F 1, B 2 per chunk
 
@@ -193,7 +193,7 @@ def test_attention_share_on_the_head_is_refused() -> None:
 def test_chosen_slices_never_worse_and_exact() -> None:
     profile = long_profile(layers=16, seq=32768, share=0.4)
     config = PipelineConfig(4, 4, 1, "seq1f1b", splits=4)
-    counts = baselines.even_split(profile, config)
+    counts = baselines.even_counts(profile, config)
     choice = choose_slices(profile, config, counts, time_limit=5)
     assert sum(choice.lengths) == 32768 and choice.fits
     assert choice.step_time <= choice.equal_step_time and choice.bubble_gain > 0.1
@@ -207,7 +207,7 @@ def test_chosen_slices_never_worse_and_exact() -> None:
 def test_choose_slices_bad_input() -> None:
     profile = long_profile()
     config = PipelineConfig(2, 2, 1, "seq1f1b", splits=2)
-    counts = baselines.even_split(profile, config)
+    counts = baselines.even_counts(profile, config)
     with pytest.raises(ConfigError, match="quantum = 0"):
         choose_slices(profile, config, counts, quantum=0)
     with pytest.raises(ConfigError, match="expected k > 1 slices"):
@@ -351,7 +351,7 @@ def test_layer_moves_only_improve_and_stay_valid() -> None:
     heavy_tail = LayerGroup("out", "tail", 1, 3.0, 60.0)  # the last stage is the bottleneck of an even split
     profile = Profile("tail", (*base.groups[:2], heavy_tail), seq_length=32768)
     config = PipelineConfig(4, 4, 1, "seq1f1b", splits=4)
-    start = baselines.even_split(profile, config)
+    start = baselines.even_counts(profile, config)
     moved, kept, timed = move_layers(profile, config, start, deadline=time.perf_counter() + 5)
     before = simulate_counts(profile, config, start).step_time
     after = simulate_counts(profile, config, moved).step_time
@@ -375,7 +375,7 @@ def test_random_sliced_setups_match_the_walk() -> None:
         profile = long_profile(layers=int(rng.integers(p * v, 4 * p * v)), seq=seq, share=float(rng.uniform(0, 1)),
                                kv=float(rng.uniform(0, 0.01)), head=bool(rng.integers(2)))
         config = PipelineConfig(p, m, v, name, splits=lengths)
-        counts = baselines.even_split(profile, config)
+        counts = baselines.even_counts(profile, config)
         costs = slice_costs(profile, config, counts)
         sim = simulate_counts(profile, config, counts)
         step, peaks = walk(config.program(), costs.forward, costs.backward, costs.activation, costs.kv)
@@ -399,7 +399,7 @@ def test_slice_live_points_give_the_simulated_peaks() -> None:
                                     splits=np.diff(np.r_[0, cuts, seq]).tolist())
             profile = long_profile(layers=3 * p * v, seq=seq, share=float(rng.uniform(0, 1)),
                                    kv=float(rng.uniform(0, 0.05)))
-            counts = baselines.even_split(profile, config)
+            counts = baselines.even_counts(profile, config)
             rows = slice_live_points(config.program())
             assert all(r.dtype == np.int64 and r.shape[1] == 2 * k * len(st)
                        for r, st in zip(rows, config.program().device_stages, strict=True))

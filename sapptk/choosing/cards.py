@@ -91,6 +91,7 @@ def card_candidates(request: Any, budget: float | None) -> tuple[list[Candidate]
                             continue
                         profile = estimate_profile(card, par, hw)
                         share = DTYPE_BYTES[par.grad_dtype] / static_bytes_per_parameter(par, dp * cp)
+                        share = 0.0 if zero in ("fsdp", "zero2") else share  # the profile times their per-layer RS
                         for s in setups:
                             candidates.append(Candidate(setup=Setup(config=s.config, dp=dp), profile=profile,
                                                         columns=columns, gradient_share=share))

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from sapptk.costs import fits_budget
 from sapptk.profile import MODES
 
-__all__ = ["FIT_TOLERANCE_MB", "ExpressedCost", "closest", "counts_from_layers", "modes_used"]
+__all__ = ["ExpressedCost", "closest", "counts_from_layers", "modes_used"]
 
 _NONE = MODES.index("none")
 
@@ -64,8 +65,6 @@ def counts_from_layers(profile: Any, layers: Sequence[int], mode_of: Any = None)
     return counts
 
 
-FIT_TOLERANCE_MB = 1e-6
-
 
 def modes_used(counts: np.ndarray) -> str:
     """``"80 layers none, 16 layers full"``: the layers in each mode an assignment uses."""
@@ -80,7 +79,7 @@ def closest(profile: Any, config: Any, candidates: Mapping[str, np.ndarray]) -> 
 
     budget = config.memory_budget
     peaks = {lab: float(peak_memory(profile, config, cnt).max()) for lab, cnt in candidates.items()}
-    fitting = [lab for lab in candidates if budget is None or peaks[lab] <= budget + FIT_TOLERANCE_MB]
+    fitting = [lab for lab in candidates if fits_budget(peaks[lab], budget)]
     if not fitting:
         return min(candidates, key=lambda lab: peaks[lab]), False
     steps = {lab: simulate_counts(profile, config, candidates[lab]).step_time for lab in fitting}

@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sapptk import checks
+from sapptk.costs import fits_budget
 from sapptk.errors import ConfigError
 from sapptk.files import read_text
 from sapptk.formats.base import (
@@ -79,7 +80,7 @@ from sapptk.formats.base import (
     refuse_slices,
     write_files,
 )
-from sapptk.formats.expressible import FIT_TOLERANCE_MB, ExpressedCost, closest, counts_from_layers, modes_used
+from sapptk.formats.expressible import ExpressedCost, closest, counts_from_layers, modes_used
 from sapptk.profile import MAX_LAYERS, MODES
 
 if TYPE_CHECKING:
@@ -513,7 +514,7 @@ def export(profile: Any, config: Any, counts: np.ndarray, simulation: Any) -> Me
         peak_mb=float(simulation.peak_memory.max()),
         expressed_step_time_ms=expressed.step_time,
         expressed_peak_mb=peak,
-        expressed_fits=budget is None or peak <= budget + FIT_TOLERANCE_MB,
+        expressed_fits=fits_budget(peak, budget),
         expressed_counts=chosen,
     )
 

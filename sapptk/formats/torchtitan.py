@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sapptk import checks
+from sapptk.costs import fits_budget
 from sapptk.errors import ConfigError
 from sapptk.files import load_toml_text, read_text
 from sapptk.formats.base import (
@@ -68,7 +69,7 @@ from sapptk.formats.base import (
     refuse_slices,
     write_files,
 )
-from sapptk.formats.expressible import FIT_TOLERANCE_MB, ExpressedCost, closest, counts_from_layers, modes_used
+from sapptk.formats.expressible import ExpressedCost, closest, counts_from_layers, modes_used
 from sapptk.profile import MODES
 
 if TYPE_CHECKING:
@@ -434,7 +435,7 @@ def export(profile: Any, config: Any, counts: np.ndarray, simulation: Any, *, st
         settings=settings,
         notes=tuple(notes), step_time_ms=simulation.step_time, peak_mb=float(simulation.peak_memory.max()),
         expressed_step_time_ms=expressed.step_time, expressed_peak_mb=peak,
-        expressed_fits=c.memory_budget is None or peak <= c.memory_budget + FIT_TOLERANCE_MB,
+        expressed_fits=fits_budget(peak, c.memory_budget),
         expressed_counts=candidates[mode],
     )
 

@@ -5,7 +5,9 @@
 * :class:`Parallel` (TP, SP, CP, EP, DP, optimizer sharding, micro-batch, sequence length,
   dtypes, Adam, flash attention) and :class:`Hardware` (:func:`hardware`);
 * :func:`estimate_profile` (re-exported as ``sapptk.estimate_profile``): a
-  :class:`~sapptk.profile.Profile` from the three (``docs/estimation.md``).
+  :class:`~sapptk.profile.Profile` from the three (``docs/estimation.md``);
+* :func:`operators`: the table of every layer's operators the estimate's times come from,
+  and the framework presets (:data:`FRAMEWORKS`, :func:`framework`).
 
 Bundled cards are small JSON files in this package (Hugging Face ``config.json`` fields);
 nothing is downloaded.
@@ -15,15 +17,19 @@ from __future__ import annotations
 
 from sapptk.models.bundled import available, card, hardware
 from sapptk.models.cards import MODEL_TYPES, CardGroup, Mla, ModelCard, Moe
-from sapptk.models.estimate import NOT_MODELLED, estimate_profile, layer_tensors
+from sapptk.models.estimate import MEMORY_FIGURES, NOT_MODELLED, estimate_profile, layer_tensors, operators
+from sapptk.models.frameworks import FRAMEWORKS, Framework, framework
 from sapptk.models.layout import HARDWARE, SHARDINGS, Hardware, Parallel
 
 __all__ = [
+    "FRAMEWORKS",
     "HARDWARE",
+    "MEMORY_FIGURES",
     "MODEL_TYPES",
     "NOT_MODELLED",
     "SHARDINGS",
     "CardGroup",
+    "Framework",
     "Hardware",
     "Mla",
     "ModelCard",
@@ -32,6 +38,8 @@ __all__ = [
     "available",
     "card",
     "estimate_profile",
+    "framework",
     "hardware",
     "layer_tensors",
+    "operators",
 ]

@@ -41,7 +41,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, AlternativeLayout, check_alternative, layer_coefficients
+from sapptk.costs import (
+    FIT_TOLERANCE_MB,
+    MEMORY_UNIT_MB,
+    TIME_UNIT_MS,
+    AlternativeLayout,
+    check_alternative,
+    layer_coefficients,
+)
 from sapptk.schedules.ops import B_CODE, F_CODE, I_CODE, W_CODE
 from sapptk.schedules.timing import longest_path
 from sapptk.simulation import WEIGHT_HOLDS
@@ -54,7 +61,6 @@ __all__ = ["MicroBatchResult", "improve_per_micro_batch", "weak_layout"]
 
 _BATCH = 256  # candidate moves timed per longest-path pass (bounds the batch's memory)
 _CHECK_EVERY = 1024  # candidate cells whose memory is checked between two looks at the clock
-_FIT_TOLERANCE_MB = 1e-6  # as Plan.fits
 
 
 @dataclass(frozen=True)
@@ -152,7 +158,7 @@ class _Model:
         placement = np.asarray(program.placement)
         static = np.bincount(placement, weights=base["params"], minlength=p).astype(np.int64) + coef.constant
         budget = config.memory_budget
-        self.cap = None if budget is None else (float(budget) + _FIT_TOLERANCE_MB) / MEMORY_UNIT_MB * scale
+        self.cap = None if budget is None else (float(budget) + FIT_TOLERANCE_MB) / MEMORY_UNIT_MB * scale
         self.device_of_cell = np.repeat(placement, m)
         self.memory: list[np.ndarray] = []  # per device: scaled memory after each event (base layout)
         for d in range(p):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, layer_coefficients
+from sapptk.costs import MEMORY_UNIT_MB, TIME_UNIT_MS, fits_budget, layer_coefficients
 from sapptk.profile import MODES
 from sapptk.simulation import simulate
 
@@ -38,9 +38,7 @@ if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
     from sapptk.profile import Profile
 
-__all__ = ["FIT_TOLERANCE_MB", "OffloadResult", "offload_search"]
-
-FIT_TOLERANCE_MB = 1e-6
+__all__ = ["OffloadResult", "offload_search"]
 """A peak this far over the budget still fits (the plan's own tolerance)."""
 
 _NONE = MODES.index("none")
@@ -123,7 +121,7 @@ class _Evaluator:
         return step, peaks, float(tot["overhead"].sum()) * TIME_UNIT_MS, float(off_units.sum()) * MEMORY_UNIT_MB
 
     def fits(self, peaks: np.ndarray) -> bool:
-        return self.budget is None or bool((peaks <= self.budget + FIT_TOLERANCE_MB).all())
+        return fits_budget(peaks, self.budget)
 
 
 def _moves(counts: np.ndarray, offload: np.ndarray, convertible: np.ndarray, movable: np.ndarray,

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sapptk.costs import AlternativeLayout, simulate_counts, stage_costs
+from sapptk.assignment import Assignment
+from sapptk.costs import fits_budget, simulate_counts, stage_costs
 from sapptk.solver.clock import Clock
 from sapptk.solver.search import even_starts, search
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from sapptk.profile import Profile
     from sapptk.request import SolveRequest
 
-__all__ = ["FIT_TOLERANCE_MB", "REORDER_ROUNDS", "SLICED_SOLVES", "Found", "offload", "per_micro_batch", "per_stage",
+__all__ = ["REORDER_ROUNDS", "SLICED_SOLVES", "Found", "offload", "per_micro_batch", "per_stage",
            "reorder", "run", "sliced"]
 
 REORDER_ROUNDS = 4
@@ -51,36 +51,12 @@ REORDER_ROUNDS = 4
 SLICED_SOLVES = 4
 """At most this many solves of a sliced setup's layers (K/V weight 1, the safe weight, then bisection)."""
 
-FIT_TOLERANCE_MB = 1e-6
-"""A simulated peak this far over the budget still fits (as ``Plan.fits``)."""
-
-_SOLVED = ("optimal", "feasible", "given")
 
 
-@dataclass(frozen=True)
-class Found:
-    """What a phase hands to the next: an assignment of ``config`` (the safe budget; the
-    program a re-ordered schedule was balanced on; chosen slice lengths) and what is known of
-    it. ``counts`` is None when nothing was found; ``step_time``/``bound`` in ms."""
-
-    config: PipelineConfig
-    status: str
-    counts: np.ndarray | None
-    step_time: float | None
-    bound: float | None = None
-    gap: float | None = None
-    message: str = ""
-    source: str = "balance"
-    offload: np.ndarray | None = None
-    alternative: AlternativeLayout | None = None
-
-    @property
-    def solved(self) -> bool:
-        return self.status in _SOLVED and self.counts is not None
-
-    def noted(self, note: str) -> Found:
-        """This result with ``note`` added to its message."""
-        return dataclasses.replace(self, message=f"{self.message}; {note}" if self.message else note)
+Found = Assignment
+"""What a phase hands to the next (:class:`sapptk.assignment.Assignment`, which a Plan extends): an
+assignment of ``config`` (the safe budget; the program a re-ordered schedule was balanced on;
+chosen slice lengths) and what is known of it; ``counts`` is None when nothing was found."""
 
 
 def run(request: SolveRequest, clock: Clock | None = None) -> tuple[Found, float]:
@@ -234,9 +210,7 @@ def per_micro_batch(request: SolveRequest, found: Found, clock: Clock) -> Found:
     if better.alternative is None:
         return out
     sim = simulate_counts(profile, found.config, better.counts, better.alternative)
-    budget = found.config.memory_budget
-    if (budget is None or bool((sim.peak_memory.to_numpy() <= budget + FIT_TOLERANCE_MB).all())) \
-            and sim.step_time < found.step_time:
+    if fits_budget(sim.peak_memory.to_numpy(), found.config.memory_budget) and sim.step_time < found.step_time:
         # the per-stage bound does not bound per-micro-batch plans: no bound, not proven
         return dataclasses.replace(out, status="feasible", counts=np.asarray(better.counts), step_time=sim.step_time,
                                    bound=None, gap=None, alternative=better.alternative,
@@ -348,9 +322,7 @@ def fits(profile: Profile, config: PipelineConfig, counts: Any) -> bool:
 def _simulated(profile: Profile, config: PipelineConfig, counts: Any) -> tuple[float, bool]:
     """(simulated step ms, fits the budget) of ``counts`` on ``config``."""
     sim = simulate_counts(profile, config, counts)
-    budget = config.memory_budget
-    ok = budget is None or bool((sim.peak_memory.to_numpy() <= budget + FIT_TOLERANCE_MB).all())
-    return float(sim.step_time), ok
+    return float(sim.step_time), fits_budget(sim.peak_memory.to_numpy(), config.memory_budget)
 
 
 def _ms(value: float | None) -> str:

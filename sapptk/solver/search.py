@@ -582,11 +582,11 @@ def _key(sig: np.ndarray, crossings: int) -> bytes:
 
 
 def even_starts(profile: Profile, config: PipelineConfig) -> list[tuple[str, np.ndarray]]:
-    """Every distinct even split (:func:`sapptk.baselines.even_split`) as ``(mode, counts)``, the
+    """Every distinct even split (:func:`sapptk.baselines.even_counts`) as ``(mode, counts)``, the
     profile's own groups: the starts of the search and of the offload phase."""
-    from sapptk.baselines import distinct_recomputes, even_split
+    from sapptk.baselines import distinct_recomputes, even_counts
 
-    return [(mode, even_split(profile, config, mode)) for mode in distinct_recomputes(profile, config)]
+    return [(mode, even_counts(profile, config, mode)) for mode in distinct_recomputes(profile, config)]
 
 
 def _even_split_counts(problem: Problem) -> list[np.ndarray]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sapptk import checks
-from sapptk.costs import check_counts, layer_coefficients, simulate_counts, slice_costs
+from sapptk.costs import check_counts, fits_budget, layer_coefficients, simulate_counts, slice_costs
 from sapptk.errors import ConfigError
 from sapptk.seq import equal_lengths, is_sliced, time_attention
 from sapptk.simulation import op_durations, simulate, unit_durations, unit_times
@@ -136,9 +136,7 @@ def choose_slices(
         dur = unit_durations(program, op_durations(program, costs.forward, costs.backward, costs.weight))
         step = float(unit_times(program, dur, costs.comm)[1].max(initial=0.0))
         idle = step * program.stages - float(dur.sum())
-        fits = True
-        if budget is not None:
-            fits = bool((simulate(program, **costs.simulate_args()).peak_memory.to_numpy() <= budget + 1e-6).all())
+        fits = budget is None or fits_budget(simulate(program, **costs.simulate_args()).peak_memory.to_numpy(), budget)
         return step, idle, fits
 
     equal = equal_lengths(seq, k)
@@ -231,8 +229,7 @@ def move_layers(profile: Profile, config: PipelineConfig, counts: Any, *, deadli
                     timed += 1
                     step = step_of(trial)
                     if step < best_step * (1 - 1e-12) and (
-                            budget is None or (simulate_counts(profile, config, trial).peak_memory
-                                               <= budget + 1e-6).all()):
+                            fits_budget(simulate_counts(profile, config, trial).peak_memory.to_numpy(), budget)):
                         best, best_step, improved = trial, step, True
                         kept += 1
                         break

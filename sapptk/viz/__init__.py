@@ -7,7 +7,8 @@
 * :func:`step_time_by_budget`, :func:`heatmap`, :func:`pareto`, :func:`pareto_front` —
   a sweep's frame (:mod:`sapptk.viz.sweep_plots`).
 * :func:`choice_ranking`, :func:`choice_pareto` — a choice's ranking and Pareto front
-  (:mod:`sapptk.viz.choice_plots`).
+  (:mod:`sapptk.viz.choice_plots`); :func:`choice_page`, :func:`save_choice_page` — all of
+  it and the winner's timeline on one standalone page (:mod:`sapptk.viz.choice_page`).
 * :func:`sensitivity_plot`, :func:`critical_plot`, :func:`validation_plot` — how sure a
   plan is, where its critical path runs, and predicted against measured peaks (:mod:`sapptk.viz.robustness`).
 * :func:`save_html`, :func:`export_png`, :func:`export_svg`, :func:`export_pdf` — files (:mod:`sapptk.viz.export`).
@@ -45,6 +46,8 @@ _EXPORTS: dict[str, str] = {
     "pareto_front": "sapptk.viz.sweep_plots",
     "choice_ranking": "sapptk.viz.choice_plots",
     "choice_pareto": "sapptk.viz.choice_plots",
+    "choice_page": "sapptk.viz.choice_page",
+    "save_choice_page": "sapptk.viz.choice_page",
     "sensitivity_plot": "sapptk.viz.robustness",
     "critical_plot": "sapptk.viz.robustness",
     "validation_plot": "sapptk.viz.robustness",
@@ -62,6 +65,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "CATEGORY_COLORS",
     "ExportUnavailableError",
+    "choice_page",
     "choice_pareto",
     "choice_ranking",
     "chromium_driver",
@@ -79,6 +83,7 @@ __all__ = [
     "output_notebook",
     "pareto",
     "pareto_front",
+    "save_choice_page",
     "save_html",
     "sensitivity_plot",
     "stage_bars",
@@ -89,6 +94,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from sapptk.viz.choice_page import choice_page, save_choice_page
     from sapptk.viz.choice_plots import choice_pareto, choice_ranking
     from sapptk.viz.export import (
         ExportUnavailableError,
