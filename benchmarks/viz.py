@@ -99,7 +99,7 @@ def figures_after(plan, baseline, *, wrap: bool = True):
 def explorer_draw_seconds(profile, config, plan) -> float:
     """The Explorer's own time from the plan to its status line (search replaced)."""
     import sapptk.balancer as balancer
-    from sapptk.widgets import Explorer
+    from sapptk.explorer import Explorer
 
     real = balancer.solve
     balancer.solve = lambda request: plan

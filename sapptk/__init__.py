@@ -5,7 +5,7 @@ OR-Tools loads with the first ``balance``, pyarrow with the first cached sweep, 
 ``sapptk.viz``. Every module has a name of its own, distinct from the functions exported
 here (``sapptk.balance`` is the function, :mod:`sapptk.balancer` its module), so importing
 a module never rebinds a public function. Figures (:mod:`sapptk.viz`) and the explorer
-(:mod:`sapptk.widgets`) are never imported by the core.
+(:mod:`sapptk.explorer`) are never imported by the core.
 """
 
 from __future__ import annotations

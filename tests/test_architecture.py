@@ -44,9 +44,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.choosing",),
     ("sapptk.trials",),  # row 12¾: trial folders of a choice, their runs ingested, the choice re-ranked
     ("sapptk.viz",),
-    ("sapptk.choose_panel", "sapptk.explorer_inputs"),  # row 13½ of docs/internals.md
-    ("sapptk.explorer_controls", "sapptk.explorer_tabs"),  # row 13¾: the Explorer's controls and tabs
-    ("sapptk.widgets",),
+    ("sapptk.explorer",),  # row 14 of docs/internals.md: the Explorer, one package (its modules on one floor)
+    ("sapptk.widgets",),  # the Explorer's former address, re-exporting sapptk.explorer
     ("sapptk.cli",),
     ("sapptk.__main__",),
 )
@@ -200,7 +199,8 @@ def test_package_root_imports_nothing_at_import_time():
 @pytest.mark.parametrize(
     ("statement", "absent"),
     [
-        ("import sapptk", ("ortools", "pyarrow", "bokeh", "ipywidgets", "matplotlib", "sapptk.viz", "sapptk.widgets")),
+        ("import sapptk", ("ortools", "pyarrow", "bokeh", "ipywidgets", "matplotlib", "sapptk.viz", "sapptk.explorer",
+                           "sapptk.widgets")),
         ("import sapptk.cli", ("ortools", "bokeh", "ipywidgets", "matplotlib")),
         ("from sapptk import Plan, PipelineConfig, simulate", ("ortools", "bokeh", "ipywidgets")),
     ],

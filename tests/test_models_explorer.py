@@ -1,11 +1,11 @@
-"""The Explorer started from a bundled model card (sapptk.widgets.explorer_from_card)."""
+"""The Explorer started from a bundled model card (sapptk.explorer.explorer_from_card)."""
 
 from __future__ import annotations
 
 import pytest
 
+from sapptk.explorer import Explorer, explorer_from_card
 from sapptk.models import Parallel, estimate_profile
-from sapptk.widgets import Explorer, explorer_from_card
 
 
 def test_explorer_starts_from_a_card():

@@ -142,8 +142,11 @@ def _wait(condition, seconds: float, what: str, poll: float = 1.0):
 
 _PROMPTS = "return Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')).map(e => e.textContent)"
 
-# every Bokeh view on the page: roots wider than their output area, legends over their frame
-_LAYOUT = """
+NARROW = 0.85  # a stretching figure takes at least this share of its output's width
+
+# every Bokeh view on the page: roots wider than their output area (or, stretching, much
+# narrower), legends over their frame
+_LAYOUT = f"const NARROW = {NARROW}\n" + """
 const views = []
 const walk = v => { views.push(v); let kids = []; try { kids = Array.from(v.children()) } catch (e) {}
                     for (const k of kids) walk(k) }
@@ -155,6 +158,15 @@ for (const r of (typeof Bokeh !== "undefined" ? Bokeh.index.roots : [])) {
   if (box.width === 0 || out === null) continue  // in a hidden tab
   const area = out.getBoundingClientRect()
   if (box.right > area.right + 1) wide.push([r.model.type, Math.round(box.width), Math.round(area.width)])
+}
+// a figure made to stretch that stays narrow in its output (a widget box that does not give it the width)
+const narrow = []
+for (const r of (typeof Bokeh !== "undefined" ? Bokeh.index.roots : [])) {
+  const box = r.el.getBoundingClientRect()
+  const out = r.el.closest('.jp-OutputArea-output')
+  if (box.width === 0 || out === null || r.model.sizing_mode !== 'stretch_width') continue
+  const area = out.getBoundingClientRect()
+  if (box.width < NARROW * area.width) narrow.push([r.model.type, Math.round(box.width), Math.round(area.width)])
 }
 const scrolling = Array.from(document.querySelectorAll('.jp-OutputArea-output'))
   .filter(o => o.clientWidth > 0 && o.scrollWidth > o.clientWidth + 1)
@@ -173,20 +185,43 @@ for (const v of views) {
   const dy = Math.min(b.y1, frame.y1) - Math.max(b.y0, frame.y0)
   if (dx > 1 && dy > 1) over.push([v.parent.model.title ? v.parent.model.title.text : '', b.x0, b.y0, b.x1, b.y1])
 }
+// numeric tick labels that may overlap (no NoOverlap policy); categorical rows too short for a label
+const ticks = []
+for (const v of views) {
+  if (!v.model.type.endsWith('Axis') || !v.model.visible || !v.parent || !v.parent.frame) continue
+  const plot = v.parent.model, frame = v.parent.frame.bbox
+  if (!plot || !Array.isArray(plot.left) || frame.width === 0) continue  // a colour bar's own axis
+  const title = plot.title && plot.title.text ? plot.title.text : ''
+  if (v.model.type === 'CategoricalAxis') {
+    const vertical = plot.left.includes(v.model) || plot.right.includes(v.model)
+    const range = vertical ? plot.y_range : plot.x_range
+    const px = (vertical ? frame.height : frame.width) / Math.max(range.factors.length, 1)
+    const chars = Math.max(1, ...range.factors.map(f => String(f).length))
+    if (vertical ? px < 14 : px < 7 * chars) ticks.push([title, v.model.type, Math.round(px)])
+  } else if (v.model.major_label_policy.type !== 'NoOverlap') ticks.push([title, v.model.type, 'no NoOverlap'])
+}
+// K/V panes: the K/V lines fill at least half their scale (not flat under a memory axis)
+const kv = []
+for (const v of views) {
+  if (v.model.type !== 'GlyphRenderer' || v.model.name !== 'kv' || !v.parent || !v.parent.model) continue
+  let top = 0
+  for (const x of v.model.data_source.data.memory_mb) top = Math.max(top, x)
+  const plot = v.parent.model
+  const range = v.model.y_range_name === 'default' ? plot.y_range : plot.extra_y_ranges.get(v.model.y_range_name)
+  kv.push([Math.round(top), Math.round(range.end - range.start)])
+}
 const sidebar = document.querySelector('.jp-FileBrowser')
 const outputs = Array.from(document.querySelectorAll('.jp-OutputArea-output'))
-return {roots: Bokeh ? Bokeh.index.roots.length : 0, wide, scrolling, over, legends,
+return {roots: Bokeh ? Bokeh.index.roots.length : 0, wide, narrow, scrolling, over, legends, ticks, kv,
         output_px: Math.max(0, ...outputs.map(o => o.clientWidth)),
         file_browser_px: sidebar ? sidebar.offsetWidth : 0}
 """
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs_fits_and_stays_lean_in_jupyterlab(lab, driver, path):
+def _run_all(lab: Lab, driver, name: str) -> float:
+    """Open ``notebooks/<name>`` in a fresh workspace and kernel, Run All, wait until every
+    cell ran and the kernel is idle; the seconds it took."""
     lab.close_sessions()  # a fresh kernel for every notebook
-    name = path.name
-    saved = lab.root / "notebooks" / name
-    before = saved.stat().st_mtime_ns
     driver.set_window_size(*SIZES[0])
     driver.get(lab.url(f"lab/tree/notebooks/{name}") + "&reset")  # a fresh workspace: nothing else reopens
     _wait(lambda: driver.execute_script(_PROMPTS), 120, "the notebook to open", poll=0.5)
@@ -198,6 +233,15 @@ def test_notebook_runs_fits_and_stays_lean_in_jupyterlab(lab, driver, path):
     _wait(lambda: all(s["kernel"]["execution_state"] == "idle" for s in lab.api("sessions")), 60, "idle")
     seconds = time.monotonic() - began
     time.sleep(2)  # the last figures lay out
+    return seconds
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs_fits_and_stays_lean_in_jupyterlab(lab, driver, path):
+    name = path.name
+    saved = lab.root / "notebooks" / name
+    before = saved.stat().st_mtime_ns
+    seconds = _run_all(lab, driver, name)
 
     layouts = {}
     for size in SIZES:
@@ -221,7 +265,65 @@ def test_notebook_runs_fits_and_stays_lean_in_jupyterlab(lab, driver, path):
     assert layouts[SIZES[0]]["file_browser_px"] > 100, "the file browser should be open, as a person has it"
     for size, lay in layouts.items():
         assert not lay["wide"], f"{name} at {size}: figures wider than their output area: {lay['wide']}"
+        assert not lay["narrow"], f"{name} at {size}: stretching figures narrower than their output: {lay['narrow']}"
         assert not lay["scrolling"], f"{name} at {size}: outputs that scroll sideways: {lay['scrolling']}"
         assert not lay["over"], f"{name} at {size}: legends over the plot: {lay['over']}"
+        assert not lay["ticks"], f"{name} at {size}: tick labels that may overlap: {lay['ticks']}"
+        assert all(top >= 0.5 * span for top, span in lay["kv"]), f"{name} at {size}: K/V flat: {lay['kv']}"
+    severe = [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    assert not severe, severe
+
+
+# an Explorer on a small profile: a solve, then a choice on the choose tab (about a second each)
+_EXPLORER_CELLS = (
+    """from sapptk import viz
+from sapptk.config import PipelineConfig
+from sapptk.explorer import Explorer
+from sapptk.profile import LayerGroup, ModeCost, Profile
+
+viz.output_notebook()
+profile = Profile("uniform", (LayerGroup("layer", "body", 16, 1.0, 1.0, {"none": ModeCost(2.0, 1.0)}),))
+explorer = Explorer(profile, PipelineConfig(4, 8, memory_budget=100.0), time_limit=2)
+explorer""",
+    """assert explorer.solve() is not None, explorer.status_text
+chooser = explorer.chooser
+chooser.devices.value, chooser.global_batch.value, chooser.time_limit.value = 4, 8, 1
+chooser.choose_button.click()
+assert chooser.wait(120).best is not None and chooser.figure.children, chooser.status_text""",
+)
+
+
+FIGURE_TABS = ("timeline", "memory & time", "choose")  # the Explorer's tabs that hold a figure
+_VISIBLE = ("return Bokeh.index.roots.filter(r => r.model.type !== 'Notifications'"
+            " && r.el.getBoundingClientRect().width > 0).length")
+
+
+def test_every_explorer_tab_fits_its_output_in_jupyterlab(lab, driver):
+    """Each tab of the Explorer that holds a figure opened in turn: its figures take the output's width (not their
+    minimum), none reaches past it, no tick labels overlap, no legend covers a plot."""
+    import nbformat
+    from selenium.webdriver.common.by import By
+
+    book = nbformat.v4.new_notebook()
+    book.cells = [nbformat.v4.new_code_cell(code) for code in _EXPLORER_CELLS]
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(book, lab.root / "notebooks" / "explorer_tabs.ipynb")
+    began = time.monotonic()
+    seconds = _run_all(lab, driver, "explorer_tabs.ipynb")
+    print(f"explorer_tabs.ipynb: opened in {time.monotonic() - began - seconds:.0f} s, ran in {seconds:.0f} s")
+    drawn = {}
+    for size in SIZES[:1]:  # the laptop, where the figures stayed at their minimum width (the larger size: above)
+        for tab in driver.find_elements(By.CSS_SELECTOR, ".widget-tab .lm-TabBar-tab"):
+            if tab.text.strip() not in FIGURE_TABS:
+                continue
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", tab)
+            tab.click()
+            drawn[tab.text.strip()] = _wait(lambda: driver.execute_script(_VISIBLE), 30, "the tab's figure", poll=0.2)
+            time.sleep(0.5)  # laid out
+            lay = driver.execute_script(_LAYOUT)
+            for key, what in (("wide", "wider than"), ("narrow", "narrower than"), ("scrolling", "scrolling in"),
+                              ("over", "legends over the plot in"), ("ticks", "tick labels that may overlap in")):
+                assert not lay[key], f"tab {tab.text!r} at {size}: figures {what} their output: {lay[key]}"
+    assert drawn == dict.fromkeys(FIGURE_TABS, 1), drawn
     severe = [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
     assert not severe, severe

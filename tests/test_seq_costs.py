@@ -259,6 +259,10 @@ def test_exports_of_a_sliced_plan() -> None:
     unequal = even_split(profile, PipelineConfig(4, 8, 2, "seq-interleaved", splits=[1536, 1024, 896, 640]))
     with pytest.raises(ConfigError, match=r"cannot express unequal slice lengths \[1536, 1024, 896, 640\]"):
         unequal.export("mindformers")
+    for fmt in ("megatron", "torchtitan", "torch-csv"):  # never sends the user to the format that just refused it
+        with pytest.raises(ConfigError, match=r"keep it as a sapptk plan .*MindFormers runs equal slices only") as info:
+            unequal.export(fmt)
+        assert "export it to MindFormers" not in str(info.value)
 
 
 def test_plan_file_keeps_the_slice_lengths(tmp_path) -> None:
@@ -279,6 +283,18 @@ def test_timeline_draws_the_kv() -> None:
     kv = [r for r in fig.select({"name": "kv"})]
     assert len(kv) == 1
     assert max(kv[0].data_source.data["memory_mb"]) == pytest.approx(plan.simulation.memory.kv_mb.max())
+    # visible: on a pane of its own whose scale it fills (not flat under the memory axis), one scale in a compare
+    from bokeh.models import Plot
+
+    pane = next(f for f in fig.select({"type": Plot}) if kv[0] in f.renderers)
+    assert pane.y_range.start == 0 and pane.y_range.end <= 1.1 * plan.simulation.memory.kv_mb.max()
+    assert "K/V" in pane.title.text and "K/V" in pane.yaxis[0].axis_label
+    sliced = even_split(long_profile(layers=16), PipelineConfig(4, 8, 2, "seq-interleaved", splits=[1536, 1024,
+                                                                                                    896, 640]))
+    both = viz.compare(plan, sliced, labels=["equal", "chosen"], memory=True)
+    panes = [f for f in both.select({"type": Plot}) if any(r.name == "kv" for r in f.renderers)]
+    assert sorted(p.title.text for p in panes) == ["chosen: K/V held", "equal: K/V held"]
+    assert panes[0].y_range.end == panes[1].y_range.end
     flat = even_split(Profile("flat", long_profile(layers=16).groups), PipelineConfig(4, 8, 2, "seq-interleaved",
                                                                                        splits=4))
     assert not list(viz.timeline(flat).select({"name": "kv"}))

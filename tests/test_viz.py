@@ -538,3 +538,37 @@ def test_sources_are_plain_column_data_sources():
     assert isinstance(src, ColumnDataSource) and len(src.data["style"]) == len(_sim().events)
     with pytest.raises(SapptkError, match="kind 'X'"):
         viz.op_source(_sim().events.assign(kind="X"))
+
+
+# ------------------------------------------------------------------ choice ranking
+def _ranking_frame(values, statuses):
+    n = len(values)
+    return pd.DataFrame({
+        "rank": range(1, n + 1), "schedule": ["1f1b"] * n, "stages": [4] * n, "chunks": [1] * n, "dp": [1] * n,
+        "status": statuses,
+        "step_time_ms": [v if s == "balanced" else np.nan for v, s in zip(values, statuses, strict=True)],
+        "bound_ms": [v if s == "pruned" else 0.9 * v for v, s in zip(values, statuses, strict=True)],
+        "peak_mb_max": [1.0] * n,
+    })
+
+
+def test_ranking_shows_differences_of_a_few_percent():
+    fig = viz.choice_ranking(_ranking_frame([100.0, 101.5, 104.0, 102.0], ["balanced"] * 3 + ["pruned"]))
+    assert 90 < fig.x_range.start < 100 < 104 < fig.x_range.end  # not from 0: 1.5 % is visible
+    assert "axis starts at" in fig.xaxis[0].axis_label
+    bars, text = fig.renderers[0], fig.renderers[1]
+    assert set(bars.data_source.data["left"]) == {fig.x_range.start}
+    assert list(text.data_source.data["vs_best"]) == ["fastest", "+1.5 %", "+4.0 %", "≥ +2.0 %"]
+    spread = viz.choice_ranking(_ranking_frame([10.0, 100.0], ["balanced", "balanced"]))
+    assert spread.x_range.start == 0 and spread.xaxis[0].axis_label == "ms per step"
+
+
+def test_numeric_tick_labels_never_overlap():
+    from bokeh.models import Axis, CategoricalAxis, NoOverlap, Plot
+
+    frame = _ranking_frame([100.0, 101.5], ["balanced", "balanced"])
+    layouts = [viz.timeline(_sim()), viz.compare(_sim(), _sim("1f1b", v=1), memory=True), viz.choice_ranking(frame)]
+    for layout in layouts:
+        for plot in layout.select({"type": Plot}):
+            for axis in plot.select({"type": Axis}):
+                assert isinstance(axis, CategoricalAxis) or isinstance(axis.major_label_policy, NoOverlap), axis

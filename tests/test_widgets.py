@@ -17,9 +17,9 @@ from jupyter_bokeh.widgets import BokehModel
 
 import sapptk.balancer as balancer
 from sapptk.config import PipelineConfig
+from sapptk.explorer import Explorer
 from sapptk.plan import even_split, make_plan
 from sapptk.schedules import get, names
-from sapptk.widgets import Explorer
 
 SETUP = PipelineConfig(4, 8, memory_budget=56000.0)
 
@@ -192,7 +192,7 @@ def test_the_export_tab_shows_every_format_when_opened(explorer, fake):
 
 
 def test_export_texts_say_why_a_format_cannot_hold_a_plan(llama):
-    from sapptk.widgets import EXPORT_FORMATS, export_texts
+    from sapptk.explorer import EXPORT_FORMATS, export_texts
 
     texts = export_texts(even_split(llama, PipelineConfig(2, 4, 2, "zb-v"), "none"))
     assert list(texts) == list(EXPORT_FORMATS)
@@ -286,6 +286,30 @@ def test_solver_failure_is_a_status_line_not_a_traceback(explorer, monkeypatch):
     assert not explorer.solve_button.disabled and explorer.cancel_button.disabled
 
 
+def test_an_interrupt_in_the_search_thread_is_a_status_line(explorer, monkeypatch):
+    def interrupted(request):  # a SIGINT that reached the search's thread (CP-SAT's own handler, say)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(balancer, "solve", interrupted)
+    explorer.solve_button.click()
+    explorer.wait()
+    assert _status(explorer).startswith("cancelled") and "interrupted (KeyboardInterrupt)" in _status(explorer)
+    assert not explorer.solve_button.disabled and explorer.cancel_button.disabled and not explorer.busy
+
+
+def test_a_feasible_plan_without_a_bound_says_so(llama):
+    from sapptk.explorer.tabs import result_text
+
+    config = PipelineConfig(4, 8, memory_budget=56000.0)
+    split = even_split(llama, config, "full")
+    plan = make_plan(llama, config, split.counts, status="feasible", step_time=split.step_time, bound=None, gap=None)
+    text = result_text(plan, None, 1.0, stopped=None)
+    assert "n/a" not in text and "gap" not in text and "no proven bound" in text and "time limit" in text
+    bounded = make_plan(llama, config, split.counts, status="feasible", step_time=split.step_time,
+                        bound=0.991 * split.step_time, gap=0.009)
+    assert "gap 0.9%" in result_text(bounded, None, 1.0, stopped=None)
+
+
 @pytest.mark.slow
 def test_a_real_solve_infeasible_then_optimal(explorer):
     explorer.budget.value = 10000.0
@@ -320,7 +344,7 @@ class FakeKernel:
 
 @pytest.fixture
 def kernel(monkeypatch):
-    import sapptk.explorer_inputs as inputs
+    import sapptk.explorer.inputs as inputs
 
     fake_kernel = FakeKernel()
     monkeypatch.setattr(inputs, "_kernel", lambda: fake_kernel)
@@ -498,7 +522,7 @@ import sapptk.balancer as balancer
 from sapptk.config import PipelineConfig
 from sapptk.plan import even_split, make_plan
 from sapptk.profile import bundled_profile
-from sapptk.widgets import Explorer
+from sapptk.explorer import Explorer
 
 def held(request):  # a search that runs until stopped
     request.stop.wait(60)
@@ -526,3 +550,121 @@ print(explorer.status_text)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+# ------------------------------------------------------------------ the choose tab
+def _tiny_explorer(mixed: bool = False):
+    """An Explorer on a uniform profile (a choice decided at once), or ``mixed``: a random
+    one of two groups, where several setups are balanced one after the other."""
+    from sapptk.profile import LayerGroup, ModeCost, Profile
+
+    if mixed:
+        import numpy as np
+        from support import small_profile
+
+        profile, budget, batch = small_profile(np.random.default_rng(19), groups=2, layers=(4, 6)), 60.0, 16
+    else:
+        profile, budget, batch = Profile("uniform", (LayerGroup("body", "body", 8, 1.0, 1.0,
+                                                                {"none": ModeCost(2.0, 1.0)}),)), 100.0, 8
+    ex = Explorer(profile, PipelineConfig(2, 4, 1, "1f1b", memory_budget=budget), time_limit=2)
+    ex.chooser.devices.value, ex.chooser.global_batch.value, ex.chooser.time_limit.value = 4, batch, 2
+    return ex
+
+
+class HeldChoose:
+    """``sapptk.choose`` as it is, except that once a setup is balanced it holds (a long setup)
+    until its stop event is set; ``raises``: raise that instead of choosing."""
+
+    def __init__(self, raises: BaseException | None = None, balanced: int = 1) -> None:
+        import sapptk.choosing
+
+        self.real = sapptk.choosing.choose
+        self.first = threading.Event()
+        self.raises = raises
+        self.balanced = balanced  # hold once this many setups are balanced (0: once one is decided)
+
+    def __call__(self, profile, **kw):
+        if self.raises is not None:
+            raise self.raises
+        stop, report = kw["stop"], kw["on_progress"]
+
+        def progress(counts):
+            report(counts)
+            if counts["balanced"] >= self.balanced and not self.first.is_set():
+                self.first.set()
+                stop.wait(60)
+
+        return self.real(profile, **{**kw, "on_progress": progress})
+
+
+@pytest.fixture
+def held_choose(monkeypatch):
+    import sapptk.choosing
+
+    stand_in = HeldChoose()
+    monkeypatch.setattr(sapptk.choosing, "choose", stand_in)
+    return stand_in
+
+
+def test_choose_cancel_keeps_the_partial_ranking(held_choose):
+    ex = _tiny_explorer(mixed=True)
+    panel = ex.chooser
+    panel.choose_button.click()
+    assert held_choose.first.wait(60)
+    assert "1 balanced" in panel.progress.value and "decided" in panel.progress.value
+    assert panel.choose_button.disabled and not panel.cancel_button.disabled
+    assert panel.status_text.startswith("choosing") and "Cancel stops it" in panel.status_text
+    panel.cancel_button.click()
+    choice = panel.wait(60)
+    assert not panel.busy and choice is not None and choice.status == "stopped"
+    counts = choice.counts
+    assert counts["undecided"] >= 1 and counts["undecided"] < len(choice.frame)
+    assert panel.status_text.startswith("stopped by Cancel:") and "partial" in panel.status_text
+    assert "<table" in panel.table.value and "undecided" in panel.table.value
+    assert not panel.choose_button.disabled and panel.cancel_button.disabled
+    assert choice.best is not None and not panel.use_button.disabled and len(panel.figure.children) == 1
+
+
+def test_choose_kernel_interrupt_stops_it(held_choose, kernel):
+    import signal
+
+    held_choose.balanced = 0
+    panel = _tiny_explorer().chooser
+    panel.choose_button.click()
+    assert "Kernel → Interrupt stops it" in panel.status_text
+    assert held_choose.first.wait(60)
+    kernel.saved_sigint_handler(signal.SIGINT, None)  # Kernel -> Interrupt while the kernel is idle
+    choice = panel.wait(60)
+    assert choice.status == "stopped" and panel.status_text.startswith("stopped by Kernel → Interrupt:")
+    assert not panel.choose_button.disabled
+
+
+def test_choose_interrupted_or_failing_in_its_thread_is_a_status_line(monkeypatch):
+    import sapptk.choosing
+
+    panel = _tiny_explorer().chooser
+    for exc, said in ((KeyboardInterrupt(), "interrupted: the choice was interrupted (KeyboardInterrupt)"),
+                      (RuntimeError("boom"), "error: RuntimeError: boom")):
+        monkeypatch.setattr(sapptk.choosing, "choose", HeldChoose(raises=exc))
+        panel.choose_button.click()
+        panel.wait(30)
+        assert panel.status_text.startswith(said), panel.status_text
+        assert not panel.choose_button.disabled and panel.cancel_button.disabled and not panel.busy
+
+
+def test_choice_table_and_progress_text():
+    from sapptk.explorer.choose_tab import choice_table, progress_text
+
+    panel = _tiny_explorer().chooser
+    panel.choose_button.click()
+    choice = panel.wait(120)
+    assert choice.status == "complete" and "tokens_per_s_per_device" in choice.top(10)
+    table = choice_table(choice)
+    assert "tokens_per_s_per_device" not in table  # no sequence length: no value in any row
+    assert all(table[c].notna().any() for c in table)
+    times = table["step_time_ms"].dropna()
+    assert (times == times.round(1)).all()
+    assert "decided" in panel.progress.value and f"of {len(choice.frame)} setups" in panel.progress.value
+    assert progress_text({"decided": 5, "balanced": 2, "pruned": 2, "total": 24}, 12.34) == (
+        "decided 5 of 24 setups (2 balanced, 2 pruned, 1 infeasible or invalid) · 12.3 s")
+    assert progress_text({}, 0.5).startswith("bounding")

@@ -128,10 +128,14 @@ def refuse_slices(plan: Plan, what: str, why: str) -> None:
     """Refuse ``what`` for a plan with sequence slices that the target cannot run."""
     if plan.config.splits == 1:
         return
+    lengths = plan.config.slice_lengths
+    where = ("keep it as a sapptk plan (plan.export('sapptk')); MindFormers runs equal slices only, and these are "
+             f"unequal ({list(lengths)})" if lengths is not None and len(set(lengths)) > 1 else
+             "export it to MindFormers (plan.export('mindformers'), parallel_config.seq_split_num) or keep it as a "
+             "sapptk plan (plan.export('sapptk'))")
     raise ConfigError(
         f"{what} cannot express sequence slices: this plan runs {plan.config.schedule!r} with k = "
-        f"{plan.config.splits} slices per micro-batch ({why}); export it to MindFormers (plan.export('mindformers'), "
-        "parallel_config.seq_split_num) or keep it as a sapptk plan (plan.export('sapptk'))"
+        f"{plan.config.splits} slices per micro-batch ({why}); {where}"
     )
 
 

@@ -2,7 +2,8 @@
 
 * :func:`choice_ranking`: one horizontal bar per setup, best first: the step time of the
   balanced setups, and the proven bound of the pruned ones (hatched: no setup there can be
-  faster than its bar), with the winner's step time as a line.
+  faster than its bar), with the winner's step time as a line; the axis starts near the
+  fastest value and each bar says how much slower than the winner it is.
 * :func:`choice_pareto`: the balanced setups by peak memory and step time, the Pareto front
   joined by a line.
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-from bokeh.models import ColumnDataSource, HoverTool, Span
+from bokeh.models import ColumnDataSource, HoverTool, Range1d, Span
 from bokeh.plotting import figure
 
 from sapptk.errors import SapptkError
@@ -46,9 +47,24 @@ def _labels(frame: pd.DataFrame) -> list[str]:
     return out
 
 
+def _value_range(values: pd.Series) -> tuple[float, float]:
+    """The x range of a ranking: near the fastest and slowest values, so that differences of a
+    few percent show (from 0 when the values spread over more than half the largest), with
+    room on the right for the labels at the bar ends."""
+    lo, hi = float(values.min()), float(values.max())
+    pad = max(0.25 * (hi - lo), 0.01 * hi, 1e-9)
+    start = lo - pad
+    if start <= 0.5 * hi:
+        start = 0.0
+    end = hi + pad + 0.16 * (hi + pad - start)  # the "+1.5 %" labels
+    return start, end
+
+
 def choice_ranking(choice: Any, *, top: int = 30, width: int | None = None) -> figure:
     """The first ``top`` setups of the ranking that have a time (balanced: step time; pruned:
-    bound), best at the top."""
+    bound), best at the top. The axis starts near the fastest value (so that a few percent
+    show; the axis label says where it starts) and each bar is labelled with how much slower
+    it is than the winner."""
     frame = _frame(choice)
     rows = frame[frame["status"].isin(["balanced", "unsolved", "pruned"])].head(top).copy()
     rows["value"] = rows["step_time_ms"].where(rows["status"] == "balanced", rows["bound_ms"])
@@ -57,21 +73,35 @@ def choice_ranking(choice: Any, *, top: int = 30, width: int | None = None) -> f
     rows["status"] = rows["status"].astype(str)
     rows["color"] = [_COLORS.get(s, "#aaaaaa") for s in rows["status"]]
     rows["hatch"] = ["/" if s == "pruned" else " " for s in rows["status"]]
+    balanced = frame.loc[frame["status"] == "balanced", "step_time_ms"]
+    best = float(balanced.min()) if len(balanced) else None
+    if best is not None and best > 0:
+        rows["vs_best"] = [("fastest" if v <= best else f"+{100 * (v / best - 1):.1f} %") if s == "balanced"
+                           else f"≥ +{100 * max(v / best - 1, 0.0):.1f} %" for v, s in zip(rows["value"],
+                                                                                   rows["status"], strict=True)]
+    else:
+        rows["vs_best"] = ""
     labels = list(rows["label"])[::-1]
     n_pruned = int((frame["status"] == "pruned").sum())
-    fig = figure(y_range=labels, width=width or look.current().width, height=max(200, 22 * len(labels) + 80),
-                 tools=_TOOLS,
-                 title=f"setups ranked: step time (balanced) or proven bound (pruned, hatched; {n_pruned} pruned)",
-                 x_axis_label="ms per step")
+    start, end = _value_range(rows["value"]) if len(rows) else (0.0, 1.0)
+    rows["left"] = start
+    axis = "ms per step" if start == 0 else f"ms per step (the axis starts at {start:,.0f} ms)"
+    fig = figure(y_range=labels, x_range=Range1d(start, end), width=width or look.current().width,
+                 height=max(200, 22 * len(labels) + 90), tools=_TOOLS,
+                 title=f"setups by step time ({n_pruned} pruned: their proven bound, hatched)",
+                 x_axis_label=axis)
     source = ColumnDataSource(rows.drop(columns=[c for c in ("key", "reason") if c in rows]).reset_index(drop=True))
-    fig.hbar(y="label", right="value", left=0, height=0.7, color="color", hatch_pattern="hatch",
+    fig.hbar(y="label", right="value", left="left", height=0.7, color="color", hatch_pattern="hatch",
              hatch_color="white", source=source, legend_field="status")
-    if (frame["status"] == "balanced").any():
-        best = float(frame.loc[frame["status"] == "balanced", "step_time_ms"].min())
+    fig.text(x="value", y="label", text="vs_best", source=source, x_offset=4, text_baseline="middle",
+             text_font_size="8pt", text_color="#333333")
+    if best is not None:
         fig.add_layout(Span(location=best, dimension="height", line_color="black", line_dash="dashed"))
-    fig.add_tools(HoverTool(tooltips=_TIPS))
+    fig.add_tools(HoverTool(tooltips=_TIPS, renderers=fig.renderers[:1]))
     fig.legend.location = "bottom_right"
     fig.xaxis.formatter = thousands()
+    fig.xaxis.ticker.desired_num_ticks = 5
+    fig.ygrid.grid_line_color = None
     return look.finish(fig, width=width)
 
 

@@ -27,6 +27,7 @@ from bokeh.models import (
     LayoutDOM,
     Legend,
     LinearColorMapper,
+    NoOverlap,
     NumeralTickFormatter,
     PanTool,
     Plot,
@@ -251,7 +252,7 @@ def finish(layout: LayoutDOM, *, width: int | None = None) -> LayoutDOM:
     notebook style) or takes the paper width; a number fixes the whole layout's width.
 
     Always: legends outside the plot area, thousands separators on numeric axes that still
-    have Bokeh's default formatter. Paper: fonts, no toolbar, no logo.
+    have Bokeh's default formatter, numeric tick labels that would overlap left out. Paper: fonts, no toolbar, no logo.
     """
     st = current()
     plots = list(layout.select({"type": Plot}))
@@ -261,6 +262,8 @@ def finish(layout: LayoutDOM, *, width: int | None = None) -> LayoutDOM:
         for axis in fig.select({"type": Axis}):
             if not isinstance(axis, CategoricalAxis) and type(axis.formatter) is BasicTickFormatter:
                 axis.formatter = NumeralTickFormatter(format="0,0.[00]")
+            if not isinstance(axis, CategoricalAxis):  # a narrow figure skips labels rather than overlapping them
+                axis.major_label_policy = NoOverlap()
         fig.toolbar.logo = None
     target = width if width is not None else (st.width if st.paper else None)
     if target is None:

@@ -6,9 +6,8 @@ time axis.
 
 Each figure reads one ColumnDataSource of numpy columns. A Gantt's boxes and its
 micro-batch labels share the op source (the labels through an ``IndexFilter`` that a zoom
-callback updates in the browser); a memory pane draws every device's steps as the
-segments of one renderer, coloured by device through a colour mapper, and a click on a
-device in its legend dims that device.
+callback updates in the browser). The memory panes below (and the K/V panes of sequence
+slices) are :mod:`sapptk.viz.memory_panes`.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from bokeh.models import (
     ColumnDataSource,
     CustomJS,
     FixedTicker,
-    GlyphRenderer,
     Grid,
     GridPlot,
     HoverTool,
@@ -32,12 +30,9 @@ from bokeh.models import (
     Label,
     Legend,
     LegendItem,
-    LinearColorMapper,
     Quad,
     Range1d,
     SaveTool,
-    Segment,
-    Span,
     Text,
     Toolbar,
     ToolProxy,
@@ -47,12 +42,13 @@ from bokeh.plotting import figure
 
 from sapptk.errors import SapptkError
 from sapptk.viz import look
+from sapptk.viz.memory_panes import memory_panes, memory_segments
 from sapptk.viz.subjects import AUTO, Budget, budget_of, simulation_of
 
 if TYPE_CHECKING:
     from sapptk.simulation import Simulation
 
-__all__ = ["compare", "memory_segments", "op_columns", "op_source", "timeline"]
+__all__ = ["compare", "memory_segments", "op_columns", "op_source", "timeline"]  # memory_segments: re-exported
 
 
 # ------------------------------------------------------------------ sources
@@ -64,10 +60,10 @@ def _title(sim: Simulation, label: str | None = None, ratio: str = "") -> str:
     if pr.splits > 1:
         parts.append(f"k={pr.splits}")
     setup = " ".join(parts)
-    bubble = f"bubble {sim.bubble.of_compute:.1%} of compute ({sim.bubble.of_step:.1%} of step)"
+    bubble = f"bubble {sim.bubble.of_compute:.1%} of compute"
     if label is None:
-        return f"{setup} | step time {look.fmt_ms(sim.step_time)} | {bubble}"
-    return f"{label}: step time {look.fmt_ms(sim.step_time)}{ratio} | {bubble} | {setup}"
+        return f"{setup} | step time {look.fmt_ms(sim.step_time)} | {bubble} ({sim.bubble.of_step:.1%} of step)"
+    return f"{label}: step time {look.fmt_ms(sim.step_time)}{ratio} | {bubble} | {setup}"  # fits ~800 px
 
 
 def _rank_in_unit(unit: np.ndarray) -> np.ndarray:
@@ -281,115 +277,6 @@ def _kind_legend(boxes: Any, data: dict[str, np.ndarray], chunks: int) -> Legend
                   label_text_font_size="9pt", glyph_height=14, glyph_width=18, spacing=8)
 
 
-def memory_segments(memory: pd.DataFrame, end_ms: float) -> dict[str, np.ndarray]:
-    """Memory in use drawn as segments: per device, one level per row of ``memory``
-    (``Simulation.memory``, steps) from its time to the next change (the last one to
-    ``end_ms``), then the risers between levels.
-
-    Columns: ``device``, ``start_ms``, ``end_ms``, ``from_mb`` and ``memory_mb`` (level
-    rows: both the level; risers: the level before and after), ``alpha`` (1; a legend
-    click dims a device). The first ``len(memory)`` rows are the levels, in device order.
-    """
-    order = np.argsort(memory["device"].to_numpy(dtype=np.int64), kind="stable")
-    dev = memory["device"].to_numpy(dtype=np.int64)[order]
-    t = memory["time_ms"].to_numpy(dtype=float)[order]
-    m = memory["memory_mb"].to_numpy(dtype=float)[order]
-    same = np.r_[dev[1:] == dev[:-1], False] if len(dev) else np.zeros(0, bool)
-    t_next = np.where(same, np.r_[t[1:], 0.0], np.maximum(t, end_ms))
-    m_next = np.r_[m[1:], 0.0] if len(m) else m
-    rise = same & (m_next != m)
-    return {
-        "device": np.r_[dev, dev[rise]],
-        "start_ms": np.r_[t, t_next[rise]],
-        "end_ms": np.r_[t_next, t_next[rise]],
-        "from_mb": np.r_[m, m[rise]],
-        "memory_mb": np.r_[m, m_next[rise]],
-        "alpha": np.ones(len(dev) + int(rise.sum())),
-    }
-
-
-# a legend click dims (or restores) the clicked device in every memory pane
-_DIM_DEVICE_JS = """
-const own = cb_obj.item.renderers[0].data_source.data, row = cb_obj.item.index
-const dev = own.device[row], dim = own.alpha[row] > 0.5
-for (const src of sources) {
-  const d = src.data, alpha = Array.from(d.alpha)
-  for (let i = 0; i < alpha.length; i++) if (d.device[i] == dev) alpha[i] = dim ? 0.08 : 1
-  src.data = {...d, alpha}
-}
-"""
-
-
-def _memory_figure(
-    sim: Simulation, x_range: Range1d, width: int, budget: float | None, y_end: float | None, backend: str,
-    colors: LinearColorMapper, title: str | None = None,
-) -> tuple[figure, GlyphRenderer]:
-    """A memory pane (without its device legend) and its one renderer."""
-    fig = figure(
-        title=title, width=width, frame_height=170, x_range=x_range, tools="",
-        output_backend=backend, x_axis_label="time (ms)", y_axis_label="memory in use (MB)",
-    )
-    src = ColumnDataSource(memory_segments(sim.memory, float(sim.step_time)))
-    look.time_tools(fig)
-    line = {"x0": "start_ms", "x1": "end_ms", "y0": "from_mb", "y1": "memory_mb", "line_alpha": "alpha",
-            "line_color": {"field": "device", "transform": colors}}
-    lines = fig.add_glyph(src, Segment(**line, line_width=1.6), hover_glyph=Segment(**line, line_width=3),
-                          name="memory")
-    fig.add_tools(
-        HoverTool(
-            renderers=[lines],
-            tooltips=[("device", "@device"), ("time", "@start_ms{0,0.000} – @end_ms{0,0.000} ms"),
-                      ("memory", "@memory_mb{0,0.0} MB")],
-        )
-    )
-    kv_mb = sim.memory.get("kv_mb")
-    if kv_mb is not None and float(kv_mb.to_numpy().max(initial=0.0)) > 0:  # K/V of sequence slices, dashed
-        kv = ColumnDataSource(memory_segments(sim.memory.assign(memory_mb=kv_mb), float(sim.step_time)))
-        kv_lines = fig.add_glyph(kv, Segment(**line, line_width=1.2, line_dash="dashed"), name="kv")
-        fig.add_tools(HoverTool(renderers=[kv_lines],
-                                tooltips=[("device", "@device"), ("K/V", "@memory_mb{0,0.0} MB")]))
-        fig.yaxis.axis_label = "memory in use, K/V dashed (MB)"
-    top = float(sim.memory["memory_mb"].max()) if len(sim.memory) else 1.0
-    if budget is not None:
-        fig.add_layout(Span(location=budget, dimension="width", line_color="black", line_dash="dashed",
-                            line_width=1.5, name="budget"))
-        fig.add_layout(Label(x=float(x_range.start), y=budget, text=f" budget {budget:,.0f} MB",
-                             text_font_size="8pt", y_offset=2, name="budget-label"))
-        top = max(top, budget)
-    fig.y_range = Range1d(0, y_end if y_end is not None else top * 1.08 + 1e-9, bounds="auto")
-    fig.yaxis.formatter = look.thousands()
-    fig.toolbar.logo = None
-    look.time_axis(fig)
-    return fig, lines
-
-
-def _memory_panes(
-    sims: Sequence[Simulation], titles: Sequence[str | None], lines: Sequence[float | None], x_range: Range1d,
-    width: int, y_end: float | None, backend: str,
-) -> list[figure]:
-    """One memory pane per simulation, one device colour each, and a device legend on the
-    first pane whose clicks dim that device in every pane."""
-    p = max(int(s.program.stages) for s in sims)
-    colors = look.indexed(look.device_colors(max(p, 1)))
-    panes = [_memory_figure(s, x_range, width, b, y_end, backend, colors, t)
-             for s, t, b in zip(sims, titles, lines, strict=True)]
-    fig, renderer = panes[0]
-    devices = np.asarray(renderer.data_source.data["device"])[: len(sims[0].memory)]
-    firsts = np.flatnonzero(np.r_[True, devices[1:] != devices[:-1]]) if len(devices) else []
-    if 0 < len(firsts) <= 32:
-        legend = Legend(
-            items=[LegendItem(label=str(int(devices[i])), renderers=[renderer], index=int(i)) for i in firsts],
-            title="device", label_text_font_size="8pt", title_text_font_size="8pt", spacing=0, padding=4,
-            glyph_height=12, name="memory-legend",
-        )
-        if len(firsts) > 8:
-            legend.ncols = 2
-        sources = [r.data_source for _, r in panes]
-        legend.js_on_event("legend_item_click", CustomJS(args={"sources": sources}, code=_DIM_DEVICE_JS))
-        fig.add_layout(legend, "right")
-    return [f for f, _ in panes]
-
-
 def _stack(figs: list[figure], name: str) -> GridPlot:
     """Figures one above the other with one toolbar for all: a tool of each kind drives
     that tool in every figure. (Bokeh's ``gridplot`` does the same, but walks every model
@@ -436,7 +323,8 @@ def timeline(
     start to its end, coloured by kind (forward, backward, input-gradient,
     weight-gradient; overlapped ops share a row in strips), lighter for later chunks,
     with the micro-batch written on boxes wide enough. Below, sharing the time axis,
-    memory in use per device as steps and the memory budget as a dashed line:
+    memory in use per device as steps and the memory budget as a dashed line (with sequence
+    slices, the K/V each device holds in a pane of its own below):
     ``budget="auto"`` takes the plan's or the simulation's own budget, a number (MB)
     draws that one, None none. ``backend``: Bokeh's output backend, "webgl" (default),
     "canvas" or "svg". ``width``: None (default) stretches to the output width (the paper
@@ -450,7 +338,7 @@ def timeline(
     x_range = Range1d(0, end * 1.01, bounds=(0, end * 1.01), name="time_range")
     figs = [_gantt([sim], [None], x_range, title or _title(sim), px, x_axis=not memory, backend=backend)]
     if memory:
-        figs += _memory_panes([sim], [None], [line], x_range, px, None, backend)
+        figs += memory_panes([sim], [None], [line], x_range, px, None, backend)
     return look.finish(_stack(figs, "timeline"), width=width)
 
 
@@ -466,8 +354,8 @@ def compare(
 
     ``labels`` name them (default "1", "2", ...). With ``memory=True`` each timeline has
     its memory pane, all on one memory scale, each with its budget line (``budget`` as in
-    :func:`timeline`: "auto" gives each subject its own). A dotted line marks the end of
-    each step. ``backend`` and ``width`` as in :func:`timeline`.
+    :func:`timeline`: "auto" gives each subject its own; K/V panes for sequence slices,
+    on one K/V scale). A dotted line marks the end of each step. ``backend`` and ``width`` as in :func:`timeline`.
     """
     look.check_backend(backend)
     px = _width(width, "compare")
@@ -489,6 +377,6 @@ def compare(
         headers.append(_title(sim, label, ratio))
     children = [_gantt(sims, headers, x_range, None, px, x_axis=True, backend=backend)]
     if memory:
-        children += _memory_panes(sims, [f"{label}: memory in use" for label in labels], lines, x_range, px,
+        children += memory_panes(sims, labels, lines, x_range, px,
                                   y_end, backend)
     return look.finish(_stack(children, "compare"), width=width)

@@ -20,7 +20,7 @@ from sapptk.errors import SapptkError
 if TYPE_CHECKING:
     from sapptk.plan import Plan
 
-__all__ = ["EXPORT_FORMATS", "ResultTabs", "error_text", "export_texts", "ms", "result_text"]
+__all__ = ["EXPORT_FORMATS", "ResultTabs", "bokeh_widget", "error_text", "export_texts", "ms", "result_text"]
 
 EXPORT_FORMATS: tuple[str, ...] = ("sapptk plan file", "MindFormers", "Megatron-LM", "torchtitan",
                                    "PyTorch schedule CSV")
@@ -88,7 +88,7 @@ class ResultTabs:
             subjects.append(baseline)
             labels.append(baseline.source.replace("even_split(", "even split (").replace("((", "("))
         self.figure = viz.compare(*subjects, labels=labels, memory=True)  # as wide as the output
-        self.timeline.children = (_bokeh(self.figure),)
+        self.timeline.children = (bokeh_widget(self.figure),)
 
     def _clear_timeline(self) -> None:
         self.figure = None
@@ -97,7 +97,7 @@ class ResultTabs:
     def _show_bars(self, plan: Plan, _baseline: Plan | None) -> None:
         from sapptk import viz
 
-        self.bars.children = (_bokeh(viz.stage_bars(plan)),)
+        self.bars.children = (bokeh_widget(viz.stage_bars(plan)),)
 
     def _show_yaml(self, plan: Plan, _baseline: Plan | None) -> None:
         try:
@@ -122,7 +122,10 @@ def result_text(plan: Plan, baseline: Plan | None, seconds: float, *, stopped: s
     text = f"in {seconds:.1f} s: step time {ms(plan.step_time)}"
     if plan.status == "feasible":
         why = stopped or "time limit reached"
-        text += f", bound {ms(plan.bound)}, gap {100 * (plan.gap or 0.0):.1f}% ({why})"
+        if plan.bound is not None and plan.gap is not None:
+            text += f", bound {ms(plan.bound)}, gap {100 * plan.gap:.1f}% ({why})"
+        else:  # offload or per-micro-batch recompute: the search's bound holds for per-stage plans only
+            text += f", not proven optimal ({why}; no proven bound for {_unbounded(plan)}: see the plan's message)"
     elif plan.gap:
         text += f", gap {100 * plan.gap:.2f}%"
     if baseline is not None and baseline.step_time and plan.step_time:
@@ -130,6 +133,15 @@ def result_text(plan: Plan, baseline: Plan | None, seconds: float, *, stopped: s
         text += (f". Even split ({baseline.source.removeprefix('even_split(').rstrip(')')}{fit}): "
                  f"{ms(baseline.step_time)}, {baseline.step_time / plan.step_time:.2f}x the plan")
     return text
+
+
+def _unbounded(plan: Plan) -> str:
+    """What a plan without a bound does that the search's bound does not cover."""
+    if plan.alternative is not None:
+        return "recompute per micro-batch"
+    if plan.offload is not None and plan.offload.any():
+        return "activation offload"
+    return "this plan"
 
 
 def export_texts(plan: Plan) -> dict[str, str]:
@@ -158,10 +170,12 @@ def _torchtitan_text(plan: Plan) -> str:
     return text
 
 
-def _bokeh(fig: Any) -> w.Widget:
+def bokeh_widget(fig: Any) -> w.Widget:
+    """A Bokeh layout as a widget that takes the whole width of its output (a stretching
+    figure then fills it instead of shrinking to its minimum width)."""
     from jupyter_bokeh.widgets import BokehModel
 
-    return BokehModel(fig)
+    return BokehModel(fig, layout=w.Layout(width="100%"))
 
 
 def _device_table(plan: Plan) -> str:

@@ -26,7 +26,7 @@ from sapptk.checks import (
     MAX_EXPLORER_STAGES,
 )
 from sapptk.config import OFFLOAD, PipelineConfig
-from sapptk.explorer_inputs import checked_entry
+from sapptk.explorer.inputs import checked_entry
 from sapptk.profile import MODES
 from sapptk.schedules import get, names
 
