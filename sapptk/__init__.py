@@ -56,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "choose": "sapptk.choosing",
     "Choice": "sapptk.choosing",
     "estimate_profile": "sapptk.models.estimate",
+    "fit_hardware": "sapptk.models.hardware_fit",
     "SliceChoice": "sapptk.solver.slices",
     "choose_slices": "sapptk.solver.slices",
 }
@@ -96,6 +97,7 @@ __all__ = [
     "choose_slices",
     "even_split",
     "estimate_profile",
+    "fit_hardware",
     "load_plan",
     "load_plans",
     "load_profile",
@@ -128,6 +130,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     )
     from sapptk.formats.base import Export
     from sapptk.models.estimate import estimate_profile
+    from sapptk.models.hardware_fit import fit_hardware
     from sapptk.plan import (
         Plan,
         even_split,

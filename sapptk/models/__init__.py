@@ -5,7 +5,10 @@
 * :class:`Parallel` (TP, SP, CP, EP, DP, optimizer sharding, micro-batch, sequence length,
   dtypes, Adam, flash attention) and :class:`Hardware` (:func:`hardware`);
 * :func:`estimate_profile` (re-exported as ``sapptk.estimate_profile``): a
-  :class:`~sapptk.profile.Profile` from the three (``docs/estimation.md``).
+  :class:`~sapptk.profile.Profile` from the three (``docs/estimation.md``);
+* measured runs (:class:`MeasuredRow`, :func:`measured_row`, :func:`load_measured_rows`) to
+  judge estimates against and to fit a hardware card on: ``sapptk.fit_hardware`` (in
+  :mod:`sapptk.models.hardware_fit`, which sits above the simulator it needs).
 
 Bundled cards are small JSON files in this package (Hugging Face ``config.json`` fields);
 nothing is downloaded.
@@ -17,6 +20,7 @@ from sapptk.models.bundled import available, card, hardware
 from sapptk.models.cards import MODEL_TYPES, CardGroup, Mla, ModelCard, Moe
 from sapptk.models.estimate import NOT_MODELLED, estimate_profile, layer_tensors
 from sapptk.models.layout import HARDWARE, SHARDINGS, Hardware, Parallel
+from sapptk.models.measured import MeasuredRow, load_measured_rows, measured_row
 
 __all__ = [
     "HARDWARE",
@@ -25,6 +29,7 @@ __all__ = [
     "SHARDINGS",
     "CardGroup",
     "Hardware",
+    "MeasuredRow",
     "Mla",
     "ModelCard",
     "Moe",
@@ -34,4 +39,6 @@ __all__ = [
     "estimate_profile",
     "hardware",
     "layer_tensors",
+    "load_measured_rows",
+    "measured_row",
 ]
