@@ -228,11 +228,11 @@ def measured_row(row: Mapping[str, Any] | MeasuredRow, *, index: int | None = No
         kind = _choice(memory["kind"], where, "measured.peak_memory.kind", MEMORY_KINDS)
         memory_mb = value * MEMORY_UNITS[unit]
         if memory_mb > hw.memory_mb * 1.0001:
-            other = "GB" if unit == "GiB" else "GiB"
+            other = {"GiB": "GB", "GB": "GiB", "MiB": "MB", "MB": "MiB"}[unit]
             raise ConfigError(
                 f"{where}: field 'measured.peak_memory' = {value:g} {unit} = {memory_mb:,.0f} MB: more than the "
-                f"{hw.name} card's {hw.hbm_gb:g} GB; expected at most {hw.memory_mb / MEMORY_UNITS[unit]:.4g} {unit} "
-                f"(is the unit {other}? GiB = 1.0737 GB)")
+                f"{hw.name} card's {hw.hbm_gb:g} GB; expected at most {hw.memory_mb / MEMORY_UNITS[unit]:.6g} {unit} "
+                f"(is the unit {other}? 1 GiB = 1.0737 GB)")
     row_obj = MeasuredRow(
         id=ident, split=split, stack=str(row.get("stack") or ident), source=MappingProxyType(dict(source)),
         model=card.name, gpu=str(row["gpu"]), gpus=gpus, sharding=sharding, schedule=schedule,
