@@ -46,7 +46,8 @@ _SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved", "i
               "zb-h1": "zb-h1", "zb-v": "zb-v", "dualpipe-v": "dualpipe-v"}
 _REL_STEP = 1e-3  # finite-difference step, share of each parameter's range
 _GRID_MAX = 3  # free parameters up to which a 5-point-per-parameter grid seeds the fit
-_IDENTIFIED_TOL = 1e-6  # a Jacobian column (or singular value) below this share of the largest is nothing
+_IDENTIFIED_TOL = 1e-6  # a Jacobian column below this share of the largest moves nothing
+_COLLINEAR_TOL = 1e-3  # a new column whose smallest singular value (unit columns) is below this adds no direction
 
 
 def fittable(hardware: Hardware) -> dict[str, tuple[float, float]]:
@@ -280,26 +281,32 @@ def fit_hardware(hardware: Hardware | str, rows: Sequence[MeasuredRow | Mapping[
 
 def _identifiability(jac: np.ndarray, names: list[str], figs: list[tuple[int, str, float]]) -> dict[str, bool | str]:
     """Which parameters the rows identify: a column (scaled to the parameter's range) that moves
-    no residual is not; of columns that move only together, the later ones are not."""
+    no residual is not; taking the columns that move the rows most first, one that adds no new
+    direction to those already taken (collinear within :data:`_COLLINEAR_TOL`) is not."""
     out: dict[str, bool | str] = {}
     norms = np.linalg.norm(jac, axis=0)
     scale = max(float(norms.max()), 1e-300)
     kinds = sorted({k for _, k, _ in figs})
     kept: list[int] = []
-    for j, n in enumerate(names):
+    for j in sorted(range(len(names)), key=lambda k: -norms[k]):  # the parameters that move the rows most first
+        n = names[j]
         if norms[j] <= _IDENTIFIED_TOL * scale or norms[j] == 0:
             out[n] = (f"not identified: no figure of these rows ({', '.join(kinds)}) moves with it; left at the "
                       "card's value" + (" (no row measured peak memory)" if "memory" not in kinds else ""))
             continue
         trial = jac[:, [*kept, j]] / np.linalg.norm(jac[:, [*kept, j]], axis=0)
         sv = np.linalg.svd(trial, compute_uv=False)
-        if sv[-1] <= 1e-6 * sv[0]:
-            with_ = ", ".join(names[k] for k in kept)
+        with_ = ", ".join(names[k] for k in kept)
+        if len(kept) + 1 > jac.shape[0]:
+            out[n] = (f"not identified: the {jac.shape[0]} figures of these rows are taken by {with_}; left at the "
+                      "card's value")
+            continue
+        if sv[-1] <= _COLLINEAR_TOL * sv[0]:
             out[n] = f"not identified: these rows move it only together with {with_}; left at the card's value"
             continue
         kept.append(j)
         out[n] = True
-    return out
+    return {n: out[n] for n in names}
 
 
 def _gauss_newton(residual: Any, jacobian: Any, x0: np.ndarray, low: np.ndarray, high: np.ndarray,
