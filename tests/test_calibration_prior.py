@@ -98,7 +98,7 @@ def test_too_few_observations_fix_the_constant_first(rng, prior):
 
 def test_without_a_prior_one_run_cannot_separate_the_unknowns(rng, prior):
     """The point of the prior: the same single dry run alone leaves unknowns unidentified."""
-    frame = _frame(rng, prior, (1.0, 1.0), 2000.0, p=2, m=4)
+    frame = _frame(rng, prior, (1.0, 1.0), prior.provenance["constant_mb"], p=2, m=4)
     with pytest.raises(CalibrationError, match="cannot identify"):
         sapptk.calibrate(frame)
     assert sapptk.calibrate(frame, prior=prior).scales["static"] == pytest.approx(1.0, rel=1e-9)

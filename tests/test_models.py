@@ -26,6 +26,7 @@ from sapptk.models import (
     estimate_profile,
     hardware,
     layer_tensors,
+    operators,
 )
 from sapptk.models.estimate import layer_flops, static_bytes_per_parameter
 from sapptk.profile import MODES, LayerGroup, Profile
@@ -273,16 +274,22 @@ def test_experts_are_split_by_ep_and_sharded_over_expert_dp():
 
 
 def test_time_scales_with_efficiency_and_peak():
+    """The GEMMs' time is their FLOPs at peak × efficiency (issue 31: one fixed efficiency
+    became a per-shape model; at tp = 1 and 4096 tokens every GEMM of Llama-2-7B fills
+    whole tiles, so with no launch cost their time is the FLOPs at peak × efficiency ×
+    wave quantization, and halving the efficiency doubles it)."""
     model = card("llama2-7b")
-    fast = estimate_profile(model, Parallel(), hardware("h100"))
-    slow = estimate_profile(model, Parallel(), hardware("h100", matmul_efficiency=0.3))
-    assert slow.body[0].forward == pytest.approx(2 * fast.body[0].forward, rel=1e-5)
-    # tp = 1: forward is FLOPs only: 2·N·(4h² + 3hf) + N·s·2h for one layer of 4096 tokens
+    fast = operators(model, Parallel(), hardware("h100", launch_us=0.0))
+    slow = operators(model, Parallel(), hardware("h100", launch_us=0.0, matmul_efficiency=0.375))
+    gemm = (fast["kind"] == "gemm") & (fast["group"] == "layers") & (fast["phase"] == "fwd")
+    assert (slow.loc[gemm, "time_ms"] / fast.loc[gemm, "time_ms"]).to_numpy() == pytest.approx(2.0, rel=1e-9)
     s, h, f = 4096, 4096, 11008
-    flops = 2 * s * (4 * h * h + 3 * h * f) + s * s * 2 * h
-    assert fast.body[0].forward == pytest.approx(flops / (989e12 * 0.6) * 1e3, abs=1e-5)
-    none = fast.body[0].modes
-    assert none["full"].backward == pytest.approx(none["none"].backward + fast.body[0].forward, abs=1e-5)
+    assert fast.loc[gemm, "flops"].sum() == 2 * s * (4 * h * h + 3 * h * f)
+    qkv = fast[gemm & (fast["op"] == "qkv")].iloc[0]  # 4096 × 12288 × 4096: 32 × 96 tiles, 3072 / 132 SMs
+    waves = 3072 / (24 * 132)
+    assert qkv["time_ms"] == pytest.approx(2 * s * 3 * h * h / (989e9 * 0.75 * waves), rel=1e-12)
+    none = estimate_profile(model, Parallel(), "h100").body[0]
+    assert none.modes["full"].backward == pytest.approx(none.modes["none"].backward + none.forward, abs=1e-5)
 
 
 def test_profile_is_a_normal_profile_with_provenance(tmp_path):
@@ -292,7 +299,9 @@ def test_profile_is_a_normal_profile_with_provenance(tmp_path):
     assert profile.provenance["card"]["name"] == "llama3.1-70b"
     assert profile.provenance["parallel"]["tp"] == 8
     assert profile.provenance["hardware"]["name"] == "h100"
-    assert "allocator fragmentation and caching reserve" in profile.provenance["not_modelled"]
+    assert profile.provenance["memory_figure"] == "allocated" and profile.provenance["framework"] == "megatron"
+    assert "norm statistics (4-8 bytes per token) and integer routing indices" in profile.provenance["not_modelled"]
+    assert profile.provenance["operators"]["rows"]
     path = tmp_path / "p.yaml"
     profile.to_yaml(path)
     back = sapptk.load_profile(path)
@@ -381,7 +390,7 @@ def test_long_context_fields():
 def test_a_hardware_card_of_your_own():
     mine = hardware({"name": "x1", "peak_tflops": 500, "hbm_gb": 96, "hbm_tbps": 4, "intra_node_gbps": 400,
                      "inter_node_gbps": 50})
-    assert mine.peak_tflops == 500.0 and mine.matmul_efficiency == 0.6
+    assert mine.peak_tflops == 500.0 and mine.matmul_efficiency == 0.75
     with pytest.raises(ConfigError, match="field 'peak_tflops' is missing"):
         hardware({"name": "x1", "hbm_gb": 96, "hbm_tbps": 4, "intra_node_gbps": 400, "inter_node_gbps": 50})
     with pytest.raises(ConfigError, match="unknown field 'tflops'"):

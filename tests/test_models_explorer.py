@@ -13,7 +13,7 @@ def test_explorer_starts_from_a_card():
     assert isinstance(ex, Explorer)
     assert ex.profile == estimate_profile("llama3.1-8b", Parallel(tp=2, seq_length=8192), "a100")
     assert ex.budget.value == 80000.0  # the A100 80GB card's memory
-    assert ex.config().constant_memory == 2000.0  # the estimate's assumed constant
+    assert ex.config().constant_memory == ex.profile.provenance["constant_mb"]  # context + largest transient
     assert ex.config().stages == 4 and ex.config().micro_batches == 8
     assert all(not box.disabled for box in ex.recompute.values())  # an estimate has every mode
 

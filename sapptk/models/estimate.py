@@ -10,10 +10,13 @@ Everything is an operator-level account written down in ``docs/estimation.md``:
 * **static** — parameters per device (tensor-parallel parts ÷ ``tp``, routed experts ÷
   ``ep``, norms and routers replicated) times bytes per parameter (weight, gradient,
   Adam), the optimizer sharding dividing its parts over the data-parallel ranks.
-* **time** — FLOPs (matmuls, causal attention, MoE routed tokens) at
-  ``peak × matmul_efficiency``, plus the tensor-parallel collectives, the expert
-  all-to-all and the context-parallel ring from their volumes and the bandwidths;
-  recompute adds what it recomputes. Communication is added, not overlapped.
+* **time** — the layer's operators (:mod:`sapptk.models.ops`), each timed by the
+  hardware card's achieved-efficiency model (:mod:`sapptk.models.timing`), collectives
+  hidden under compute where the framework preset overlaps them; recompute adds the
+  forward operators a mode reruns.
+* **transient** — the peak inside an op (the backward's largest temporaries, a recomputed
+  layer rebuilt, the logits' gradient, FSDP's unsharded layers), charged once per device
+  in the constant; memory ``allocated`` or ``reserved`` (the caching allocator's reserve).
 
 Memory is in MB (10⁶ bytes), times in ms, per layer per micro-batch, as profiles are.
 """
@@ -22,16 +25,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sapptk.errors import ConfigError
 from sapptk.models.bundled import card as bundled_card
 from sapptk.models.bundled import hardware as bundled_hardware
 from sapptk.models.cards import ModelCard
+from sapptk.models.frameworks import Framework
+from sapptk.models.frameworks import framework as framework_preset
 from sapptk.models.layout import DTYPE_BYTES, Hardware, Parallel
+from sapptk.models.ops import (
+    Operator,
+    attention_widths,
+    capacity,
+    check_fp8,
+    dims,
+    layer_ops,
+    layer_param_split,
+    step_ops,
+    to_frame,
+)
 from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
 
-__all__ = ["NOT_MODELLED", "LayerTensor", "layer_flops", "layer_tensors", "static_bytes_per_parameter",
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["MEMORY_FIGURES", "NOT_MODELLED", "LayerTensor", "layer_flops", "layer_tensors", "operators",
+           "static_bytes_per_parameter",
            "check_layout", "estimate_profile"]
 
 _KEEP = frozenset({"none", "select", "comm", "both"})
@@ -50,14 +70,13 @@ _PROFILE_FIELDS = frozenset(f.name for f in fields(Profile))
 where the profile types have them."""
 
 NOT_MODELLED: tuple[str, ...] = (
-    "allocator fragmentation and caching reserve",
-    "temporary buffers of an op while it runs (the peak inside a backward)",
     "norm statistics (4-8 bytes per token) and integer routing indices",
-    "elementwise ops' time (norms, activations, residual adds, rotary embedding)",
-    "overlap of communication with compute (communication is added)",
-    "data-parallel gradient reduction and optimizer step (outside the pipeline's per-micro-batch costs)",
     "load imbalance between experts (routing is taken as balanced)",
     "vocabulary padding (the card's vocabulary is used as is)",
+    "slowdown of compute that runs beside overlapped communication (SM and memory contention)",
+    "the optimizer step's own time (the data-parallel collectives of a step are in provenance)",
+    "FP8 copies of activations kept for the backward (kept in the compute dtype)",
+    "the MoE all-to-all hidden under another micro-batch's compute (DualPipe pairs: provenance only)",
 )
 """What the estimate leaves out (also in ``docs/estimation.md`` and on every profile)."""
 
@@ -73,83 +92,63 @@ class LayerTensor:
     modes: frozenset[str]
 
 
-def _dims(card: ModelCard, par: Parallel) -> dict[str, float]:
-    tokens = par.seq_length * par.micro_batch_size / par.cp  # tokens of this device's sequence shard
-    return {
-        "N": tokens,
-        "Nsp": tokens / par.tp if par.sp else tokens,  # tokens in the norm / dropout regions
-        "t": float(par.tp),
-        "h": float(card.hidden_size),
-    }
-
-
-def _capacity(par: Parallel) -> float:
-    return 1.0 if par.capacity_factor is None else par.capacity_factor
-
-
-def _attention_widths(card: ModelCard) -> tuple[int, int, int]:
-    """(query/key width per head, value width per head, KV heads)."""
-    if card.mla is not None:
-        return card.mla.qk_nope_dim + card.mla.qk_rope_dim, card.mla.v_dim, card.num_heads
-    return card.head_dim, card.head_dim, card.num_kv_heads
-
-
 def layer_tensors(card: ModelCard, parallel: Parallel, *, moe: bool = False) -> list[LayerTensor]:
     """Every tensor one transformer layer keeps for its backward (one micro-batch, one
     device), with the modes that keep it: the table of ``docs/estimation.md``."""
-    d = _dims(card, parallel)
+    d = dims(card, parallel)
     n, nsp, t, h = d["N"], d["Nsp"], d["t"], d["h"]
     s, b, a = parallel.seq_length, parallel.micro_batch_size, card.num_heads
+    e = DTYPE_BYTES[parallel.compute_dtype]  # bytes of an activation element (2; fp32: 4)
     out: list[LayerTensor] = []
 
     def add(name: str, block: str, nbytes: float, modes: frozenset[str]) -> None:
         out.append(LayerTensor(name, block, nbytes / 1e6, modes))
 
-    add("attention norm input (the layer input)", "attention", 2 * nsp * h, _ALL)
-    add("attention norm output (QKV input)", "attention", 2 * nsp * h, _COLUMN)
-    dqk, dv, kv_heads = _attention_widths(card)
+    add("attention norm input (the layer input)", "attention", e * nsp * h, _ALL)
+    add("attention norm output (QKV input)", "attention", e * nsp * h, _COLUMN)
+    dqk, dv, kv_heads = attention_widths(card)
     if card.mla is not None:
         m = card.mla
         if m.q_lora_rank:
-            add("query down-projection output (q norm input)", "attention", 2 * nsp * m.q_lora_rank, _KEEP)
-            add("q norm output (query up-projection input)", "attention", 2 * nsp * m.q_lora_rank, _COLUMN)
+            add("query down-projection output (q norm input)", "attention", e * nsp * m.q_lora_rank, _KEEP)
+            add("q norm output (query up-projection input)", "attention", e * nsp * m.q_lora_rank, _COLUMN)
         add("KV down-projection output (KV norm input, rope key)", "attention",
-            2 * nsp * (m.kv_lora_rank + m.qk_rope_dim), _KEEP)
-        add("KV norm output (KV up-projection input)", "attention", 2 * nsp * m.kv_lora_rank, _COLUMN)
-    add("Q", "attention", 2 * n * a * dqk / t, _KEEP)
-    add("K", "attention", 2 * n * kv_heads * dqk / t, _KEEP)
-    add("V", "attention", 2 * n * kv_heads * dv / t, _KEEP)
+            e * nsp * (m.kv_lora_rank + m.qk_rope_dim), _KEEP)
+        add("KV norm output (KV up-projection input)", "attention", e * nsp * m.kv_lora_rank, _COLUMN)
+    add("Q", "attention", e * n * a * dqk / t, _KEEP)
+    add("K", "attention", e * n * kv_heads * dqk / t, _KEEP)
+    add("V", "attention", e * n * kv_heads * dv / t, _KEEP)
     if parallel.flash_attention:
         add("softmax statistics (fp32, flash attention)", "attention", 4 * n * a / t, _SCORES)
     else:
-        add("softmax output", "attention", 2 * a * s * s * b / t, _SCORES)
+        add("softmax output", "attention", e * a * s * s * b / t, _SCORES)
         if card.dropout:
             add("attention dropout mask", "attention", a * s * s * b / t, _SCORES)
-            add("attention dropout output", "attention", 2 * a * s * s * b / t, _SCORES)
-    add("attention output (output-projection input)", "attention", 2 * n * a * dv / t, _KEEP)
+            add("attention dropout output", "attention", e * a * s * s * b / t, _SCORES)
+    add("attention output (output-projection input)", "attention", e * n * a * dv / t, _KEEP)
     if card.dropout:
         add("attention residual dropout mask", "attention", nsp * h, _KEEP)
-    add("FFN norm input", "ffn", 2 * nsp * h, _KEEP)
-    add("FFN norm output (FC1 / router input)", "ffn", 2 * nsp * h, _COLUMN)
+    add("FFN norm input", "ffn", e * nsp * h, _KEEP)
+    add("FFN norm output (FC1 / router input)", "ffn", e * nsp * h, _COLUMN)
     widths = 2 if card.gated_mlp else 1
     if not moe:
         f = card.intermediate_size
         add("FC1 output (activation input" + (", gate and up)" if card.gated_mlp else ")"), "ffn",
-            2 * n * widths * f / t, _KEEP)
-        add("FC2 input (activation output)", "ffn", 2 * n * f / t, _KEEP)
+            e * n * widths * f / t, _KEEP)
+        add("FC2 input (activation output)", "ffn", e * n * f / t, _KEEP)
     else:
         assert card.moe is not None
-        e = card.moe
-        routed = nsp * e.top_k * _capacity(parallel)  # expert tokens per device (balanced routing)
-        add("router probabilities (fp32)", "moe", 4 * nsp * e.experts, _KEEP)
-        add("routing weights of the top-k (fp32)", "moe", 4 * nsp * e.top_k, _KEEP)
-        add("dispatched tokens (expert FC1 input)", "moe", 2 * routed * h, _COLUMN)
-        add("expert FC1 output (gate and up)", "moe", 2 * routed * 2 * e.expert_size, _KEEP)
-        add("expert FC2 input", "moe", 2 * routed * e.expert_size, _KEEP)
-        add("combined expert outputs (for the routing weights' gradient)", "moe", 2 * routed * h, _COLUMN)
-        if e.shared_size:
-            add("shared expert FC1 output (gate and up)", "moe", 2 * n * 2 * e.shared_size / t, _KEEP)
-            add("shared expert FC2 input", "moe", 2 * n * e.shared_size / t, _KEEP)
+        mo = card.moe
+        routed = nsp * mo.top_k * capacity(parallel)  # expert tokens per device (balanced routing)
+        add("router probabilities (fp32)", "moe", 4 * nsp * mo.experts, _KEEP)
+        add("routing weights of the top-k (fp32)", "moe", 4 * nsp * mo.top_k, _KEEP)
+        add("dispatched tokens (expert FC1 input)", "moe", e * routed * h, _COLUMN)
+        add("expert FC1 output (gate and up)", "moe", e * routed * 2 * mo.expert_size, _KEEP)
+        add("expert FC2 input", "moe", e * routed * mo.expert_size, _KEEP)
+        add("combined expert outputs (for the routing weights' gradient)", "moe", e * routed * h, _COLUMN)
+        if mo.shared_size:
+            add("shared expert FC1 output (gate and up)", "moe", e * n * 2 * mo.shared_size / t, _KEEP)
+            add("shared expert FC2 input", "moe", e * n * mo.shared_size / t, _KEEP)
     if card.dropout:
         add("FFN residual dropout mask", "ffn", nsp * h, _KEEP)
     return out
@@ -159,10 +158,10 @@ def layer_flops(card: ModelCard, parallel: Parallel, *, moe: bool = False) -> di
     """Forward FLOPs of one layer on one device for one micro-batch: ``matmul`` (every
     linear layer) and ``attention`` (the causal core: QKᵀ and the product with V, half of
     the full square)."""
-    d = _dims(card, parallel)
+    d = dims(card, parallel)
     n, nsp, t, h = d["N"], d["Nsp"], d["t"], d["h"]
     a, s = card.num_heads, parallel.seq_length
-    dqk, dv, kv_heads = _attention_widths(card)
+    dqk, dv, kv_heads = attention_widths(card)
     if card.mla is not None:
         m = card.mla
         q = (2 * nsp * h * m.q_lora_rank + 2 * n * m.q_lora_rank * a * dqk / t) if m.q_lora_rank \
@@ -177,45 +176,20 @@ def layer_flops(card: ModelCard, parallel: Parallel, *, moe: bool = False) -> di
     else:
         assert card.moe is not None
         e = card.moe
-        routed = nsp * e.top_k * _capacity(parallel)
+        routed = nsp * e.top_k * capacity(parallel)
         matmul += 2 * nsp * h * e.experts + 6 * routed * h * e.expert_size + 6 * n * h * e.shared_size / t
     return {"matmul": matmul, "attention": attention}
-
-
-def _layer_comm_ms(card: ModelCard, par: Parallel, hw: Hardware, moe: bool) -> dict[str, float]:
-    """Forward communication of one layer, ms: ``tp`` (all-gathers and reduce-scatters, or
-    all-reduces), ``tp_gather`` (the all-gathers alone, which comm recompute repeats),
-    ``ep`` (dispatch and combine all-to-all), ``cp`` (the ring passing K and V)."""
-    d = _dims(card, par)
-    n, t, h = d["N"], par.tp, d["h"]
-    activation = 2 * n * h  # bytes of one full-width activation of this device's tokens
-    collectives = 2 if (not moe or (card.moe is not None and card.moe.shared_size)) else 1
-    tp = tp_gather = 0.0
-    if t > 1:
-        one = (t - 1) / t * activation / hw.bandwidth(t)  # an all-gather or a reduce-scatter
-        # per block, SP: an all-gather and a reduce-scatter; no SP: one all-reduce (= 2 × one)
-        tp = 2 * collectives * one
-        tp_gather = collectives * one if par.sp else 0.0
-    ep = 0.0
-    if moe and par.ep > 1:
-        assert card.moe is not None
-        routed = d["Nsp"] * card.moe.top_k * _capacity(par)
-        ep = 2 * (par.ep - 1) / par.ep * 2 * routed * h / hw.bandwidth(t * par.cp * par.ep)
-    cp = 0.0
-    if par.cp > 1:
-        dqk, dv, kv_heads = _attention_widths(card)
-        kv_bytes = 2 * n * kv_heads * (dqk + dv) / t
-        cp = (par.cp - 1) * kv_bytes / hw.bandwidth(t * par.cp)
-    return {"tp": tp, "tp_gather": tp_gather, "ep": ep, "cp": cp}
 
 
 def static_bytes_per_parameter(parallel: Parallel, data_parallel: int) -> float:
     """Bytes one device keeps per parameter it holds: weight (compute dtype), gradient
     (``grad_dtype``) and, with Adam, fp32 master weights (when computing in 16 bits) and
-    two fp32 moments, divided over ``data_parallel`` ranks as ``sharding`` says."""
+    two moments (``moment_dtype``: 4 or 2 bytes each), divided over ``data_parallel``
+    ranks as ``sharding`` says."""
     weight = DTYPE_BYTES[parallel.compute_dtype]
     grad = DTYPE_BYTES[parallel.grad_dtype]
-    optimizer = (8 + (4 if weight < 4 else 0)) if parallel.adam else 0
+    moments = 2 * DTYPE_BYTES[parallel.moment_dtype]
+    optimizer = (moments + (4 if weight < 4 else 0)) if parallel.adam else 0
     shard = parallel.sharding
     dp = float(data_parallel)
     if shard == "none":
@@ -228,12 +202,8 @@ def static_bytes_per_parameter(parallel: Parallel, data_parallel: int) -> float:
 
 
 def _layer_static_mb(card: ModelCard, par: Parallel, moe: bool) -> float:
-    attention = card.attention_parameters()
-    ffn = card.ffn_parameters(moe)
-    dense = (attention["sharded"] + ffn["sharded"]) / par.tp + attention["replicated"] + ffn["replicated"]
-    dense += 2 * card.hidden_size * (2 if card.norm == "layernorm" else 1)
+    dense, experts = layer_param_split(card, par, moe)
     per_dense = static_bytes_per_parameter(par, par.dp * par.cp)
-    experts = ffn["experts"] / par.ep
     per_expert = static_bytes_per_parameter(par, par.expert_dp)
     return (dense * per_dense + experts * per_expert) / 1e6
 
@@ -267,90 +237,69 @@ def check_layout(card: ModelCard, parallel: Parallel) -> None:
         )
 
 
-def _body_group(name: str, count: int, card: ModelCard, par: Parallel, hw: Hardware, moe: bool) -> LayerGroup:
-    tensors = layer_tensors(card, par, moe=moe)
-    flops = layer_flops(card, par, moe=moe)
-    comm = _layer_comm_ms(card, par, hw, moe)
-    rate = hw.flops_per_ms()
-    comm_fwd = comm["tp"] + comm["ep"] + comm["cp"]
-    matmul_ms, attention_ms = flops["matmul"] / rate, flops["attention"] / rate
-    forward = matmul_ms + attention_ms + comm_fwd
-    attention_bwd = (2.5 if par.flash_attention else 2.0) * attention_ms  # flash recomputes the scores
-    backward = 2 * matmul_ms + attention_bwd + comm["tp"] + comm["ep"] + 2 * comm["cp"]
-    extra = {
-        "none": 0.0,
-        "select": attention_ms,
-        "comm": comm["tp_gather"] + comm["ep"],
-        "both": attention_ms + comm["tp_gather"] + comm["ep"],
-        "full": forward,
-    }
-    modes = {
-        m: ModeCost(backward=_r(backward + extra[m]), activation=_r(sum(x.mb for x in tensors if m in x.modes)))
-        for m in MODES
-    }
-    long_context: dict[str, float] = {}  # the long-context fields, where the profile has them
-    if "kv_mb_per_token" in _GROUP_FIELDS:
-        dqk, dv, kv_heads = _attention_widths(card)
-        bytes_per_token = 2 * kv_heads * (dqk + dv) * par.micro_batch_size / (par.tp * par.cp)
-        long_context["kv_mb_per_token"] = bytes_per_token / 1e6
-    if "attention_share" in _GROUP_FIELDS:
-        long_context["attention_share"] = min(1.0, (attention_ms + attention_bwd) / (forward + backward))
-    return LayerGroup(name=name, kind="body", count=count, forward=_r(forward),
-                      params=_r(_layer_static_mb(card, par, moe)), modes=modes, **long_context)
-
-
 def _r(value: float) -> float:
     """Figures kept to 1e-6 (ns, bytes): exports stay readable, nothing that matters moves."""
     return round(value, 6)
 
 
-def _head_group(card: ModelCard, par: Parallel, hw: Hardware) -> LayerGroup:
-    d = _dims(card, par)
-    n, nsp, t, h = d["N"], d["Nsp"], par.tp, d["h"]
-    hbm = hw.hbm_tbps * 1e12 / 1e3  # bytes per ms
-    lookup = (2 * n * h + 2 * nsp * h) / hbm  # gather the rows, write the output
-    # vocabulary-parallel lookup: a reduce-scatter (SP) or an all-reduce (twice the bytes) of the output
-    reduce = (1 if par.sp else 2) * (t - 1) / t * 2 * n * h / hw.bandwidth(t) if t > 1 else 0.0
-    kept = 8 * n + (nsp * h if card.dropout else 0.0)  # int64 token ids (+ dropout mask)
-    params = card.vocab_size * card.hidden_size / t + card.positions * card.hidden_size
-    per = static_bytes_per_parameter(par, par.dp * par.cp)
-    forward = lookup + reduce
-    return LayerGroup(name="embedding", kind="head", count=1, forward=_r(forward), params=_r(params * per / 1e6),
-                      modes={"none": ModeCost(backward=_r(2 * lookup + reduce), activation=_r(kept / 1e6))})
+def _head_static_mb(card: ModelCard, par: Parallel) -> float:
+    params = card.vocab_size * card.hidden_size / par.tp + card.positions * card.hidden_size
+    return params * static_bytes_per_parameter(par, par.dp * par.cp) / 1e6
 
 
-def _tail_group(card: ModelCard, par: Parallel, hw: Hardware) -> LayerGroup:
-    d = _dims(card, par)
-    n, nsp, t, h = d["N"], d["Nsp"], par.tp, d["h"]
-    v = card.vocab_size
-    hbm = hw.hbm_tbps * 1e12 / 1e3
-    lm_ms = 2 * n * h * v / t / hw.flops_per_ms()
-    logits = 4 * n * v / t  # fp32 logits for the loss
-    one = (t - 1) / t * 2 * n * h / hw.bandwidth(t) if t > 1 else 0.0
-    gather = one if par.sp else 0.0  # SP: the final norm's output gathered; its gradient reduce-scattered
-    forward = lm_ms + 2 * logits / hbm + gather
-    backward = 2 * lm_ms + 2 * logits / hbm + (gather if par.sp else 2 * one)  # no SP: all-reduce the input grad
-    kept = 2 * nsp * h + 2 * nsp * h + logits  # final norm input and output, fp32 logits
+def _tail_static_mb(card: ModelCard, par: Parallel) -> float:
     params = card.output_parameters(count_tied=True) - card.vocab_size * card.hidden_size
-    params += card.vocab_size * card.hidden_size / t
-    per = static_bytes_per_parameter(par, par.dp * par.cp)
-    return LayerGroup(name="output", kind="tail", count=1, forward=_r(forward), params=_r(params * per / 1e6),
-                      modes={"none": ModeCost(backward=_r(backward), activation=_r(kept / 1e6))})
+    params += card.vocab_size * card.hidden_size / par.tp
+    return params * static_bytes_per_parameter(par, par.dp * par.cp) / 1e6
 
 
-def estimate_profile(
-    card: ModelCard | str,
-    parallel: Parallel | None = None,
-    hardware: Hardware | str = "h100",
-) -> Profile:
-    """A :class:`~sapptk.profile.Profile` for ``card`` (a :class:`ModelCard` or a bundled
-    name) run with ``parallel`` (default :class:`Parallel`) on ``hardware`` (a
-    :class:`Hardware` or a bundled name). Groups follow ``card.groups``: ``embedding``
-    (head), the body groups with every recompute mode, ``output`` (tail). The profile's
-    ``provenance`` names the card, layout, hardware and efficiency, the per-device
-    constant (``constant_mb``, for ``PipelineConfig(constant_memory=...)``) and what is
-    not modelled. Raises :class:`~sapptk.errors.ConfigError` for a layout the card does
-    not admit (heads or KV heads not divisible by ``tp``, experts by ``ep``, ...)."""
+def _exposed(rows: list[Operator]) -> float:
+    return sum(r.exposed_ms for r in rows)
+
+
+def _mode_times(fwd: list[Operator], bwd: list[Operator]) -> tuple[float, dict[str, float]]:
+    """Forward ms and backward ms per mode (the backward plus what the mode reruns)."""
+    forward = _exposed(fwd)
+    back = _exposed(bwd)
+    extra = dict.fromkeys(MODES, 0.0)
+    for r in fwd:
+        for mode in r.recompute:
+            extra[mode] += r.exposed_ms
+    return forward, {m: back + extra[m] for m in MODES}
+
+
+def _head_tail_kept(card: ModelCard, par: Parallel, kind: str) -> float:
+    d = dims(card, par)
+    n, nsp, h = d["N"], d["Nsp"], d["h"]
+    e = DTYPE_BYTES[par.compute_dtype]
+    if kind == "head":
+        return 8 * n + (nsp * h if card.dropout else 0.0)  # int64 token ids (+ dropout mask)
+    return 2 * e * nsp * h + 4 * n * card.vocab_size / par.tp  # final norm input and output, fp32 logits
+
+
+def _body_transient_mb(tensors: list[LayerTensor], card: ModelCard, par: Parallel, moe: bool) -> dict[str, float]:
+    """Per mode, the MB a layer's backward holds beyond its kept tensors at its peak: the
+    tensors the mode recomputes (rebuilt for this layer's backward) plus the largest
+    backward temporary, taken as twice the largest kept tensor (its gradient and the
+    gradient arriving beside it); FSDP adds two unsharded layers' weights and one layer's
+    unsharded gradients."""
+    largest = 2 * max(x.mb for x in tensors)
+    none = sum(x.mb for x in tensors)
+    out = {}
+    for mode in MODES:
+        kept = sum(x.mb for x in tensors if mode in x.modes)
+        out[mode] = none - kept + largest
+    if par.sharding == "fsdp":
+        dense, experts = layer_param_split(card, par, moe)
+        per = dense + experts
+        fsdp = (2 * DTYPE_BYTES[par.compute_dtype] + DTYPE_BYTES[par.grad_dtype]) * per / 1e6
+        out = {m: v + fsdp for m, v in out.items()}
+    return out
+
+
+def resolve_inputs(card: ModelCard | str, parallel: Parallel | None, hardware: Hardware | str,
+                   framework: Framework | str) -> tuple[ModelCard, Parallel, Hardware, Framework]:
+    """The card, layout, hardware and framework an estimate names, checked together."""
     model = bundled_card(card) if isinstance(card, str) else card
     if not isinstance(model, ModelCard):
         raise ConfigError(f"estimate_profile: card = {model!r}: expected a ModelCard or a bundled card name")
@@ -360,14 +309,111 @@ def estimate_profile(
     hw = bundled_hardware(hardware) if isinstance(hardware, str) else hardware
     if not isinstance(hw, Hardware):
         raise ConfigError(f"estimate_profile: hardware = {hw!r}: expected a Hardware or a bundled hardware name")
+    fw = framework_preset(framework)
     check_layout(model, par)
-    groups = [_head_group(model, par, hw)]
+    check_fp8(par, hw)
+    return model, par, hw, fw
+
+
+def tables(model: ModelCard, par: Parallel, hw: Hardware,
+           fw: Framework) -> list[tuple[list[Operator], list[Operator], list[Operator]]]:
+    """(forward, backward, step) operators of one layer of each group, in model order."""
+    out = []
     for group in model.groups:
+        fwd, bwd = layer_ops(model, par, hw, fw, group=group.name, kind=group.kind, moe=group.moe)
+        step: list[Operator] = []
         if group.kind == "body":
-            groups.append(_body_group(group.name, group.count, model, par, hw, group.moe))
-    groups.append(_tail_group(model, par, hw))
-    extra = {"seq_length": par.seq_length} if "seq_length" in _PROFILE_FIELDS else {}
-    return Profile(name=_name(model, par, hw), groups=tuple(groups), provenance=_provenance(model, par, hw), **extra)
+            step = step_ops(model, par, hw, fw, group=group.name, moe=group.moe,
+                            backward_ms=_exposed(bwd), forward_ms=_exposed(fwd))
+        out.append((fwd, bwd, step))
+    return out
+
+
+def operators(card: ModelCard | str, parallel: Parallel | None = None, hardware: Hardware | str = "h100", *,
+              framework: Framework | str = "megatron") -> pd.DataFrame:
+    """The operator table of ``card`` under ``parallel`` on ``hardware`` with ``framework``'s
+    overlaps: one row per operator and phase (``fwd``, ``bwd``, ``recompute`` with its
+    ``mode``, ``step`` for the once-per-step data-parallel collectives) of one layer of each
+    group (head, body groups, tail), with columns :data:`COLUMNS`. Summing ``exposed_ms``
+    over a group's ``fwd`` rows gives its profile forward time; over ``bwd`` plus a mode's
+    ``recompute`` rows its backward in that mode. Raises
+    :class:`~sapptk.errors.ConfigError` as :func:`sapptk.estimate_profile` does."""
+    model, par, hw, fw = resolve_inputs(card, parallel, hardware, framework)
+    return to_frame(tables(model, par, hw, fw))
+
+
+MEMORY_FIGURES: tuple[str, ...] = ("allocated", "reserved")
+"""What an estimate's memory figures are: the caching allocator's ``allocated`` bytes (what
+tensors hold) or its ``reserved`` bytes (allocated × (1 + ``Hardware.allocator_reserve``)
+for the dynamic memory: activations and transients)."""
+
+
+def estimate_profile(
+    card: ModelCard | str,
+    parallel: Parallel | None = None,
+    hardware: Hardware | str = "h100",
+    *,
+    framework: Framework | str = "megatron",
+    memory: str = "allocated",
+) -> Profile:
+    """A :class:`~sapptk.profile.Profile` for ``card`` (a :class:`ModelCard` or a bundled
+    name) run with ``parallel`` (default :class:`Parallel`) on ``hardware`` (a
+    :class:`Hardware` or a bundled name) under ``framework``'s overlaps (a preset name of
+    :data:`~sapptk.models.frameworks.FRAMEWORKS` or a :class:`Framework`). Groups follow
+    ``card.groups``: ``embedding`` (head), the body groups with every recompute mode,
+    ``output`` (tail); times are the exposed times of each layer's operators
+    (:func:`sapptk.models.operators`). ``memory`` says which figure the memory is:
+    ``allocated`` or ``reserved`` (:data:`MEMORY_FIGURES`). The profile's ``provenance``
+    names the card, layout, hardware, framework, the memory figure, the per-device
+    constant (``constant_mb`` = the card's context constant + the body layers' largest transient, for
+    ``PipelineConfig(constant_memory=...)``), the operator table and what is not
+    modelled. Raises :class:`~sapptk.errors.ConfigError` for a layout the card does not
+    admit (heads or KV heads not divisible by ``tp``, experts by ``ep``, FP8 on a card
+    without it, ...)."""
+    model, par, hw, fw = resolve_inputs(card, parallel, hardware, framework)
+    if memory not in MEMORY_FIGURES:
+        raise ConfigError(f"estimate_profile: memory = {memory!r}: expected one of {', '.join(MEMORY_FIGURES)}")
+    scale = 1.0 + hw.allocator_reserve if memory == "reserved" else 1.0
+    ops = tables(model, par, hw, fw)
+    groups: list[LayerGroup] = []
+    transient: dict[str, dict[str, float]] = {}
+    step_ms: dict[str, float] = {}
+    for group, (fwd, bwd, step) in zip(model.groups, ops, strict=True):
+        forward, backward = _mode_times(fwd, bwd)
+        if group.kind == "body":
+            tensors = layer_tensors(model, par, moe=group.moe)
+            modes = {m: ModeCost(backward=_r(backward[m]),
+                                 activation=_r(scale * sum(x.mb for x in tensors if m in x.modes)))
+                     for m in MODES}
+            transient[group.name] = {m: _r(v * scale) for m, v in _body_transient_mb(tensors, model, par,
+                                                                                      group.moe).items()}
+            step_ms[group.name] = _r(_exposed(step))
+            extra: dict[str, float] = {}
+            if "kv_mb_per_token" in _GROUP_FIELDS:
+                dqk, dv, kv_heads = attention_widths(model)
+                e = DTYPE_BYTES[par.compute_dtype]
+                extra["kv_mb_per_token"] = e * kv_heads * (dqk + dv) * par.micro_batch_size / (par.tp * par.cp) / 1e6
+            if "attention_share" in _GROUP_FIELDS:
+                core = sum(r.exposed_ms for r in (*fwd, *bwd) if r.kind == "attention")
+                extra["attention_share"] = min(1.0, core / (forward + backward["none"]))
+            groups.append(LayerGroup(name=group.name, kind="body", count=group.count, forward=_r(forward),
+                                     params=_r(_layer_static_mb(model, par, group.moe)), modes=modes, **extra))
+        else:
+            static = _head_static_mb(model, par) if group.kind == "head" else _tail_static_mb(model, par)
+            kept = scale * _head_tail_kept(model, par, group.kind) / 1e6
+            if group.kind == "tail":  # the logits' fp32 gradient beside the kept logits, where the tail lives
+                grad = scale * 4 * dims(model, par)["N"] * model.vocab_size / par.tp / 1e6
+                transient[group.name] = {"none": _r(grad)}
+                kept += grad
+            groups.append(LayerGroup(name=group.name, kind=group.kind, count=1, forward=_r(forward),
+                                     params=_r(static), modes={"none": ModeCost(backward=_r(backward["none"]),
+                                                                                activation=_r(kept))}))
+    extra_fields = {"seq_length": par.seq_length} if "seq_length" in _PROFILE_FIELDS else {}
+    body = {g.name for g in model.groups if g.kind == "body"}
+    peak = max((v for name, by_mode in transient.items() if name in body for v in by_mode.values()), default=0.0)
+    provenance = _provenance(model, par, hw, fw, memory=memory, transient=transient, peak=peak, step_ms=step_ms,
+                             ops=ops)
+    return Profile(name=_name(model, par, hw), groups=tuple(groups), provenance=provenance, **extra_fields)
 
 
 def _name(card: ModelCard, par: Parallel, hw: Hardware) -> str:
@@ -380,13 +426,26 @@ def _name(card: ModelCard, par: Parallel, hw: Hardware) -> str:
     return " ".join(parts)
 
 
-def _provenance(card: ModelCard, par: Parallel, hw: Hardware) -> Mapping[str, Any]:
+def _provenance(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, memory: str,
+                transient: dict[str, dict[str, float]], peak: float, step_ms: dict[str, float],
+                ops: list[tuple[list[Operator], list[Operator], list[Operator]]]) -> Mapping[str, Any]:
+    columns = ["group", "op", "phase", "kind", "count", "flops", "bytes", "time_ms", "exposed_ms",
+               "overlapped_with", "recompute"]
+    rows = [[r.group, r.op, r.phase, r.kind, r.count, r.flops, r.bytes, _r(r.time_ms), _r(r.exposed_ms),
+             r.overlapped_with, ",".join(sorted(r.recompute))]
+            for fwd, bwd, step in ops for r in (*fwd, *bwd, *step)]
     return {
         "estimated_by": "sapptk.estimate_profile",
         "card": card.describe(),
         "parallel": par.describe(),
         "hardware": hw.describe(),
+        "framework": fw.name,
         "matmul_efficiency": hw.matmul_efficiency,
-        "constant_mb": hw.constant_mb,
+        "memory_figure": memory,
+        "context_mb": hw.constant_mb,
+        "transient_mb": transient,
+        "constant_mb": _r(hw.constant_mb + peak),
+        "dp_step_exposed_ms_per_layer": step_ms,
+        "operators": {"columns": columns, "rows": rows},
         "not_modelled": list(NOT_MODELLED),
     }

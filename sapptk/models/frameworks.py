@@ -1,0 +1,79 @@
+"""Framework presets: which communication a training framework hides under compute and how
+many separate elementwise kernels it runs (:data:`FRAMEWORKS`, :func:`framework`).
+
+Each flag is a documented feature of the framework (``docs/estimation.md``, "Framework
+presets"); an overlapped collective costs only what its window of compute does not cover.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from sapptk.errors import ConfigError
+
+__all__ = ["FRAMEWORKS", "Framework", "framework"]
+
+
+@dataclass(frozen=True)
+class Framework:
+    """``tp_comm_overlap``: tensor-parallel all-gathers and reduce-scatters run under the
+    neighbouring GEMM; ``cp_comm_overlap``: the context-parallel ring's sends under the
+    attention of the previous chunk; ``overlap_grad_reduce``: the data-parallel gradient
+    reduction runs bucket by bucket under the backward; ``overlap_param_gather``: the
+    distributed optimizer's parameter all-gather runs under the next forward;
+    ``fsdp_prefetch``: FSDP / ZeRO-3 gathers the next layer's parameters during this one;
+    ``elementwise_factor``: bytes and launches of the elementwise ops relative to the
+    fused kernels the operator list names (1: every listed op one kernel)."""
+
+    name: str
+    tp_comm_overlap: bool
+    cp_comm_overlap: bool
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    fsdp_prefetch: bool
+    elementwise_factor: float = 1.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        f = self.elementwise_factor
+        if isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0.1 <= float(f) <= 10:
+            raise ConfigError(f"framework {self.name!r}: field 'elementwise_factor' = {f!r}: expected a number "
+                              "in [0.1, 10]")
+
+
+FRAMEWORKS: Mapping[str, Framework] = MappingProxyType({
+    "megatron": Framework(
+        "megatron", tp_comm_overlap=True, cp_comm_overlap=True, overlap_grad_reduce=True,
+        overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.0,
+        source="Megatron-LM / Megatron-Core arguments --tp-comm-overlap (Transformer Engine userbuffers), "
+               "--overlap-grad-reduce, --overlap-param-gather (distributed optimizer); Transformer Engine's "
+               "context-parallel attention overlaps the ring's P2P with attention; fused kernels "
+               "--bias-swiglu-fusion, --bias-dropout-fusion, --apply-rope-fusion"),
+    "torchtitan": Framework(
+        "torchtitan", tp_comm_overlap=False, cp_comm_overlap=True, overlap_grad_reduce=True,
+        overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.2,
+        source="torchtitan: FSDP2 (fully_shard) prefetches the next layer's all-gather and overlaps the "
+               "reduce-scatter with the backward; async TP is opt-in (not assumed); PyTorch context-parallel "
+               "ring attention; eager elementwise ops unless torch.compile"),
+    "deepspeed": Framework(
+        "deepspeed", tp_comm_overlap=False, cp_comm_overlap=False, overlap_grad_reduce=True,
+        overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.5,
+        source="DeepSpeed ZeRO config overlap_comm (gradient reduction under backward) and ZeRO-3 "
+               "stage3_prefetch_bucket_size (parameter prefetch); Hugging Face modules run unfused "
+               "elementwise kernels"),
+})
+"""The bundled presets by name."""
+
+
+def framework(name: str | Framework) -> Framework:
+    """A preset by name (``megatron``, ``torchtitan``, ``deepspeed``) or a given
+    :class:`Framework`."""
+    if isinstance(name, Framework):
+        return name
+    key = str(name).strip().lower() if isinstance(name, str) else None
+    if key not in FRAMEWORKS:
+        raise ConfigError(f"framework = {name!r}: expected one of {', '.join(FRAMEWORKS)} or a Framework")
+    return FRAMEWORKS[key]

@@ -1,0 +1,474 @@
+"""A layer as a list of operators: :func:`layer_ops` (the records
+:func:`sapptk.estimate_profile` sums) and :func:`to_frame` (the table
+:func:`sapptk.models.operators` returns).
+
+Each layer's forward is an explicit list of GEMMs (M, N, K, dtype), the attention core
+(flash or not, causal, keys per query, heads, head widths), elementwise and norm kernels
+(bytes moved) and collectives (kind, bytes, group size and stride, hence placement inside a
+node or across). The backward and each recompute mode's extra work follow from it: a GEMM
+gives its input-gradient and weight-gradient GEMMs, the attention core its backward, an
+elementwise op its backward kernel, a collective its transpose (an all-gather becomes a
+reduce-scatter, ...). A model family is the function that lists its forward: dense
+GQA/SwiGLU or GPT (with or without biases and dropout), MoE (router, routed and shared
+experts), MLA — the seam where a new family goes.
+
+Ranks follow Megatron's order: tensor parallel fastest, then context parallel, then data
+parallel (then pipeline); the routed experts use their own grid with expert parallel
+fastest (expert tensor parallel 1, Megatron-Core's MoE parallel folding), then expert data
+parallel. A group's stride and size give its placement (:func:`sapptk.models.timing.placement`).
+
+Times come from :mod:`sapptk.models.timing`; which collectives hide under which compute
+comes from the framework preset (:mod:`sapptk.models.frameworks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import pandas as pd
+
+from sapptk.errors import ConfigError
+from sapptk.models.cards import ModelCard
+from sapptk.models.frameworks import Framework
+from sapptk.models.layout import DTYPE_BYTES, Hardware, Parallel
+from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement
+
+__all__ = ["COLUMNS", "KINDS", "PHASES", "Operator", "check_fp8", "layer_ops", "step_ops", "to_frame"]
+
+KINDS: tuple[str, ...] = ("gemm", "attention", "elementwise", "collective")
+PHASES: tuple[str, ...] = ("fwd", "bwd", "recompute", "step")
+FP32_PEAK_SHARE = 0.5
+"""fp32 GEMMs run as TF32 on tensor cores: half the dense 16-bit peak on A100 (156 of 312
+TFLOPS) and H100 (494.7 of 989) per NVIDIA's datasheets (PyTorch needs ``allow_tf32``)."""
+
+_FULL = frozenset({"full"})
+_SELECT = frozenset({"select", "both", "full"})  # the attention core (and the CP ring it needs)
+_COMM = frozenset({"comm", "both", "full"})  # norms, the all-gathers after them, the all-to-alls
+_NONE: frozenset[str] = frozenset()
+_TRANSPOSE = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather", "all_reduce": "all_reduce",
+              "all_to_all": "all_to_all", "send_recv": "send_recv"}
+
+
+class Operator(NamedTuple):
+    """One row of the operator table. ``flops``, ``bytes`` and ``time_ms`` are totals over
+    ``count`` identical ops; ``m``, ``n``, ``k`` one GEMM's shape (0 otherwise); for the
+    attention core ``m`` is the queries, ``n`` the heads, ``k`` the mean keys per query;
+    ``exposed_ms`` is what the op adds to the layer's time after overlap (the compute ops:
+    all of it); ``overlapped_with`` the op (or ``layer``) whose compute hides it;
+    ``recompute`` the modes that rerun a forward op in the backward."""
+
+    group: str
+    op: str
+    phase: str
+    kind: str
+    count: float
+    flops: float
+    bytes: float
+    time_ms: float
+    exposed_ms: float
+    overlapped_with: str
+    m: float
+    n: float
+    k: float
+    dtype: str
+    collective: str
+    group_size: int
+    placement: str
+    recompute: frozenset[str]
+
+
+COLUMNS: tuple[str, ...] = ("group", "op", "phase", "mode", "kind", "count", "flops", "bytes", "time_ms",
+                            "exposed_ms", "overlapped_with", "m", "n", "k", "dtype", "collective", "group_size",
+                            "placement")
+
+
+def dims(card: ModelCard, par: Parallel) -> dict[str, float]:
+    """Tokens of this device's sequence shard ``N``, in the norm regions ``Nsp``, ``t``, ``h``."""
+    tokens = par.seq_length * par.micro_batch_size / par.cp
+    return {"N": tokens, "Nsp": tokens / par.tp if par.sp else tokens, "t": float(par.tp),
+            "h": float(card.hidden_size)}
+
+
+def capacity(par: Parallel) -> float:
+    return 1.0 if par.capacity_factor is None else par.capacity_factor
+
+
+def attention_widths(card: ModelCard) -> tuple[int, int, int]:
+    """(query/key width per head, value width per head, KV heads)."""
+    if card.mla is not None:
+        return card.mla.qk_nope_dim + card.mla.qk_rope_dim, card.mla.v_dim, card.num_heads
+    return card.head_dim, card.head_dim, card.num_kv_heads
+
+
+class _Builder:
+    """Lists one group's forward ops, with the hardware timing each as it is added."""
+
+    def __init__(self, group: str, par: Parallel, hw: Hardware, fw: Framework) -> None:
+        self.group, self.par, self.hw, self.fw = group, par, hw, fw
+        self.e = float(DTYPE_BYTES[par.compute_dtype])
+        self.dtype = par.compute_dtype
+        self.fwd: list[Operator] = []
+        self.bwd: list[Operator] = []
+
+    def _row(self, phase: str, op: str, kind: str, count: float, flops: float, nbytes: float, ms: float,
+             overlap: str = "", m: float = 0.0, n: float = 0.0, k: float = 0.0, dtype: str = "",
+             collective: str = "", size: int = 0, where: str = "", recompute: frozenset[str] = _NONE) -> None:
+        row = Operator(self.group, op, phase, kind, count, flops, nbytes, ms, ms, overlap, m, n, k, dtype,
+                       collective, size, where, recompute)
+        (self.fwd if phase == "fwd" else self.bwd).append(row)
+
+    def _gemm_time(self, m: float, n: float, k: float, fp8: bool) -> float:
+        if self.par.compute_dtype == "fp32" and not fp8:
+            hw = self.hw
+            one = gemm_ms(hw, m, n, k, elem_bytes=4.0)
+            launch = hw.launch_us / 1e3
+            return launch + (one - launch) / FP32_PEAK_SHARE
+        return gemm_ms(self.hw, m, n, k, fp8=fp8, elem_bytes=self.e)
+
+    def gemm(self, op: str, m: float, n: float, k: float, *, count: float = 1.0, recompute: frozenset[str] = _FULL,
+             fp8_ok: bool = True, bwd_weight: bool = True) -> None:
+        """A linear layer's forward GEMM (M tokens, N outputs, K inputs) and, in the
+        backward, its input gradient (M×N by N×K) and weight gradient (K×M by M×N)."""
+        fp8 = self.par.fp8 and fp8_ok
+        dtype = "fp8" if fp8 else self.dtype
+        self._row("fwd", op, "gemm", count, count * 2 * m * n * k, count * self.e * (m * k + k * n + m * n),
+                  count * self._gemm_time(m, n, k, fp8), m=m, n=n, k=k, dtype=dtype, recompute=recompute)
+        self._row("bwd", op + "_dgrad", "gemm", count, count * 2 * m * n * k, count * self.e * (m * n + n * k + m * k),
+                  count * self._gemm_time(m, k, n, fp8), m=m, n=k, k=n, dtype=dtype)
+        if bwd_weight:
+            self._row("bwd", op + "_wgrad", "gemm", count, count * 2 * m * n * k,
+                      count * self.e * (m * n + m * k + k * n), count * self._gemm_time(k, n, m, fp8),
+                      m=k, n=n, k=m, dtype=dtype)
+        if fp8:  # cast the activation input (fwd) and the output gradient (bwd) to FP8
+            self.elementwise(op + "_fp8_cast", count * (self.e + 1) * m * k, recompute=recompute, backward=0.0)
+            self._row("bwd", op + "_fp8_cast_bwd", "elementwise", count, 0.0, count * (self.e + 1) * m * n,
+                      count * self._elem_time((self.e + 1) * m * n))
+
+    def _elem_time(self, nbytes: float) -> float:
+        f = self.fw.elementwise_factor
+        return f * elementwise_ms(self.hw, nbytes)
+
+    def elementwise(self, op: str, nbytes: float, *, recompute: frozenset[str] = _FULL, backward: float = 2.0,
+                    count: float = 1.0) -> None:
+        """A memory-bound kernel moving ``nbytes`` (all ``count`` of them); its backward
+        kernel moves ``backward`` × as many (0: no backward kernel)."""
+        if nbytes <= 0:
+            return
+        self._row("fwd", op, "elementwise", count, 0.0, nbytes, count * self._elem_time(nbytes / count),
+                  recompute=recompute)
+        if backward:
+            b = backward * nbytes
+            self._row("bwd", op + "_bwd", "elementwise", count, 0.0, b, count * self._elem_time(b / count))
+
+    def attention(self, flops: float, queries: float, heads: float, keys: float, *, flash: bool,
+                  recompute: frozenset[str] = _SELECT) -> None:
+        """The attention core of ``flops`` forward FLOPs, ``keys`` keys per query on average.
+        Flash: one kernel, backward 2.5 × the FLOPs (it recomputes the scores)."""
+        dtype = self.dtype
+        self._row("fwd", "attention_core", "attention", 1.0, flops, 0.0, attention_ms(self.hw, flops, keys),
+                  m=queries, n=heads, k=keys, dtype=dtype, recompute=recompute)
+        back = 2.5 * flops if flash else 2.0 * flops
+        self._row("bwd", "attention_core_bwd", "attention", 1.0, back, 0.0,
+                  attention_ms(self.hw, back, keys, backward=True), m=queries, n=heads, k=keys, dtype=dtype)
+
+    def collective(self, op: str, kind: str, nbytes: float, size: int, stride: int, *,
+                   recompute: frozenset[str] = _FULL, overlap: str = "", overlap_bwd: str = "",
+                   count: float = 1.0, backward: float = 1.0) -> None:
+        """A collective of ``nbytes`` per op (``count`` of them) over ``size`` ranks
+        ``stride`` apart, its transpose in the backward (``backward`` × the bytes; 0: none)."""
+        if size <= 1 or nbytes <= 0:
+            return
+        where = placement(self.hw, size, stride)[0]
+        one = collective_ms(self.hw, kind, nbytes, size, stride)
+        self._row("fwd", op, "collective", count, 0.0, count * nbytes, count * one, overlap=overlap,
+                  collective=kind, size=size, where=where, recompute=recompute)
+        if backward:
+            t = _TRANSPOSE[kind]
+            b = collective_ms(self.hw, t, backward * nbytes, size, stride)
+            self._row("bwd", op + "_bwd", "collective", count, 0.0, count * backward * nbytes, count * b,
+                      overlap=overlap_bwd, collective=t, size=size, where=where)
+
+
+# --- families ------------------------------------------------------------------------------
+def _attention_block(b: _Builder, card: ModelCard, par: Parallel) -> None:
+    d = dims(card, par)
+    n, nsp, t, h = d["N"], d["Nsp"], par.tp, d["h"]
+    e, a, s = b.e, card.num_heads, par.seq_length
+    fw = b.fw
+    dqk, dv, kv = attention_widths(card)
+    b.elementwise("attention_norm", 2 * e * nsp * h, recompute=_COMM)
+    first = "q_down" if (card.mla is not None and card.mla.q_lora_rank) else ("q_proj" if card.mla else "qkv")
+    if t > 1 and par.sp:
+        b.collective("attention_all_gather", "all_gather", e * n * h, t, 1, recompute=_COMM,
+                     overlap=first if fw.tp_comm_overlap else "", overlap_bwd=(first + "_wgrad") if fw.tp_comm_overlap
+                     else "")
+    if card.mla is not None:
+        m = card.mla
+        if m.q_lora_rank:
+            b.gemm("q_down", nsp, m.q_lora_rank, h)
+            b.elementwise("q_norm", 2 * e * nsp * m.q_lora_rank, recompute=_COMM)
+            b.gemm("q_up", n, a * dqk / t, m.q_lora_rank)
+        else:
+            b.gemm("q_proj", n, a * dqk / t, h)
+        b.gemm("kv_down", nsp, m.kv_lora_rank + m.qk_rope_dim, h)
+        b.elementwise("kv_norm", 2 * e * nsp * m.kv_lora_rank, recompute=_COMM)
+        b.gemm("kv_up", n, a * (m.qk_nope_dim + dv) / t, m.kv_lora_rank)
+        b.elementwise("rope", 2 * e * n * (a / t + 1) * m.qk_rope_dim)
+    else:
+        b.gemm("qkv", n, (a * dqk + kv * dqk + kv * dv) / t, h)
+        if card.qk_norm:
+            b.elementwise("qk_norm", 2 * e * n * (a + kv) * dqk / t)
+        if not card.positions:  # rotary embedding on Q and K (GPT: learned positions instead)
+            b.elementwise("rope", 2 * e * n * (a + kv) * dqk / t)
+    if par.cp > 1:  # ring attention: K and V pass cp - 1 times (the gradients back in the backward)
+        kv_bytes = e * n * kv * (dqk + dv) / t
+        b.collective("cp_ring", "send_recv", kv_bytes, par.cp, t, count=par.cp - 1, recompute=_SELECT,
+                     overlap="attention_core" if fw.cp_comm_overlap else "",
+                     overlap_bwd="attention_core_bwd" if fw.cp_comm_overlap else "", backward=2.0)
+    if par.flash_attention:
+        keys = s / 2 if par.cp == 1 else s / par.cp  # causal mean; a ring step's key chunk
+        b.attention(n * s * a * (dqk + dv) / t, n, a / t, keys, flash=True)
+    else:  # unfused: the full square, a softmax (and dropout) over it
+        bt = par.micro_batch_size * a / t
+        b.gemm("attention_scores", s, s, dqk, count=bt, recompute=_SELECT, fp8_ok=False)
+        scores = bt * s * s
+        b.elementwise("softmax", 2 * e * scores, recompute=_SELECT)
+        if card.dropout:
+            b.elementwise("attention_dropout", (2 * e + 1) * scores, recompute=_SELECT, backward=1.0)
+        b.gemm("attention_values", s, dv, s, count=bt, recompute=_SELECT, fp8_ok=False)
+    b.gemm("attention_proj", n, h, a * dv / t)
+    _row_parallel_out(b, "attention", n, t, h, "attention_proj")
+    b.elementwise("attention_residual", (3 * e + (1 if card.dropout else 0)) * nsp * h,
+                  backward=(1.0 if card.dropout else 0.0))
+
+
+def _row_parallel_out(b: _Builder, block: str, n: float, t: int, h: float, gemm: str) -> None:
+    if t <= 1:
+        return
+    over = gemm if b.fw.tp_comm_overlap else ""
+    over_bwd = (gemm + "_dgrad") if b.fw.tp_comm_overlap else ""
+    if b.par.sp:
+        b.collective(f"{block}_reduce_scatter", "reduce_scatter", b.e * n * h, t, 1, overlap=over, overlap_bwd=over_bwd)
+    else:  # the backward's all-reduce follows the column-parallel input GEMM: same size
+        b.collective(f"{block}_all_reduce", "all_reduce", b.e * n * h, t, 1, overlap=over, overlap_bwd=over_bwd)
+
+
+def _dense_ffn(b: _Builder, card: ModelCard, par: Parallel) -> None:
+    d = dims(card, par)
+    n, nsp, t, h, e = d["N"], d["Nsp"], par.tp, d["h"], b.e
+    f = card.intermediate_size
+    b.elementwise("ffn_norm", 2 * e * nsp * h, recompute=_COMM)
+    if t > 1 and par.sp:
+        b.collective("ffn_all_gather", "all_gather", e * n * h, t, 1, recompute=_COMM,
+                     overlap="fc1" if b.fw.tp_comm_overlap else "",
+                     overlap_bwd="fc1_wgrad" if b.fw.tp_comm_overlap else "")
+    widths = 2 if card.gated_mlp else 1
+    b.gemm("fc1", n, widths * f / t, h)
+    b.elementwise("swiglu" if card.gated_mlp else "gelu", (widths + 1) * e * n * f / t)
+    b.gemm("fc2", n, h, f / t)
+    _row_parallel_out(b, "ffn", n, t, h, "fc2")
+    b.elementwise("ffn_residual", (3 * e + (1 if card.dropout else 0)) * nsp * h,
+                  backward=(1.0 if card.dropout else 0.0))
+
+
+def _moe_ffn(b: _Builder, card: ModelCard, par: Parallel) -> None:
+    assert card.moe is not None
+    d = dims(card, par)
+    n, nsp, t, h, e = d["N"], d["Nsp"], par.tp, d["h"], b.e
+    moe = card.moe
+    routed = nsp * moe.top_k * capacity(par)  # token copies this device's experts process (balanced routing)
+    local = moe.experts / par.ep
+    b.elementwise("ffn_norm", 2 * e * nsp * h, recompute=_COMM)
+    b.gemm("router", nsp, moe.experts, h, fp8_ok=False)
+    b.elementwise("router_topk", 2 * 4 * nsp * moe.experts)
+    b.elementwise("permute", e * (nsp * h + routed * h), recompute=_COMM)
+    b.collective("dispatch_all_to_all", "all_to_all", e * routed * h, par.ep, 1, recompute=_COMM)
+    per_expert = routed / local  # tokens per local expert: R·ep/E
+    b.gemm("expert_fc1", per_expert, 2 * moe.expert_size, h, count=local)
+    b.elementwise("expert_swiglu", 3 * e * routed * moe.expert_size)
+    b.gemm("expert_fc2", per_expert, h, moe.expert_size, count=local)
+    b.collective("combine_all_to_all", "all_to_all", e * routed * h, par.ep, 1, recompute=_COMM)
+    b.elementwise("unpermute", e * (routed * h + nsp * h), recompute=_COMM)
+    if moe.shared_size:
+        if t > 1 and par.sp:
+            b.collective("shared_all_gather", "all_gather", e * n * h, t, 1, recompute=_COMM,
+                         overlap="shared_fc1" if b.fw.tp_comm_overlap else "",
+                         overlap_bwd="shared_fc1_wgrad" if b.fw.tp_comm_overlap else "")
+        b.gemm("shared_fc1", n, 2 * moe.shared_size / t, h)
+        b.elementwise("shared_swiglu", 3 * e * n * moe.shared_size / t)
+        b.gemm("shared_fc2", n, h, moe.shared_size / t)
+        _row_parallel_out(b, "shared", n, t, h, "shared_fc2")
+    b.elementwise("ffn_residual", 3 * e * nsp * h, backward=0.0)
+
+
+def _body(b: _Builder, card: ModelCard, par: Parallel, moe: bool) -> None:
+    _attention_block(b, card, par)
+    if moe:
+        _moe_ffn(b, card, par)
+    else:
+        _dense_ffn(b, card, par)
+    _fsdp(b, card, par, moe)
+
+
+def _fsdp(b: _Builder, card: ModelCard, par: Parallel, moe: bool) -> None:
+    """ZeRO-3 / FSDP: every micro-batch gathers the layer's parameters in the forward and
+    again in the backward and reduce-scatters its gradients (prefetched under the layer's
+    compute when the framework does); ZeRO-2 reduce-scatters the gradients per micro-batch."""
+    if par.sharding not in ("fsdp", "zero2"):
+        return
+    dense, experts = layer_param_split(card, par, moe)
+    grad = DTYPE_BYTES[par.grad_dtype]
+    over = "layer" if b.fw.fsdp_prefetch else ""
+    for name, count, size, stride in (("", dense, par.dp * par.cp, par.tp), ("expert_", experts, par.expert_dp,
+                                                                              par.ep)):
+        if count <= 0 or size <= 1:
+            continue
+        if par.sharding == "fsdp":
+            b.collective(f"fsdp_{name}all_gather", "all_gather", b.e * count, size, stride, overlap=over,
+                         overlap_bwd=over, backward=1.0)
+        where = placement(b.hw, size, stride)[0]
+        ms = collective_ms(b.hw, "reduce_scatter", grad * count, size, stride)
+        b._row("bwd", f"{'fsdp' if par.sharding == 'fsdp' else 'zero2'}_{name}grad_reduce_scatter", "collective",
+               1.0, 0.0, grad * count, ms, overlap=over, collective="reduce_scatter", size=size, where=where)
+
+
+def layer_param_split(card: ModelCard, par: Parallel, moe: bool) -> tuple[float, float]:
+    """Parameters one device holds of one layer before data-parallel sharding: (the dense
+    part after tensor parallelism, the routed experts after expert parallelism)."""
+    attention = card.attention_parameters()
+    ffn = card.ffn_parameters(moe)
+    dense = (attention["sharded"] + ffn["sharded"]) / par.tp + attention["replicated"] + ffn["replicated"]
+    dense += 2 * card.hidden_size * (2 if card.norm == "layernorm" else 1)
+    return dense, ffn["experts"] / par.ep
+
+
+def _head(b: _Builder, card: ModelCard, par: Parallel) -> None:
+    d = dims(card, par)
+    n, nsp, t, h, e = d["N"], d["Nsp"], par.tp, d["h"], b.e
+    b.elementwise("embedding_lookup", e * (n * h + nsp * h))
+    if t > 1:  # vocabulary-parallel lookup: reduce-scatter (SP) or all-reduce of the output
+        kind = "reduce_scatter" if par.sp else "all_reduce"
+        where = placement(b.hw, t, 1)[0]
+        ms = collective_ms(b.hw, kind, e * n * h, t, 1)
+        for phase in ("fwd", "bwd"):
+            b._row(phase, "embedding_" + kind + ("" if phase == "fwd" else "_bwd"), "collective", 1.0, 0.0,
+                   e * n * h, ms, collective=kind, size=t, where=where)
+
+
+def _tail(b: _Builder, card: ModelCard, par: Parallel) -> None:
+    d = dims(card, par)
+    n, nsp, t, h, e = d["N"], d["Nsp"], par.tp, d["h"], b.e
+    v = card.vocab_size
+    b.elementwise("final_norm", 2 * e * nsp * h)
+    if t > 1 and par.sp:
+        b.collective("lm_all_gather", "all_gather", e * n * h, t, 1)
+    b.gemm("lm_head", n, v / t, h, fp8_ok=False)
+    logits = 4 * n * v / t  # fp32 logits
+    b.elementwise("cross_entropy", 2 * logits, backward=1.0)  # softmax and loss over fp32 logits; its gradient
+    if t > 1 and not par.sp:  # the input gradient of the vocabulary-parallel head, all-reduced
+        where = placement(b.hw, t, 1)[0]
+        b._row("bwd", "lm_input_grad_all_reduce", "collective", 1.0, 0.0, e * n * h,
+               collective_ms(b.hw, "all_reduce", e * n * h, t, 1), collective="all_reduce", size=t, where=where)
+
+
+# --- overlap -------------------------------------------------------------------------------
+def _resolve(rows: list[Operator]) -> list[Operator]:
+    """``exposed_ms`` of each collective after hiding under its window (an op of the same
+    phase, or ``layer``: every compute op of it); compute ops stay exposed in full."""
+    window: dict[str, float] = {}
+    compute = 0.0
+    for r in rows:
+        if r.kind != "collective":
+            window[r.op] = window.get(r.op, 0.0) + r.time_ms
+            compute += r.time_ms
+    window["layer"] = compute
+    out = []
+    for r in rows:
+        if r.kind == "collective" and r.overlapped_with:
+            avail = window.get(r.overlapped_with, 0.0)
+            hidden = min(avail, r.time_ms)
+            window[r.overlapped_with] = avail - hidden
+            if r.overlapped_with != "layer":
+                window["layer"] -= hidden
+            r = r._replace(exposed_ms=r.time_ms - hidden)
+        out.append(r)
+    return out
+
+
+def layer_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, group: str, kind: str,
+              moe: bool = False) -> tuple[list[Operator], list[Operator]]:
+    """The forward and backward operators of one layer of ``group`` (``kind`` head, body or
+    tail), overlap resolved."""
+    b = _Builder(group, par, hw, fw)
+    if kind == "head":
+        _head(b, card, par)
+    elif kind == "tail":
+        _tail(b, card, par)
+    else:
+        _body(b, card, par, moe)
+    return _resolve(b.fwd), _resolve(b.bwd)
+
+
+def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, group: str, moe: bool,
+             backward_ms: float, forward_ms: float) -> list[Operator]:
+    """Once per step per layer: the data-parallel gradient reduction (all-reduce without
+    optimizer sharding, reduce-scatter with it; none under FSDP / ZeRO-2, which reduce per
+    micro-batch) in ``grad_dtype``, and the distributed optimizer's parameter all-gather in
+    the compute dtype; hidden under the last micro-batch's ``backward_ms`` and the first
+    one's ``forward_ms`` where the framework overlaps them."""
+    if par.sharding in ("fsdp", "zero2"):
+        return []
+    dense, experts = layer_param_split(card, par, moe)
+    grad, weight = DTYPE_BYTES[par.grad_dtype], DTYPE_BYTES[par.compute_dtype]
+    rows: list[Operator] = []
+    for name, count, size, stride in (("", dense, par.dp * par.cp, par.tp), ("expert_", experts, par.expert_dp,
+                                                                              par.ep)):
+        if count <= 0 or size <= 1:
+            continue
+        where = placement(hw, size, stride)[0]
+        kinds = [("grad_" + ("all_reduce" if par.sharding == "none" else "reduce_scatter"), grad,
+                  fw.overlap_grad_reduce, backward_ms)]
+        if par.sharding == "distributed":
+            kinds.append(("param_all_gather", weight, fw.overlap_param_gather, forward_ms))
+        for op, nbytes, overlapped, window in kinds:
+            kind = op.split("_", 1)[1]
+            ms = collective_ms(hw, kind, nbytes * count, size, stride)
+            exposed = max(0.0, ms - window) if overlapped else ms
+            rows.append(Operator(group, f"dp_{name}{op}", "step", "collective", 1.0, 0.0, nbytes * count, ms,
+                                 exposed, "layer" if overlapped else "", 0.0, 0.0, 0.0, "", kind, size, where, _NONE))
+    return rows
+
+
+# --- the table -----------------------------------------------------------------------------
+def to_frame(groups: Iterable[tuple[list[Operator], list[Operator], list[Operator]]]) -> pd.DataFrame:
+    """The tidy table of (forward, backward, step) operator lists: one row per op and phase;
+    a forward op rerun by a recompute mode appears again with phase ``recompute`` and that
+    ``mode``."""
+    rows: list[tuple] = []
+    for fwd, bwd, step in groups:
+        for r in fwd:
+            rows.append(_as_row(r, "fwd", ""))
+        for r in bwd:
+            rows.append(_as_row(r, "bwd", ""))
+        for mode in ("select", "comm", "both", "full"):
+            for r in fwd:
+                if mode in r.recompute:
+                    rows.append(_as_row(r, "recompute", mode))
+        for r in step:
+            rows.append(_as_row(r, "step", ""))
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    for col in ("group", "op", "phase", "mode", "kind", "dtype", "collective", "placement", "overlapped_with"):
+        frame[col] = frame[col].astype("category")
+    return frame
+
+
+def _as_row(r: Operator, phase: str, mode: str) -> tuple:
+    return (r.group, r.op, phase, mode, r.kind, r.count, r.flops, r.bytes, r.time_ms, r.exposed_ms,
+            r.overlapped_with, r.m, r.n, r.k, r.dtype, r.collective, r.group_size, r.placement)
+
+
+def check_fp8(par: Parallel, hw: Hardware) -> None:
+    if par.fp8 and hw.peak_fp8_tflops <= 0:
+        raise ConfigError(f"parallel layout: field 'fp8' = True: hardware {hw.name!r} has no FP8 peak "
+                          "(peak_fp8_tflops = 0): expected fp8=False or a card with FP8 units")
