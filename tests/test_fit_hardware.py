@@ -26,7 +26,7 @@ FIT = ("matmul_efficiency", "constant_mb")
 def _row(ident="r", **over):
     row = {
         "id": ident, "split": "fit", "stack": "s", "source": {"ref": "test", "where": "synthesized"},
-        "model": "llama3.1-8b", "gpu": "h100", "gpus": 8, "framework": "test",
+        "model": "llama3.1-8b", "gpu": "h100", "gpus": 8, "framework": "megatron",
         "layout": {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "dp": 8, "vp": 1, "sharding": "distributed"},
         "schedule": "1f1b", "micro_batch_size": 1, "global_batch": 16, "seq_length": 2048, "recompute": "none",
         "dtype": "bf16", "measured": {"tokens_per_s_per_gpu": 5000.0},
@@ -55,7 +55,7 @@ def _synthesized(truth, *, memory=True):
 def test_fit_recovers_known_parameters():
     base = hardware("h100")
     truth = replace(base, matmul_efficiency=0.5, constant_mb=3500.0)
-    result = fit_hardware(base, _synthesized(truth), parameters=FIT)
+    result = fit_hardware(base, _synthesized(truth), parameters=FIT, prior_weight=0)
     assert result.identified == {"matmul_efficiency": True, "constant_mb": True}
     assert result.values["matmul_efficiency"] == pytest.approx(0.5, rel=1e-3)
     assert result.values["constant_mb"] == pytest.approx(3500.0, rel=1e-3)
@@ -71,13 +71,24 @@ def test_fit_recovers_known_parameters():
 def test_unidentified_parameter_stays_and_is_reported():
     base = hardware("h100")
     truth = replace(base, matmul_efficiency=0.45)
-    result = fit_hardware(base, _synthesized(truth, memory=False), parameters=FIT)
+    result = fit_hardware(base, _synthesized(truth, memory=False), parameters=FIT, prior_weight=0)
     assert result.identified["matmul_efficiency"] is True
     assert result.values["matmul_efficiency"] == pytest.approx(0.45, rel=1e-3)
     reason = result.unidentified["constant_mb"]
     assert "not identified" in reason and "peak memory" in reason
     assert result.hardware.constant_mb == base.constant_mb
     assert set(result.residuals.figure) == {"step"}
+
+
+def test_the_prior_weight_pulls_towards_the_card():
+    base = hardware("h100")
+    truth = replace(base, matmul_efficiency=0.5)
+    rows = _synthesized(truth, memory=False)
+    pulled = fit_hardware(base, rows, parameters=["matmul_efficiency"]).values["matmul_efficiency"]
+    assert 0.5 < pulled < base.matmul_efficiency
+    assert pulled == pytest.approx(0.5, abs=0.02)  # three rows outweigh a weak pull
+    with pytest.raises(ConfigError, match="prior_weight = -1"):
+        fit_hardware(base, rows, prior_weight=-1)
 
 
 def test_fittable_names_are_fields_with_bounds():

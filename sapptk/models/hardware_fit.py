@@ -2,18 +2,22 @@
 sapptk predicts them: :func:`predict_row`.
 
 **Prediction of a row** (:class:`~sapptk.models.measured.MeasuredRow`): the profile from
-:func:`~sapptk.models.estimate_profile` (card, the row's layout, the hardware card with the
-row's overrides); the published layout as sapptk's even split of the layers over ``pp``
-stages and ``vp`` chunks with every layer in the row's recompute mode
-(:func:`sapptk.plan.even_split`), simulated op by op; plus the data-parallel gradient
-all-reduce as ``choose`` counts it (:func:`sapptk.choosing.setups.dp_sync_ms`, the largest
-device's gradients, not overlapped), over the intra-node link when the ``tp · cp · dp`` ranks
-of Megatron's order fit in one node, else the inter-node one. The step time gives tokens/s per
-GPU; the simulator's peak (static, activations, the card's ``constant_mb``) the memory.
+:func:`~sapptk.models.estimate_profile` (card, the row's layout with FP8 GEMMs when its dtype
+is fp8, the hardware card with the row's overrides, the row's framework preset
+(:func:`row_framework`), the memory figure the row measured: allocated or reserved); the
+published layout as sapptk's even split of the layers over ``pp`` stages and ``vp`` chunks
+with every layer in the row's recompute mode (:func:`sapptk.plan.even_split`), simulated op
+by op with the profile's constant (the card's context memory plus the largest transient);
+plus the once-per-step data-parallel collectives (gradient reduction, the distributed
+optimizer's all-gather) as far as the framework does not hide them: the profile's exposed
+time per layer times the layers of the device holding the most. The step time gives
+tokens/s per GPU; the simulator's peak device the memory.
 
 **Fit**: bounded least squares over the card's few parameters (``hardware.fittable()``:
 name -> (low, high)) of the relative residuals ``log(predicted / measured)`` of every fit row's
-step time and, for rows that measured it, its peak memory. Projected Gauss–Newton with a
+step time and, for rows that measured it, its peak memory, plus a weak pull to the card's sourced
+values (``prior_weight``: few rows and many parameters must not drag a parameter to a bound to
+absorb what the model misses). Projected Gauss–Newton with a
 finite-difference Jacobian, from the card's values and from a coarse grid (the box's middle
 past three parameters), the best kept.
 A parameter no row moves (no memory measured: ``constant_mb``), or one the rows move only
@@ -34,10 +38,12 @@ import pandas as pd
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.models.bundled import card as bundled_card
 from sapptk.models.bundled import hardware as bundled_hardware
-from sapptk.models.layout import DTYPE_BYTES, Hardware
+from sapptk.models.frameworks import Framework, framework
+from sapptk.models.layout import Hardware
 from sapptk.models.measured import MeasuredRow, measured_row
 
-__all__ = ["DEV_FITTABLE", "FitResult", "RowPrediction", "fittable", "fit_hardware", "predict_row", "predict_rows"]
+__all__ = ["DEV_FITTABLE", "FitResult", "RowPrediction", "fittable", "fit_hardware", "predict_row", "predict_rows",
+           "row_framework"]
 
 DEV_FITTABLE: Mapping[str, tuple[float, float]] = {"matmul_efficiency": (0.2, 1.0), "constant_mb": (0.0, 20000.0)}
 """The parameters fitted when a hardware card has no ``fittable()`` method."""
@@ -47,7 +53,7 @@ _SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved", "i
 _REL_STEP = 1e-3  # finite-difference step, share of each parameter's range
 _GRID_MAX = 3  # free parameters up to which a 5-point-per-parameter grid seeds the fit
 _IDENTIFIED_TOL = 1e-6  # a Jacobian column below this share of the largest moves nothing
-_COLLINEAR_TOL = 1e-3  # a new column whose smallest singular value (unit columns) is below this adds no direction
+_COLLINEAR_TOL = 0.02  # a new column whose smallest singular value (unit columns) is below this adds no direction
 
 
 def fittable(hardware: Hardware) -> dict[str, tuple[float, float]]:
@@ -89,14 +95,26 @@ def _hardware(base: Hardware | str) -> Hardware:
     return hw
 
 
+def row_framework(row: MeasuredRow) -> Framework:
+    """The framework preset a row ran under (``megatron`` when it names none), with what the
+    row says it turned on: ``compile`` fuses the elementwise ops (``elementwise_factor`` 1),
+    ``async_tp`` overlaps the tensor-parallel collectives with the GEMMs."""
+    fw = framework(row.framework or "megatron")
+    changes: dict[str, Any] = {}
+    if row.options.get("compile"):
+        changes["elementwise_factor"] = 1.0
+    if row.options.get("async_tp"):
+        changes["tp_comm_overlap"] = True
+    return replace(fw, **changes) if changes else fw
+
+
 def predict_row(row: MeasuredRow | Mapping[str, Any], hardware: Hardware | str | None = None) -> RowPrediction:
     """sapptk's step time, throughput and peak memory for ``row`` (see the module docstring) on
     ``hardware`` (default: the bundled card the row names), the row's ``hardware_overrides``
     applied on top. Raises :class:`~sapptk.errors.ConfigError` naming the row for a schedule
     sapptk does not have or a layout it cannot plan."""
-    from sapptk.choosing.setups import dp_sync_ms
     from sapptk.config import PipelineConfig
-    from sapptk.models.estimate import estimate_profile, static_bytes_per_parameter
+    from sapptk.models.estimate import estimate_profile
     from sapptk.plan import even_split
 
     r = measured_row(row)
@@ -107,27 +125,25 @@ def predict_row(row: MeasuredRow | Mapping[str, Any], hardware: Hardware | str |
         raise ConfigError(f"{where}: field 'schedule' = {r.schedule!r}: expected one of {', '.join(_SCHEDULES)}")
     if r.pp == 1 and r.vp == 1:
         schedule = "1f1b"
-    par = r.parallel()
     try:
-        profile = estimate_profile(bundled_card(r.model), par, hw)
+        profile = estimate_profile(bundled_card(r.model), r.parallel(), hw, framework=row_framework(r),
+                                   memory=r.memory_kind or "allocated")
         config = PipelineConfig(stages=r.pp, micro_batches=r.micro_batches, chunks=r.vp, schedule=schedule,
-                                constant_memory=hw.constant_mb)
+                                constant_memory=profile.provenance["constant_mb"])
         plan = even_split(profile, config, recompute=r.recompute)
     except SapptkError as exc:
         raise ConfigError(f"{where}: field 'layout' (pp {r.pp}, vp {r.vp}, schedule {schedule}): {exc}") from None
     sim = plan.simulation
-    params = np.asarray(plan.costs.params, dtype=float)
-    device_params = [float(params[list(st)].sum()) for st in config.program().device_stages]
-    share = DTYPE_BYTES[par.grad_dtype] / static_bytes_per_parameter(par, par.dp * par.cp)
-    # gradients are reduced over the dp · cp ranks holding the same layers; Megatron's rank order (tp fastest,
-    # then cp, then dp) puts them on tp · cp · dp consecutive GPUs: inside a node when that fits one
-    group = r.dp * r.cp
-    bandwidth = hw.bandwidth(r.tp * group) / 1e6  # MB per ms
-    sync = dp_sync_ms(max(device_params), group, bandwidth, share)
+    # the once-per-step data-parallel collectives' exposed time per layer (estimate_profile's operators),
+    # times the layers each device holds; the device with the most decides
+    per_layer = profile.provenance.get("dp_step_exposed_ms_per_layer", {})
+    layers = np.asarray(plan.counts).sum(axis=1)  # (body groups, virtual stages)
+    step = np.array([per_layer.get(g.name, 0.0) for g in profile.body])
+    sync = max(float(step @ layers[:, list(st)].sum(axis=1)) for st in config.program().device_stages)
     pipeline = float(sim.step_time)
-    step = pipeline + sync
-    return RowPrediction(row=r.id, pipeline_ms=pipeline, sync_ms=sync, step_ms=step,
-                         tokens_per_s_per_gpu=r.tokens_per_s_per_gpu_at(step), peak_mb=float(sim.peak_memory.max()))
+    total = pipeline + sync
+    return RowPrediction(row=r.id, pipeline_ms=pipeline, sync_ms=sync, step_ms=total,
+                         tokens_per_s_per_gpu=r.tokens_per_s_per_gpu_at(total), peak_mb=float(sim.peak_memory.max()))
 
 
 def predict_rows(rows: Sequence[MeasuredRow | Mapping[str, Any]],
@@ -210,11 +226,18 @@ def _predict_all(rows: list[MeasuredRow], hw: Hardware, figs: list[tuple[int, st
 
 
 def fit_hardware(hardware: Hardware | str, rows: Sequence[MeasuredRow | Mapping[str, Any]], *,
-                 parameters: Sequence[str] | None = None, max_iterations: int = 30) -> FitResult:
+                 parameters: Sequence[str] | None = None, prior_weight: float = 0.1,
+                 max_iterations: int = 30) -> FitResult:
     """Fit ``hardware``'s parameters (``hardware.fittable()``, or ``parameters``, a subset) to the
     measured ``rows`` (every one ``split: fit``; :func:`~sapptk.models.measured.measured_row`
-    checks each). See the module docstring for the model and the identifiability rule. Raises
-    :class:`~sapptk.errors.ConfigError` naming the row and field for a bad row."""
+    checks each). See the module docstring for the model and the identifiability rule.
+    ``prior_weight`` keeps the card's sourced values unless the rows say otherwise: moving a
+    parameter across its whole range costs as much as a ``prior_weight`` log error in one figure
+    (0: plain least squares). Raises :class:`~sapptk.errors.ConfigError` naming the row and
+    field for a bad row."""
+    if isinstance(prior_weight, bool) or not isinstance(prior_weight, int | float) or not (
+            math.isfinite(prior_weight) and prior_weight >= 0):
+        raise ConfigError(f"fit_hardware: prior_weight = {prior_weight!r}: expected a number >= 0")
     hw = _hardware(hardware)
     bounds = fittable(hw)
     if parameters is not None:
@@ -253,7 +276,15 @@ def fit_hardware(hardware: Hardware | str, rows: Sequence[MeasuredRow | Mapping[
     free = [j for j, n in enumerate(names) if identified[n] is True]
     x = x0.copy()
     if free:
-        x = _gauss_newton(residual, jacobian, x0, low, high, free, max_iterations)
+        def augmented(x: np.ndarray) -> np.ndarray:
+            return np.concatenate([residual(x), prior_weight * (x[free] - x0[free]) / span[free]])
+
+        def augmented_jacobian(x: np.ndarray, r: np.ndarray) -> np.ndarray:
+            prior = np.zeros((len(free), len(x)))
+            prior[range(len(free)), free] = prior_weight / span[free]
+            return np.vstack([jacobian(x, r[:len(measured)]), prior])
+
+        x = _gauss_newton(augmented, augmented_jacobian, x0, low, high, free, max_iterations)
     r_after = residual(x)
     values = {n: float(v) for n, v in zip(names, x, strict=True)}
     fitted = card_at(x)
@@ -271,7 +302,7 @@ def fit_hardware(hardware: Hardware | str, rows: Sequence[MeasuredRow | Mapping[
     provenance = {
         "fitted_by": "sapptk.fit_hardware", "card": hw.name, "rows": [r.id for r in checked],
         "sources": sorted({str(r.source.get("ref") or r.source.get("repository") or "") for r in checked}),
-        "bounds": {n: list(bounds[n]) for n in names}, "values": values,
+        "bounds": {n: list(bounds[n]) for n in names}, "values": values, "prior_weight": float(prior_weight),
         "identified": {n: identified[n] for n in names},
         "cost_before": float(0.5 * r_before @ r_before), "cost": float(0.5 * r_after @ r_after),
     }
@@ -291,8 +322,8 @@ def _identifiability(jac: np.ndarray, names: list[str], figs: list[tuple[int, st
     for j in sorted(range(len(names)), key=lambda k: -norms[k]):  # the parameters that move the rows most first
         n = names[j]
         if norms[j] <= _IDENTIFIED_TOL * scale or norms[j] == 0:
-            out[n] = (f"not identified: no figure of these rows ({', '.join(kinds)}) moves with it; left at the "
-                      "card's value" + (" (no row measured peak memory)" if "memory" not in kinds else ""))
+            what = ", ".join(kinds) if "memory" in kinds else "step times only: no row measured peak memory"
+            out[n] = f"not identified: no figure of these rows ({what}) moves with it; left at the card's value"
             continue
         trial = jac[:, [*kept, j]] / np.linalg.norm(jac[:, [*kept, j]], axis=0)
         sv = np.linalg.svd(trial, compute_uv=False)

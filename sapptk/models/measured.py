@@ -27,7 +27,9 @@ from sapptk.errors import ConfigError
 from sapptk.models.bundled import card as bundled_card
 from sapptk.models.bundled import hardware as bundled_hardware
 from sapptk.models.estimate import check_layout
+from sapptk.models.frameworks import FRAMEWORKS
 from sapptk.models.layout import SHARDINGS, Hardware, Parallel
+from sapptk.models.ops import check_fp8
 
 __all__ = ["MEMORY_KINDS", "MEMORY_UNITS", "RECOMPUTES", "SPLITS", "MeasuredRow", "load_measured_rows",
            "measured_row"]
@@ -99,7 +101,8 @@ class MeasuredRow:
         """The layout of one pipeline stage's devices (:class:`~sapptk.models.Parallel`)."""
         return Parallel(tp=self.tp, cp=self.cp, ep=self.ep, dp=self.dp, sharding=self.sharding,
                         micro_batch_size=self.micro_batch_size, seq_length=self.seq_length,
-                        sequence_parallel=self.tp > 1)
+                        sequence_parallel=self.tp > 1, fp8=self.dtype == "fp8",
+                        compute_dtype="fp16" if self.dtype == "fp16" else "bf16")
 
     def hardware(self, base: Hardware | None = None) -> Hardware:
         """``base`` (default: the bundled card named by ``gpu``) with the row's overrides."""
@@ -206,6 +209,9 @@ def measured_row(row: Mapping[str, Any] | MeasuredRow, *, index: int | None = No
     if sizes["pp"] * sizes["vp"] > layers:
         raise ConfigError(f"{where}: field 'layout' = pp {sizes['pp']} × vp {sizes['vp']}: expected at most the "
                           f"{layers} layers of {card.name!r}")
+    fw = row.get("framework") or ""
+    if fw:
+        _choice(fw, where, "framework", tuple(FRAMEWORKS))
     recompute = _choice(row["recompute"], where, "recompute", RECOMPUTES)
     dtype = _choice(row["dtype"], where, "dtype", DTYPES)
     measured = _mapping(row["measured"], where, "measured")
@@ -237,7 +243,7 @@ def measured_row(row: Mapping[str, Any] | MeasuredRow, *, index: int | None = No
         id=ident, split=split, stack=str(row.get("stack") or ident), source=MappingProxyType(dict(source)),
         model=card.name, gpu=str(row["gpu"]), gpus=gpus, sharding=sharding, schedule=schedule,
         micro_batch_size=mbs, global_batch=batch, seq_length=seq, recompute=recompute, dtype=dtype,
-        framework=str(row.get("framework") or ""), step_time_ms=step, tokens_per_s_per_gpu=tokens,
+        framework=fw, step_time_ms=step, tokens_per_s_per_gpu=tokens,
         memory_mb=memory_mb, memory_kind=kind, hardware_overrides=MappingProxyType(overrides),
         options=MappingProxyType({k: row[k] for k in ("compile", "async_tp") if k in row}),
         notes=" ".join(str(row.get(k) or "") for k in ("assumed", "notes")).strip(), **sizes,
@@ -246,6 +252,10 @@ def measured_row(row: Mapping[str, Any] | MeasuredRow, *, index: int | None = No
         check_layout(card, row_obj.parallel())
     except ConfigError as exc:
         raise ConfigError(f"{where}: field 'layout': {exc}") from None
+    try:
+        check_fp8(row_obj.parallel(), hw)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: field 'dtype' = 'fp8': {exc}") from None
     return row_obj
 
 
