@@ -272,7 +272,7 @@ def fit_hardware(hardware: Hardware | str, rows: Sequence[MeasuredRow | Mapping[
 
     r_before = residual(x0)
     jac0 = jacobian(x0, r_before)
-    identified = _identifiability(jac0 * span, names, figs)
+    identified = _identifiability(jac0 * span, names, figs, prior_weight)
     free = [j for j, n in enumerate(names) if identified[n] is True]
     x = x0.copy()
     if free:
@@ -310,10 +310,14 @@ def fit_hardware(hardware: Hardware | str, rows: Sequence[MeasuredRow | Mapping[
                      cost=provenance["cost"], cost_before=provenance["cost_before"], provenance=provenance)
 
 
-def _identifiability(jac: np.ndarray, names: list[str], figs: list[tuple[int, str, float]]) -> dict[str, bool | str]:
+def _identifiability(jac: np.ndarray, names: list[str], figs: list[tuple[int, str, float]],
+                     prior_weight: float = 0.0) -> dict[str, bool | str]:
     """Which parameters the rows identify: a column (scaled to the parameter's range) that moves
     no residual is not; taking the columns that move the rows most first, one that adds no new
-    direction to those already taken (collinear within :data:`_COLLINEAR_TOL`) is not."""
+    direction to those already taken (collinear within :data:`_COLLINEAR_TOL`) is not, nor one
+    whose new direction moves the figures less than the prior pulls (``prior_weight``: across its
+    whole range it changes the fit figures, beyond what the parameters already taken do, by less
+    than that log error), nor one past the number of figures."""
     out: dict[str, bool | str] = {}
     norms = np.linalg.norm(jac, axis=0)
     scale = max(float(norms.max()), 1e-300)
@@ -334,6 +338,13 @@ def _identifiability(jac: np.ndarray, names: list[str], figs: list[tuple[int, st
             continue
         if sv[-1] <= _COLLINEAR_TOL * sv[0]:
             out[n] = f"not identified: these rows move it only together with {with_}; left at the card's value"
+            continue
+        basis = np.linalg.qr(jac[:, kept])[0] if kept else np.zeros((jac.shape[0], 0))
+        new = float(np.linalg.norm(jac[:, j] - basis @ (basis.T @ jac[:, j])))
+        if new < prior_weight:
+            beyond = f" beyond {with_}" if kept else ""
+            out[n] = (f"not identified: across its whole range it moves these rows' figures{beyond} by {new:.3f} "
+                      f"(log), less than the prior's pull {prior_weight:g}; left at the card's value")
             continue
         kept.append(j)
         out[n] = True
