@@ -25,3 +25,223 @@ def test_hardware_rejects_a_share_above_one_naming_the_field() -> None:
         hardware("h100", attention_efficiency=1.5)
     with pytest.raises(ConfigError, match="launch_us"):
         hardware("h100", launch_us=-1)
+
+
+# --- hand-worked operator times on a toy card with round numbers ----------------------------
+from sapptk.models import Framework, ModelCard, Parallel, card, estimate_profile, operators  # noqa: E402
+from sapptk.models.estimate import static_bytes_per_parameter  # noqa: E402
+from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement  # noqa: E402
+
+TOY = Hardware("toy", peak_tflops=100.0, hbm_gb=80.0, hbm_tbps=1.0, intra_node_gbps=100.0, inter_node_gbps=10.0,
+               gpus_per_node=8, sms=10, matmul_efficiency=0.5, peak_fp8_tflops=200.0, fp8_matmul_efficiency=0.5,
+               attention_efficiency=0.4, attention_bwd_efficiency=0.2, hbm_efficiency=0.5, launch_us=10.0,
+               comm_latency_us=20.0, intra_bus_efficiency=0.5, inter_bus_efficiency=0.5)
+# rates: GEMM 100e9 × 0.5 = 5e10 FLOPs per ms; HBM 1e9 × 0.5 = 5e8 bytes per ms; launch 0.01 ms;
+# bus 100e6 × 0.5 = 5e7 bytes per ms inside a node, 10e6 × 0.5 = 5e6 across; alpha 0.02 ms
+
+
+def test_gemm_time_by_hand() -> None:
+    # 1280 × 1280 × 1000: 10 × 10 tiles of 128, 10 full waves on 10 SMs: compute-bound
+    assert gemm_ms(TOY, 1280, 1280, 1000) == pytest.approx(0.01 + 2 * 1280 * 1280 * 1000 / 5e10, rel=1e-12)
+    # M = 1300 pads to 11 tiles: the padded tiles' FLOPs
+    assert gemm_ms(TOY, 1300, 1280, 1000) == pytest.approx(0.01 + 2 * 110 * 128 * 128 * 1000 / 5e10, rel=1e-12)
+    # 100 tiles on 12 SMs: 9 waves, 108 tile slots
+    twelve = dataclasses.replace(TOY, sms=12)
+    assert gemm_ms(twelve, 1280, 1280, 1000) == pytest.approx(0.01 + 2 * 108 * 128 * 128 * 1000 / 5e10, rel=1e-12)
+    # roofline: at 0.01 TB/s the bytes (2 inputs bf16 + bf16 output) take longer than the FLOPs
+    slow = dataclasses.replace(TOY, hbm_tbps=0.01)
+    nbytes = 2 * (1280 * 1000 * 2) + 2 * 1280 * 1280
+    assert gemm_ms(slow, 1280, 1280, 1000) == pytest.approx(0.01 + nbytes / (1e7 * 0.5), rel=1e-12)
+    # FP8: the FP8 peak × its efficiency, 1-byte inputs
+    assert gemm_ms(TOY, 1280, 1280, 1000, fp8=True) == pytest.approx(0.01 + 2 * 1280 * 1280 * 1000 / 1e11,
+                                                                     rel=1e-12)
+
+
+def test_attention_elementwise_and_collective_times_by_hand() -> None:
+    # 128 keys: half the long-sequence rate; forward 0.4, backward 0.2 of 100 TFLOPS
+    assert attention_ms(TOY, 1e12, 128) == pytest.approx(0.01 + 1e12 / (1e11 * 0.2), rel=1e-12)
+    assert attention_ms(TOY, 1e12, 128, backward=True) == pytest.approx(0.01 + 1e12 / (1e11 * 0.1), rel=1e-12)
+    assert elementwise_ms(TOY, 1e9) == pytest.approx(0.01 + 1e9 / 5e8, rel=1e-12)
+    # all-reduce over 8 ranks in a node: 2·7/8 of the bytes at the intra bus bandwidth
+    assert collective_ms(TOY, "all_reduce", 1e8, 8) == pytest.approx(0.02 + 1e8 * 2 * 7 / 8 / 5e7, rel=1e-12)
+    # all-gather over 4 ranks 8 apart: across nodes, 3/4 of the bytes at the NIC
+    assert placement(TOY, 4, 8) == ("inter", 1)
+    assert collective_ms(TOY, "all_gather", 1e8, 4, 8) == pytest.approx(0.02 + 1e8 * 3 / 4 / 5e6, rel=1e-12)
+    # all-to-all over 16 consecutive ranks: 7/16 of the bytes over NVLink, 8/16 over the NIC, the slower
+    assert placement(TOY, 16, 1) == ("inter", 8)
+    assert collective_ms(TOY, "all_to_all", 1e8, 16) == pytest.approx(0.02 + 8 / 16 * 1e8 / 5e6, rel=1e-12)
+    # a ring step between ranks 4 apart in one node: the bytes once
+    assert placement(TOY, 2, 4) == ("intra", 2)
+    assert collective_ms(TOY, "send_recv", 1e8, 2, 4) == pytest.approx(0.02 + 1e8 / 5e7, rel=1e-12)
+    assert collective_ms(TOY, "all_reduce", 1e8, 1) == 0.0
+
+
+def _gpt(bias: bool = True, dropout: bool = True) -> ModelCard:
+    return ModelCard(name="gpt-toy", model_type="gpt2", hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=4,
+                     head_dim=64, intermediate_size=1024, vocab_size=1000, norm="layernorm", gated_mlp=False,
+                     linear_bias=bias, positions=2048, dropout=dropout)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("flash", [True, False])
+def test_gpt_layer_operators_sum_to_the_textbook_flops(tp: int, flash: bool) -> None:
+    b, s, h = 2, 512, 256
+    table = operators(_gpt(), Parallel(tp=tp, seq_length=s, micro_batch_size=b, flash_attention=flash), TOY)
+    fwd = table[(table["group"] == "layers") & (table["phase"] == "fwd")]
+    core = {"attention_core", "attention_scores", "attention_values"}
+    linear = fwd.loc[(fwd["kind"] == "gemm") & ~fwd["op"].isin(core), "flops"].sum()
+    attention = fwd.loc[fwd["op"].isin(core), "flops"].sum()
+    assert linear * tp == 24 * b * s * h**2
+    # flash skips the masked half (causal); the unfused core computes the full square
+    assert attention * tp == (2 if flash else 4) * b * s**2 * h
+
+
+def test_profile_times_are_the_operator_tables_exposed_sums() -> None:
+    par = Parallel(tp=2, seq_length=2048, dp=2)
+    profile = estimate_profile("llama2-7b", par, "h100")
+    table = operators("llama2-7b", par, "h100")
+    for group in profile.groups:
+        rows = table[table["group"] == group.name]
+        assert group.forward == pytest.approx(rows.loc[rows["phase"] == "fwd", "exposed_ms"].sum(), abs=1e-5)
+        for mode, cost in group.modes.items():
+            back = rows.loc[(rows["phase"] == "bwd") | ((rows["phase"] == "recompute") & (rows["mode"] == mode)),
+                            "exposed_ms"].sum()
+            assert cost.backward == pytest.approx(back, abs=1e-5)
+    assert {"group", "op", "phase", "count", "flops", "bytes", "time_ms", "overlapped_with", "m", "n", "k",
+            "group_size", "placement"} <= set(table.columns)
+
+
+def test_tp_communication_hides_under_gemms_only_where_the_framework_does() -> None:
+    par = Parallel(tp=2, seq_length=4096)
+    mega = operators("llama2-7b", par, "h100", framework="megatron")
+    deep = operators("llama2-7b", par, "h100", framework="deepspeed")
+    pick = (mega["group"] == "layers") & (mega["phase"] == "fwd")
+    rs = mega[pick & (mega["op"] == "ffn_reduce_scatter")].iloc[0]
+    fc2 = mega[pick & (mega["op"] == "fc2")].iloc[0]
+    assert rs["overlapped_with"] == "fc2"
+    assert rs["exposed_ms"] == pytest.approx(max(0.0, rs["time_ms"] - fc2["time_ms"]), abs=1e-12)
+    same = deep[(deep["group"] == "layers") & (deep["phase"] == "fwd") & (deep["op"] == "ffn_reduce_scatter")].iloc[0]
+    assert same["exposed_ms"] == same["time_ms"] > 0
+
+
+def test_dp_gradient_reduction_per_step_hides_under_the_backward() -> None:
+    par = Parallel(tp=8, dp=4, seq_length=8192)
+    table = operators("llama3.1-70b", par, "h100")
+    layer = table[table["group"] == "layers"]
+    step = layer[layer["phase"] == "step"].set_index("op")
+    assert set(step.index) == {"dp_grad_reduce_scatter", "dp_param_all_gather"}
+    assert (step["placement"] == "inter").all() and (step["group_size"] == 4).all()  # tp 8 fills the node
+    back = layer.loc[layer["phase"] == "bwd", "exposed_ms"].sum()
+    rs = step.loc["dp_grad_reduce_scatter"]
+    assert rs["exposed_ms"] == pytest.approx(max(0.0, rs["time_ms"] - back), abs=1e-9)
+    unhidden = Framework("plain", tp_comm_overlap=False, cp_comm_overlap=False, overlap_grad_reduce=False,
+                         overlap_param_gather=False, fsdp_prefetch=False)
+    plain = operators("llama3.1-70b", par, "h100", framework=unhidden)
+    row = plain[(plain["group"] == "layers") & (plain["op"] == "dp_grad_reduce_scatter")].iloc[0]
+    assert row["exposed_ms"] == row["time_ms"] == pytest.approx(rs["time_ms"])
+
+
+def test_fsdp_gathers_per_micro_batch_inside_the_node_and_holds_unsharded_layers() -> None:
+    model = card("llama2-7b")
+    par = Parallel(dp=8, sharding="fsdp", seq_length=4096)
+    table = operators(model, par, "h100")
+    layer = table[table["group"] == "layers"]
+    ops = layer.set_index(["phase", "op"])
+    params = model.layer_parameters(False)
+    assert ops.loc[("fwd", "fsdp_all_gather"), "bytes"] == 2 * params  # bf16 weights, gathered
+    again = ops.loc[("bwd", "fsdp_all_gather_bwd")]
+    assert again["collective"] == "all_gather" and again["bytes"] == 2 * params  # gathered again for the backward
+    rs = ops.loc[("bwd", "fsdp_grad_reduce_scatter")]
+    assert rs["bytes"] == 4 * params and rs["placement"] == "intra" and rs["group_size"] == 8  # fp32 grads, one node
+    assert (layer["phase"] != "step").all()  # nothing left for the step: no fp32 all-reduce across nodes
+    fsdp = estimate_profile(model, par, "h100")
+    zero1 = estimate_profile(model, dataclasses.replace(par, sharding="distributed"), "h100")
+    assert fsdp.body[0].forward >= zero1.body[0].forward  # prefetched: hidden under the layer where it fits
+    plain = Framework("plain", tp_comm_overlap=False, cp_comm_overlap=False, overlap_grad_reduce=False,
+                      overlap_param_gather=False, fsdp_prefetch=False)
+    exposed = estimate_profile(model, par, "h100", framework=plain).body[0].forward
+    zero1_plain = estimate_profile(model, dataclasses.replace(par, sharding="distributed"), "h100", framework=plain)
+    gather = collective_ms(hardware("h100"), "all_gather", 2 * params, 8)
+    assert exposed == pytest.approx(zero1_plain.body[0].forward + gather, abs=2e-6)
+    extra = fsdp.provenance["transient_mb"]["layers"]["none"] - zero1.provenance["transient_mb"]["layers"]["none"]
+    assert extra == pytest.approx((2 * 2 + 4) * params / 1e6, rel=1e-6)  # two unsharded layers + their gradients
+
+
+def test_expert_all_to_all_stays_in_the_node_with_tp_2_and_ep_8() -> None:
+    """Issue 31's defect: the expert group was taken to span tp·cp·ep GPUs (6.54 ms at ep 8
+    against 2.29 at ep 4). With expert-TP 1 the expert-parallel ranks are consecutive."""
+    model = card("qwen3-235b-a22b")
+    table = operators(model, Parallel(tp=2, ep=8, dp=4), "h100")
+    a2a = table[(table["op"] == "dispatch_all_to_all") & (table["phase"] == "fwd")].iloc[0]
+    assert a2a["placement"] == "intra" and a2a["group_size"] == 8
+    ep4 = estimate_profile(model, Parallel(tp=2, ep=4, dp=4), "h100").body[0].forward
+    ep8 = estimate_profile(model, Parallel(tp=2, ep=8, dp=4), "h100").body[0].forward
+    assert ep8 < 1.1 * ep4
+
+
+def test_fp32_compute_doubles_activations_and_slows_gemms() -> None:
+    model = card("llama2-7b")
+    half = estimate_profile(model, Parallel(seq_length=2048), "h100")
+    full = estimate_profile(model, Parallel(seq_length=2048, compute_dtype="fp32"), "h100")
+    assert full.body[0].modes["full"].activation == pytest.approx(2 * half.body[0].modes["full"].activation)
+    assert full.body[0].forward > 1.8 * half.body[0].forward
+
+
+def test_bf16_moments_and_fp8_need_fp8_units() -> None:
+    assert static_bytes_per_parameter(Parallel(sharding="none", moment_dtype="bf16"), 1) == 2 + 4 + 4 + 4
+    with pytest.raises(ConfigError, match="moment_dtype"):
+        Parallel(moment_dtype="fp16")
+    with pytest.raises(ConfigError, match="fp8"):
+        estimate_profile("llama2-7b", Parallel(fp8=True), "a100")
+    fp8 = operators("llama2-7b", Parallel(fp8=True), "h100")
+    fc1 = fp8[(fp8["op"] == "fc1") & (fp8["phase"] == "fwd")].iloc[0]
+    assert fc1["dtype"] == "fp8"
+    assert "fc1_fp8_cast" in set(fp8["op"])
+    bf16 = estimate_profile("llama2-7b", Parallel(), "h100").body[0].forward
+    assert estimate_profile("llama2-7b", Parallel(fp8=True), "h100").body[0].forward < bf16
+
+
+def test_gpt_cards_follow_their_config_for_biases_and_dropout() -> None:
+    config = {"model_type": "gpt2", "n_embd": 256, "n_head": 4, "n_layer": 2, "n_positions": 1024,
+              "vocab_size": 1000}
+    plain = ModelCard.from_hf({**config, "bias": False, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0})
+    default = ModelCard.from_hf(config)
+    assert default.linear_bias and default.dropout
+    assert not plain.linear_bias and not plain.dropout
+    assert plain.layer_parameters(False) == default.layer_parameters(False) - (3 * 256 + 256 + 1024 + 256)
+    with pytest.raises(Exception, match="attn_pdrop"):
+        ModelCard.from_hf({**config, "attn_pdrop": 1.5})
+
+
+def test_reserved_memory_scales_the_dynamic_memory_by_the_allocator_reserve() -> None:
+    hw = hardware("h100", allocator_reserve=0.2)
+    alloc = estimate_profile("llama2-7b", Parallel(), hw)
+    reserved = estimate_profile("llama2-7b", Parallel(), hw, memory="reserved")
+    assert reserved.provenance["memory_figure"] == "reserved" and alloc.provenance["memory_figure"] == "allocated"
+    assert reserved.body[0].modes["none"].activation == pytest.approx(1.2 * alloc.body[0].modes["none"].activation)
+    assert reserved.body[0].params == alloc.body[0].params
+    with pytest.raises(ConfigError, match="memory"):
+        estimate_profile("llama2-7b", Parallel(), hw, memory="peak")
+
+
+def test_full_recompute_transient_is_the_rebuilt_layer() -> None:
+    profile = estimate_profile("llama2-7b", Parallel(seq_length=2048), "h100")
+    modes = profile.body[0].modes
+    transient = profile.provenance["transient_mb"]["layers"]
+    assert transient["full"] - transient["none"] == pytest.approx(modes["none"].activation - modes["full"].activation,
+                                                                  abs=1e-5)
+    assert profile.provenance["constant_mb"] == pytest.approx(profile.provenance["context_mb"] + transient["full"])
+    tail = profile.tail.modes["none"].activation
+    assert tail == pytest.approx((2 * 2 * 2048 * 4096 + 2 * 4 * 2048 * 32000) / 1e6)  # norm in/out, logits + grad
+
+
+def test_dualpipe_pair_hides_each_all_to_all_under_the_other_micro_batch() -> None:
+    profile = estimate_profile("deepseek-v3", Parallel(tp=1, ep=64, dp=64, seq_length=4096), "h800")
+    moe = next(g for g in profile.body if g.name == "moe")
+    pair = profile.provenance["dualpipe_pair_ms"]["moe"]
+    assert pair["sum"] == pytest.approx(moe.forward + moe.modes["none"].backward, abs=1e-5)
+    compute_f = moe.forward - pair["forward_all_to_all"]
+    compute_b = moe.modes["none"].backward - pair["backward_all_to_all"]
+    by_hand = compute_f + compute_b + max(0.0, pair["forward_all_to_all"] - compute_b) + max(
+        0.0, pair["backward_all_to_all"] - compute_f)
+    assert pair["overlapped"] == pytest.approx(by_hand, abs=1e-5) and pair["overlapped"] < pair["sum"]

@@ -91,6 +91,7 @@ def card_candidates(card: Any, hardware: Any, shape: Mapping[str, Any],
                             continue
                         profile = estimate_profile(card, par, hw)
                         share = DTYPE_BYTES[par.grad_dtype] / static_bytes_per_parameter(par, dp * cp)
+                        share = 0.0 if zero in ("fsdp", "zero2") else share  # the profile times their per-layer RS
                         setups = enumerate_setups(
                             devices=p * dp, global_batch=shape["global_batch"], micro_batch_size=mbs,
                             schedules=shape["schedules"], stages=[p], chunks=shape["chunks"], memory_budget=budget,

@@ -6,7 +6,8 @@ and its exact parameter count.
 ``model_type`` values are :data:`MODEL_TYPES`: Llama 2/3 (GQA, SwiGLU, tied or untied
 embeddings), Mistral and Mixtral (MoE top-k), Qwen2/Qwen2.5 (bias on Q, K, V), Qwen2-MoE,
 Qwen3 (Q/K norms; dense and MoE), DeepSeek-V2/V3 (MLA, first k dense layers, shared +
-routed experts) and GPT-2 shapes (learned positions, LayerNorm, biases, GeLU; the GPT-3
+routed experts) and GPT-2 shapes (learned positions, LayerNorm, GeLU; linear biases unless
+``"bias": false`` as nanoGPT writes it; dropout unless every ``*_pdrop`` is 0; the GPT-3
 paper's shapes are written this way too). Extra fields are accepted (HF configs carry
 many); a field the card needs and does not find is named in the error.
 
@@ -355,6 +356,19 @@ class _Fields:
         return value
 
 
+def _dropout(data: Mapping[str, Any], source: str) -> bool:
+    """GPT-2 configs: dropout is on when any of ``attn_pdrop``, ``resid_pdrop``,
+    ``embd_pdrop`` (Hugging Face defaults 0.1) is above 0."""
+    rates = []
+    for name in ("attn_pdrop", "resid_pdrop", "embd_pdrop"):
+        value = data.get(name, 0.1)
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+        if not ok or not 0 <= float(value) < 1:
+            raise ProfileError(f"{source}: field {name!r} = {value!r}: expected a probability in [0, 1)")
+        rates.append(float(value))
+    return any(r > 0 for r in rates)
+
+
 def _parse(data: Mapping[str, Any], source: str, *, name: str) -> ModelCard:
     model_type = data.get("model_type", _MISSING)
     if model_type is _MISSING or model_type not in MODEL_TYPES:
@@ -373,8 +387,8 @@ def _parse(data: Mapping[str, Any], source: str, *, name: str) -> ModelCard:
             num_heads=heads, num_kv_heads=heads, head_dim=h // heads,
             intermediate_size=f.size("n_inner", default=4 * h), vocab_size=f.size("vocab_size"),
             tied_embeddings=f.flag("tie_word_embeddings", True), norm="layernorm", gated_mlp=False,
-            linear_bias=True, positions=f.size("n_positions", "max_position_embeddings"), dropout=True,
-            source=source,
+            linear_bias=f.flag("bias", True), positions=f.size("n_positions", "max_position_embeddings"),
+            dropout=_dropout(data, source), source=source,
         )
     h = f.size("hidden_size")
     layers = f.size("num_hidden_layers")

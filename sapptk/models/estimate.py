@@ -297,6 +297,23 @@ def _body_transient_mb(tensors: list[LayerTensor], card: ModelCard, par: Paralle
     return out
 
 
+_A2A = ("dispatch_all_to_all", "combine_all_to_all")
+
+
+def _dualpipe_pair(fwd: list[Operator], bwd: list[Operator]) -> dict[str, float]:
+    """One DualPipe overlapped unit of a MoE layer: the forward of one micro-batch beside the
+    backward of another. ``sum``: the two run one after the other; ``overlapped``: each
+    one's expert all-to-alls hidden under the other's compute (DeepSeek-V3 report, section
+    3.2.1: the all-to-alls of one chunk under the computation of the other)."""
+    forward, back = _exposed(fwd), _exposed(bwd)
+    comm_f = sum(r.exposed_ms for r in fwd if r.op in _A2A)
+    comm_b = sum(r.exposed_ms for r in bwd if r.op.removesuffix("_bwd") in _A2A)
+    compute_f, compute_b = forward - comm_f, back - comm_b
+    overlapped = compute_f + compute_b + max(0.0, comm_f - compute_b) + max(0.0, comm_b - compute_f)
+    return {"sum": _r(forward + back), "overlapped": _r(overlapped), "forward_all_to_all": _r(comm_f),
+            "backward_all_to_all": _r(comm_b)}
+
+
 def resolve_inputs(card: ModelCard | str, parallel: Parallel | None, hardware: Hardware | str,
                    framework: Framework | str) -> tuple[ModelCard, Parallel, Hardware, Framework]:
     """The card, layout, hardware and framework an estimate names, checked together."""
@@ -378,6 +395,7 @@ def estimate_profile(
     groups: list[LayerGroup] = []
     transient: dict[str, dict[str, float]] = {}
     step_ms: dict[str, float] = {}
+    pairs: dict[str, dict[str, float]] = {}
     for group, (fwd, bwd, step) in zip(model.groups, ops, strict=True):
         forward, backward = _mode_times(fwd, bwd)
         if group.kind == "body":
@@ -388,6 +406,8 @@ def estimate_profile(
             transient[group.name] = {m: _r(v * scale) for m, v in _body_transient_mb(tensors, model, par,
                                                                                       group.moe).items()}
             step_ms[group.name] = _r(_exposed(step))
+            if group.moe:
+                pairs[group.name] = _dualpipe_pair(fwd, bwd)
             extra: dict[str, float] = {}
             if "kv_mb_per_token" in _GROUP_FIELDS:
                 dqk, dv, kv_heads = attention_widths(model)
@@ -413,6 +433,8 @@ def estimate_profile(
     peak = max((v for name, by_mode in transient.items() if name in body for v in by_mode.values()), default=0.0)
     provenance = _provenance(model, par, hw, fw, memory=memory, transient=transient, peak=peak, step_ms=step_ms,
                              ops=ops)
+    if pairs:
+        provenance["dualpipe_pair_ms"] = pairs
     return Profile(name=_name(model, par, hw), groups=tuple(groups), provenance=provenance, **extra_fields)
 
 

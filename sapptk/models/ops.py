@@ -324,10 +324,12 @@ def _fsdp(b: _Builder, card: ModelCard, par: Parallel, moe: bool) -> None:
                                                                               par.ep)):
         if count <= 0 or size <= 1:
             continue
-        if par.sharding == "fsdp":
-            b.collective(f"fsdp_{name}all_gather", "all_gather", b.e * count, size, stride, overlap=over,
-                         overlap_bwd=over, backward=1.0)
         where = placement(b.hw, size, stride)[0]
+        if par.sharding == "fsdp":  # gathered for the forward, freed, gathered again for the backward
+            b.collective(f"fsdp_{name}all_gather", "all_gather", b.e * count, size, stride, overlap=over, backward=0.0)
+            again = collective_ms(b.hw, "all_gather", b.e * count, size, stride)
+            b._row("bwd", f"fsdp_{name}all_gather_bwd", "collective", 1.0, 0.0, b.e * count, again, overlap=over,
+                   collective="all_gather", size=size, where=where)
         ms = collective_ms(b.hw, "reduce_scatter", grad * count, size, stride)
         b._row("bwd", f"{'fsdp' if par.sharding == 'fsdp' else 'zero2'}_{name}grad_reduce_scatter", "collective",
                1.0, 0.0, grad * count, ms, overlap=over, collective="reduce_scatter", size=size, where=where)

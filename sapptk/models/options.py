@@ -13,7 +13,8 @@ import pandas as pd
 from sapptk.errors import ConfigError
 from sapptk.models.bundled import available, card, hardware
 from sapptk.models.cards import ModelCard
-from sapptk.models.estimate import estimate_profile
+from sapptk.models.estimate import MEMORY_FIGURES, estimate_profile
+from sapptk.models.frameworks import FRAMEWORKS
 from sapptk.models.layout import DTYPE_BYTES, SHARDINGS, Hardware, Parallel
 from sapptk.profile import MODES, Profile
 
@@ -39,7 +40,14 @@ def add_model_args(parser: argparse.ArgumentParser, *, required: bool) -> None:
     group.add_argument("--capacity-factor", type=float, default=None, help="MoE expert capacity (dropless)")
     group.add_argument("--gpu", "--hardware", dest="gpu", default="h100", metavar="NAME",
                        help=f"hardware card ({', '.join(available('hardware'))}; default h100)")
-    group.add_argument("--efficiency", type=float, default=None, help="matmul efficiency (the card's, 0.6)")
+    group.add_argument("--efficiency", type=float, default=None,
+                       help="a large GEMM's share of the peak (the card's matmul_efficiency)")
+    group.add_argument("--framework", choices=tuple(FRAMEWORKS), default="megatron",
+                       help="which overlaps and fusions the framework does (megatron)")
+    group.add_argument("--fp8", action="store_true", help="linear layers' GEMMs in FP8")
+    group.add_argument("--moment-dtype", choices=("fp32", "bf16"), default="fp32", help="Adam moments' dtype (fp32)")
+    group.add_argument("--memory-figure", choices=MEMORY_FIGURES, default="allocated",
+                       help="memory as the allocator's allocated or reserved bytes (allocated)")
 
 
 def model_card(text: str) -> ModelCard:
@@ -55,7 +63,8 @@ def model_parallel(args: argparse.Namespace) -> Parallel:
     return Parallel(tp=args.tp, cp=args.cp, ep=args.ep, dp=args.dp, sharding=args.sharding,
                     seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
                     sequence_parallel=not args.no_sequence_parallel, flash_attention=not args.no_flash_attention,
-                    grad_dtype=args.grad_dtype, capacity_factor=args.capacity_factor)
+                    grad_dtype=args.grad_dtype, capacity_factor=args.capacity_factor,
+                    fp8=bool(getattr(args, "fp8", False)), moment_dtype=getattr(args, "moment_dtype", "fp32"))
 
 
 def model_hardware(args: argparse.Namespace) -> Hardware:
@@ -69,7 +78,9 @@ def model_profile(args: argparse.Namespace) -> Profile:
     """The estimated profile of the options."""
     if not isinstance(args.model, str) or not args.model:
         raise ConfigError("--model: expected a bundled card name or a config.json path")
-    return estimate_profile(model_card(args.model), model_parallel(args), model_hardware(args))
+    return estimate_profile(model_card(args.model), model_parallel(args), model_hardware(args),
+                            framework=getattr(args, "framework", "megatron"),
+                            memory=getattr(args, "memory_figure", "allocated"))
 
 
 def profile_table(profile: Profile) -> pd.DataFrame:
