@@ -69,7 +69,8 @@ def fit_cards(rows: list[MeasuredRow]) -> tuple[dict[str, object], list[dict[str
         fitted = {k: v for k, v in result.values.items() if result.identified[k] is True}
         notes.append({"card": key, "fit_rows": len(fit_rows),
                       "values": ", ".join(f"{k}={v:.4g}" for k, v in fitted.items()) or "(none identified)",
-                      "unidentified": "; ".join(f"{k}: {v}" for k, v in result.unidentified.items()),
+                      "unidentified": ", ".join(result.unidentified),
+                      "reasons": result.unidentified,
                       "cost_before": result.cost_before, "cost": result.cost})
     return cards, notes
 
@@ -183,7 +184,8 @@ def main() -> None:
     if args.markdown:
         print(markdown(sums, moes))
         print()
-        print("| card | fit rows | fitted | not identified |\n|---|---|---|---|")
+        print("| card | fit rows | fitted (identified) | left at the card's value (not identified) |")
+        print("|---|---|---|---|")
         for n in notes:
             print(f"| {n['card']} | {n['fit_rows']} | {n['values']} | {n['unidentified'] or '—'} |")
         if args.rows:
