@@ -93,19 +93,29 @@ def ratios(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def moe_order(frame: pd.DataFrame, rows: list[MeasuredRow]) -> pd.DataFrame:
-    """Layouts of one MoE model on one GPU: measured and predicted order by throughput."""
+    """Layouts of one MoE model in one stack: every pair whose measured throughputs differ by
+    more than 2 %, and whether sapptk puts the pair in the measured order."""
     from sapptk.models import card
 
     moe = {r.id for r in rows if card(r.model).moe is not None}
     out = []
     sub = frame[frame.row.isin(moe)]
-    for (model, gpu), group in sub.groupby(["model", "gpu"], observed=True):
+    for stack, group in sub.groupby("stack", observed=True, sort=False):
         if len(group) < 2:
             continue
+        recs = list(group.itertuples())
+        pairs = agree = 0
+        for i, a in enumerate(recs):
+            for b in recs[i + 1:]:
+                m = a.measured_tokens_per_s_per_gpu / b.measured_tokens_per_s_per_gpu
+                if abs(m - 1) <= 0.02:
+                    continue
+                pairs += 1
+                agree += (m > 1) == (a.predicted_tokens_per_s_per_gpu > b.predicted_tokens_per_s_per_gpu)
         measured = list(group.sort_values("measured_tokens_per_s_per_gpu", ascending=False).row)
         predicted = list(group.sort_values("predicted_tokens_per_s_per_gpu", ascending=False).row)
-        out.append({"model": model, "gpu": gpu, "layouts": len(group), "measured_order": " > ".join(measured),
-                    "predicted_order": " > ".join(predicted), "same_order": measured == predicted})
+        out.append({"stack": stack, "layouts": len(group), "pairs": pairs, "pairs_in_measured_order": agree,
+                    "measured_order": " > ".join(measured), "predicted_order": " > ".join(predicted)})
     return pd.DataFrame(out)
 
 
@@ -136,13 +146,14 @@ def _apct(x: float) -> str:
 
 def markdown(summaries: dict[str, pd.DataFrame], moe: dict[str, pd.DataFrame]) -> str:
     lines = ["| cards | split | rows | step time median / max abs err | ratios: median / max abs err (within 5 %) "
-             "| peak memory: rows, median / max abs err | MoE layouts in measured order |",
+             "| peak memory: rows, median / max abs err | MoE layout pairs in measured order |",
              "|---|---|---|---|---|---|---|"]
     for label, table in summaries.items():
         order = moe[label]
         for _, s in table.iterrows():
             part = order if s.split == "predict" else order.iloc[0:0]
-            same = (f"{int(part.same_order.sum())} of {len(part)}" if len(part) else "—")
+            same = (f"{int(part.pairs_in_measured_order.sum())} of {int(part.pairs.sum())} pairs" if len(part)
+                    else "—")
             lines.append(
                 f"| {label} | {s.split} | {s.rows} | {_apct(s.step_median_abs_err)} / {_apct(s.step_max_abs_err)} | "
                 f"{_apct(s.ratio_median_abs_err)} / {_apct(s.ratio_max_abs_err)} ({s.ratios_within_5pct} of "

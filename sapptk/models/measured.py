@@ -206,9 +206,9 @@ def measured_row(row: Mapping[str, Any] | MeasuredRow, *, index: int | None = No
         raise ConfigError(f"{where}: field 'schedule' = {schedule!r}: expected a schedule name "
                           "(1f1b, interleaved, ...)")
     layers = sum(g.count for g in card.groups if g.kind == "body")
-    if sizes["pp"] * sizes["vp"] > layers:
+    if sizes["pp"] * sizes["vp"] > layers + 2:  # the embedding and the loss may hold a virtual stage each
         raise ConfigError(f"{where}: field 'layout' = pp {sizes['pp']} × vp {sizes['vp']}: expected at most the "
-                          f"{layers} layers of {card.name!r}")
+                          f"{layers} layers of {card.name!r} plus two (embedding and loss stages)")
     fw = row.get("framework") or ""
     if fw:
         _choice(fw, where, "framework", tuple(FRAMEWORKS))
