@@ -80,6 +80,17 @@ def test_unidentified_parameter_stays_and_is_reported():
     assert set(result.residuals.figure) == {"step"}
 
 
+def test_more_parameters_than_figures_leave_the_rest():
+    base = hardware("h100")
+    rows = _synthesized(replace(base, matmul_efficiency=0.5), memory=False)[:1]  # one figure: one step time
+    result = fit_hardware(base, rows, parameters=["matmul_efficiency", "hbm_efficiency"], prior_weight=0)
+    assert list(result.identified.values()).count(True) == 1
+    (name, reason), = result.unidentified.items()
+    assert "the 1 figures of these rows are taken by" in reason
+    assert getattr(result.hardware, name) == getattr(base, name)
+    assert sapptk.fit_hardware is fit_hardware  # the package's lazy export
+
+
 def test_the_prior_weight_pulls_towards_the_card():
     base = hardware("h100")
     truth = replace(base, matmul_efficiency=0.5)

@@ -20,7 +20,9 @@ values (``prior_weight``: few rows and many parameters must not drag a parameter
 absorb what the model misses). Projected Gauss–Newton with a
 finite-difference Jacobian, from the card's values and from a coarse grid (the box's middle
 past three parameters), the best kept.
-A parameter no row moves (no memory measured: ``constant_mb``), or one the rows move only
+Identifiability is judged from the Jacobian at the card's values (a local derivative: a
+parameter behind a roofline's other branch there moves nothing). A parameter no row moves
+(no memory measured: ``constant_mb``), or one the rows move only
 together with another (collinear columns of the Jacobian), is not identified: it stays at the
 card's value and :attr:`FitResult.identified` says so, with why.
 """
