@@ -323,7 +323,8 @@ def _estimate(args: argparse.Namespace) -> int:
     device = model_hardware(args)
     card = profile.provenance["card"]
     print(f"{profile.name}: {card['parameters']:,} parameters; {device.name} {device.peak_tflops:g} TFLOPS "
-          f"x {device.matmul_efficiency:g}, {device.memory_mb:g} MB, constant {device.constant_mb:g} MB (assumed)")
+          f"x {device.matmul_efficiency:g}, {device.memory_mb:g} MB, constant {profile.provenance['constant_mb']:,.0f} "
+          f"MB ({device.constant_mb:g} assumed + the largest transient; {profile.provenance['memory_figure']})")
     print(_table(profile_table(profile), left=("group", "kind")))
     if args.out is not None:
         if args.out.suffix.lower() == ".json":

@@ -245,3 +245,26 @@ def test_dualpipe_pair_hides_each_all_to_all_under_the_other_micro_batch() -> No
     by_hand = compute_f + compute_b + max(0.0, pair["forward_all_to_all"] - compute_b) + max(
         0.0, pair["backward_all_to_all"] - compute_f)
     assert pair["overlapped"] == pytest.approx(by_hand, abs=1e-5) and pair["overlapped"] < pair["sum"]
+
+
+def test_fp32_and_fp8_gemm_rows_by_hand() -> None:
+    """fc1 of the toy GPT layer, 1024 tokens × 1024 outputs × 256 inputs: 8 × 8 tiles, 7 waves on 10 SMs."""
+    par = Parallel(seq_length=512, micro_batch_size=2)
+    compute = 2 * 1024 * 1024 * 256 / (5e10 * 64 / 70)
+    fp32 = operators(_gpt(), dataclasses.replace(par, compute_dtype="fp32"), TOY)
+    row = fp32[(fp32["op"] == "fc1") & (fp32["phase"] == "fwd")].iloc[0]
+    memory = (4 * (1024 * 256 + 256 * 1024) + 2 * 1024 * 1024) / 5e8
+    assert row["time_ms"] == pytest.approx(0.01 + max(compute, memory) / 0.5, rel=1e-12)  # TF32: half the rate
+    fp8 = operators(_gpt(), dataclasses.replace(par, fp8=True), TOY)
+    row = fp8[(fp8["op"] == "fc1") & (fp8["phase"] == "fwd")].iloc[0]
+    assert row["time_ms"] == pytest.approx(0.01 + compute / 2, rel=1e-12)  # FP8 peak 200 × 0.5: twice the rate
+    cast = fp8[(fp8["op"] == "fc1_fp8_cast") & (fp8["phase"] == "fwd")].iloc[0]
+    assert cast["bytes"] == 3 * 1024 * 256 and cast["time_ms"] == pytest.approx(0.01 + 3 * 1024 * 256 / 5e8)
+
+
+def test_zero2_reduces_per_micro_batch_and_gathers_parameters_per_step() -> None:
+    table = operators("llama2-7b", Parallel(dp=8, sharding="zero2"), "h100")
+    layer = table[table["group"] == "layers"]
+    assert set(layer.loc[layer["phase"] == "step", "op"]) == {"dp_param_all_gather"}
+    rs = layer[(layer["phase"] == "bwd") & (layer["op"] == "zero2_grad_reduce_scatter")].iloc[0]
+    assert rs["bytes"] == 4 * card("llama2-7b").layer_parameters(False) and rs["placement"] == "intra"

@@ -71,7 +71,7 @@ where the profile types have them."""
 
 NOT_MODELLED: tuple[str, ...] = (
     "norm statistics (4-8 bytes per token) and integer routing indices",
-    "load imbalance between experts (routing is taken as balanced)",
+    "load imbalance between experts (routing is taken as balanced) and node-limited routing",
     "vocabulary padding (the card's vocabulary is used as is)",
     "slowdown of compute that runs beside overlapped communication (SM and memory contention)",
     "the optimizer step's own time (the data-parallel collectives of a step are in provenance)",

@@ -416,10 +416,11 @@ def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gro
              backward_ms: float, forward_ms: float) -> list[Operator]:
     """Once per step per layer: the data-parallel gradient reduction (all-reduce without
     optimizer sharding, reduce-scatter with it; none under FSDP / ZeRO-2, which reduce per
-    micro-batch) in ``grad_dtype``, and the distributed optimizer's parameter all-gather in
-    the compute dtype; hidden under the last micro-batch's ``backward_ms`` and the first
-    one's ``forward_ms`` where the framework overlaps them."""
-    if par.sharding in ("fsdp", "zero2"):
+    micro-batch) in ``grad_dtype``, and the parameter all-gather after a sharded optimizer
+    step (distributed optimizer, ZeRO-2) in the compute dtype (none under FSDP); hidden
+    under the last micro-batch's ``backward_ms`` and the first one's ``forward_ms`` where
+    the framework overlaps them."""
+    if par.sharding == "fsdp":
         return []
     dense, experts = layer_param_split(card, par, moe)
     grad, weight = DTYPE_BYTES[par.grad_dtype], DTYPE_BYTES[par.compute_dtype]
@@ -429,9 +430,11 @@ def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gro
         if count <= 0 or size <= 1:
             continue
         where = placement(hw, size, stride)[0]
-        kinds = [("grad_" + ("all_reduce" if par.sharding == "none" else "reduce_scatter"), grad,
-                  fw.overlap_grad_reduce, backward_ms)]
-        if par.sharding == "distributed":
+        kinds: list[tuple[str, int, bool, float]] = []
+        if par.sharding != "zero2":  # ZeRO-2 reduce-scatters per micro-batch (in the backward)
+            kinds.append(("grad_" + ("all_reduce" if par.sharding == "none" else "reduce_scatter"), grad,
+                          fw.overlap_grad_reduce, backward_ms))
+        if par.sharding in ("distributed", "zero2"):
             kinds.append(("param_all_gather", weight, fw.overlap_param_gather, forward_ms))
         for op, nbytes, overlapped, window in kinds:
             kind = op.split("_", 1)[1]
