@@ -136,6 +136,21 @@ def summary(frame: pd.DataFrame, ratio: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def by_source(frames: dict[str, pd.DataFrame], rows: list[MeasuredRow]) -> str:
+    """Markdown: the held-out rows' step-time |err| median per source, before and after the fit."""
+    ref = {r.id: str(r.source.get("ref", "")) for r in rows}
+    lines = ["| source | held-out rows | step time median abs err, bundled / fitted | memory median abs err, "
+             "bundled / fitted |", "|---|---|---|---|"]
+    before, after = (f[f.split == "predict"].assign(source=lambda d: d.row.map(ref)) for f in frames.values())
+    for source, b in before.groupby("source", sort=False):
+        a = after[after.source == source]
+        mem_b, mem_a = b.memory_err.dropna().abs(), a.memory_err.dropna().abs()
+        mem = f"{_apct(mem_b.median())} / {_apct(mem_a.median())}" if len(mem_b) else "—"
+        lines.append(f"| {source} | {len(b)} | {_apct(b.step_err.abs().median())} / "
+                     f"{_apct(a.step_err.abs().median())} | {mem} |")
+    return "\n".join(lines)
+
+
 def _pct(x: float) -> str:
     return "n/a" if x != x else f"{100 * x:+.0f} %"
 
@@ -194,6 +209,8 @@ def main() -> None:
     pd.set_option("display.max_colwidth", 60)
     if args.markdown:
         print(markdown(sums, moes))
+        print()
+        print(by_source(frames, rows))
         print()
         print("| card | fit rows | fitted (identified) | left at the card's value (not identified) |")
         print("|---|---|---|---|")
