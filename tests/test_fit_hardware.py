@@ -133,9 +133,11 @@ def test_bad_rows_name_the_row_and_field(change, field):
         fit_hardware("h100", [_row("good"), row])
 
 
-def test_fit_refuses_held_out_rows():
+def test_fit_refuses_held_out_rows_and_other_gpus():
     with pytest.raises(ConfigError, match=r"row 'held' \(row 0\): field 'split' = 'predict'"):
         fit_hardware("h100", [_row("held", split="predict")])
+    with pytest.raises(ConfigError, match=r"row 'other' \(row 0\): field 'gpu' = 'a100': expected the card being"):
+        fit_hardware("h100", [_row("other", gpu="a100")])
 
 
 def test_published_rows_load_with_source_and_split():

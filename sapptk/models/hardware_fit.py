@@ -14,7 +14,7 @@ time per layer times the layers of the device holding the most. The step time gi
 tokens/s per GPU; the simulator's peak device the memory.
 
 **Fit**: bounded least squares over the card's few parameters (``hardware.fittable()``:
-name -> (low, high)) of the relative residuals ``log(predicted / measured)`` of every fit row's
+name -> (low, high), fields of the card) of the relative residuals ``log(predicted / measured)`` of every fit row's
 step time and, for rows that measured it, its peak memory, plus a weak pull to the card's sourced
 values (``prior_weight``: few rows and many parameters must not drag a parameter to a bound to
 absorb what the model misses). Projected Gauss–Newton with a
@@ -41,14 +41,11 @@ from sapptk.errors import ConfigError, SapptkError
 from sapptk.models.bundled import card as bundled_card
 from sapptk.models.bundled import hardware as bundled_hardware
 from sapptk.models.frameworks import Framework, framework
-from sapptk.models.layout import Hardware
+from sapptk.models.layout import HARDWARE, Hardware
 from sapptk.models.measured import MeasuredRow, measured_row
 
-__all__ = ["DEV_FITTABLE", "FitResult", "RowPrediction", "fittable", "fit_hardware", "predict_row", "predict_rows",
+__all__ = ["FitResult", "RowPrediction", "fittable", "fit_hardware", "predict_row", "predict_rows",
            "row_framework"]
-
-DEV_FITTABLE: Mapping[str, tuple[float, float]] = {"matmul_efficiency": (0.2, 1.0), "constant_mb": (0.0, 20000.0)}
-"""The parameters fitted when a hardware card has no ``fittable()`` method."""
 
 _SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved", "interleaved-1f1b": "interleaved",
               "zb-h1": "zb-h1", "zb-v": "zb-v", "dualpipe-v": "dualpipe-v"}
@@ -59,10 +56,9 @@ _COLLINEAR_TOL = 0.02  # a new column whose smallest singular value (unit column
 
 
 def fittable(hardware: Hardware) -> dict[str, tuple[float, float]]:
-    """The card's fittable parameters and their bounds: ``hardware.fittable()`` where the card
-    has it, else :data:`DEV_FITTABLE`; each a field :func:`dataclasses.replace` can set."""
-    method = getattr(hardware, "fittable", None)
-    found = dict(method()) if callable(method) else dict(DEV_FITTABLE)
+    """The card's fittable parameters and their bounds (``hardware.fittable()``), checked: each
+    a field :func:`dataclasses.replace` can set, with finite bounds low < high."""
+    found = dict(hardware.fittable())
     names = {f.name for f in fields(hardware)}
     out = {}
     for name, bounds in found.items():
@@ -201,6 +197,9 @@ class FitResult:
 
 
 def _check_rows(rows: Any, hw: Hardware) -> list[MeasuredRow]:
+    """The rows checked: each a measured row marked ``fit``, on the card being fitted (when that
+    card is a bundled one: a custom card may be fitted on any rows)."""
+    bundled = hw.name.lower() in HARDWARE
     if isinstance(rows, MeasuredRow | Mapping) or not isinstance(rows, Sequence) or isinstance(rows, str):
         raise ConfigError(f"fit_hardware: rows = {rows!r}: expected a list of measured rows")
     if not rows:
@@ -210,10 +209,13 @@ def _check_rows(rows: Any, hw: Hardware) -> list[MeasuredRow]:
         if r.split != "fit":
             raise ConfigError(f"measured row {r.id!r} (row {i}): field 'split' = {r.split!r}: fit_hardware fits on "
                               "'fit' rows only (held-out rows must never set a parameter)")
+        if bundled and bundled_hardware(r.gpu).name != hw.name:
+            raise ConfigError(f"measured row {r.id!r} (row {i}): field 'gpu' = {r.gpu!r}: expected the card being "
+                              f"fitted, {hw.name!r}")
     return out
 
 
-def _figures(rows: list[MeasuredRow], hw: Hardware) -> list[tuple[int, str, float]]:
+def _figures(rows: list[MeasuredRow]) -> list[tuple[int, str, float]]:
     figs = []
     for i, r in enumerate(rows):
         figs.append((i, "step", r.measured_step_ms))
@@ -249,7 +251,7 @@ def fit_hardware(hardware: Hardware | str, rows: Sequence[MeasuredRow | Mapping[
                               f"{', '.join(bounds)}")
         bounds = {p: bounds[p] for p in parameters}
     checked = _check_rows(rows, hw)
-    figs = _figures(checked, hw)
+    figs = _figures(checked)
     measured = np.array([v for _, _, v in figs])
     names = list(bounds)
     low = np.array([bounds[n][0] for n in names])
