@@ -7,7 +7,19 @@ import dataclasses
 import pytest
 
 from sapptk.errors import ConfigError
-from sapptk.models import HARDWARE, Hardware, hardware
+from sapptk.models import (
+    HARDWARE,
+    Framework,
+    Hardware,
+    ModelCard,
+    Parallel,
+    card,
+    estimate_profile,
+    hardware,
+    operators,
+)
+from sapptk.models.estimate import layer_flops, static_bytes_per_parameter
+from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement
 
 
 def test_fittable_names_fields_with_bounds_holding_every_bundled_value() -> None:
@@ -28,9 +40,6 @@ def test_hardware_rejects_a_share_above_one_naming_the_field() -> None:
 
 
 # --- hand-worked operator times on a toy card with round numbers ----------------------------
-from sapptk.models import Framework, ModelCard, Parallel, card, estimate_profile, operators  # noqa: E402
-from sapptk.models.estimate import static_bytes_per_parameter  # noqa: E402
-from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement  # noqa: E402
 
 TOY = Hardware("toy", peak_tflops=100.0, hbm_gb=80.0, hbm_tbps=1.0, intra_node_gbps=100.0, inter_node_gbps=10.0,
                gpus_per_node=8, sms=10, matmul_efficiency=0.5, peak_fp8_tflops=200.0, fp8_matmul_efficiency=0.5,
@@ -268,3 +277,37 @@ def test_zero2_reduces_per_micro_batch_and_gathers_parameters_per_step() -> None
     assert set(layer.loc[layer["phase"] == "step", "op"]) == {"dp_param_all_gather"}
     rs = layer[(layer["phase"] == "bwd") & (layer["op"] == "zero2_grad_reduce_scatter")].iloc[0]
     assert rs["bytes"] == 4 * card("llama2-7b").layer_parameters(False) and rs["placement"] == "intra"
+
+
+def test_flashattention2_frameworks_run_attention_at_the_cards_fa2_efficiency() -> None:
+    fa2 = dataclasses.replace(TOY, attention_fa2_efficiency=0.2)  # half the card's best kernel (0.4)
+    assert attention_ms(fa2, 1e12, 128, kernel="fa2") == pytest.approx(0.01 + 1e12 / (1e11 * 0.1), rel=1e-12)
+    assert attention_ms(fa2, 1e12, 128, backward=True, kernel="fa2") == pytest.approx(0.01 + 1e12 / (1e11 * 0.05),
+                                                                                     rel=1e-12)
+    assert attention_ms(TOY, 1e12, 128, kernel="fa2") == attention_ms(TOY, 1e12, 128)  # 0: no separate figure
+
+    def core(fw: str, hw: str) -> float:
+        table = operators("llama3.1-8b", Parallel(seq_length=8192), hw, framework=fw)
+        return float(table.loc[(table["op"] == "attention_core") & (table["phase"] == "fwd"), "time_ms"].iloc[0])
+
+    assert core("torchtitan", "h100") > 1.6 * core("megatron", "h100")  # FlashAttention-2 on Hopper: 35 % vs 60 %
+    assert core("torchtitan", "a100") == core("megatron", "a100")  # A100's best kernel is FlashAttention-2
+    with pytest.raises(ConfigError, match="attention_kernel"):
+        Framework("x", tp_comm_overlap=False, cp_comm_overlap=False, overlap_grad_reduce=False,
+                  overlap_param_gather=False, fsdp_prefetch=False, attention_kernel="fa9")
+
+
+@pytest.mark.parametrize("name", ["llama3.1-8b", "qwen3-235b-a22b", "deepseek-v3", "mixtral-8x7b", "gpt2"])
+def test_every_familys_operator_flops_are_its_layer_flops(name: str) -> None:
+    """Dense GQA/SwiGLU, MoE (router, routed and shared experts), MLA and GPT: the forward
+    GEMMs and the attention core of the operator list add up to ``layer_flops``."""
+    model = card(name)
+    par = Parallel(tp=2, seq_length=1024, dp=8, ep=8 if model.moe else 1)
+    table = operators(model, par, "h100")
+    for group in model.groups:
+        if group.kind != "body":
+            continue
+        rows = table[(table["group"] == group.name) & (table["phase"] == "fwd")]
+        flops = layer_flops(model, par, moe=group.moe)
+        assert rows.loc[rows["kind"] == "gemm", "flops"].sum() == pytest.approx(flops["matmul"], rel=1e-12)
+        assert rows.loc[rows["kind"] == "attention", "flops"].sum() == pytest.approx(flops["attention"], rel=1e-12)

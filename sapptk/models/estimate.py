@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from sapptk.errors import ConfigError
 from sapptk.models.bundled import card as bundled_card
 from sapptk.models.bundled import hardware as bundled_hardware
-from sapptk.models.cards import ModelCard
+from sapptk.models.cards import CardGroup, ModelCard
 from sapptk.models.frameworks import Framework
 from sapptk.models.frameworks import framework as framework_preset
 from sapptk.models.layout import DTYPE_BYTES, Hardware, Parallel
@@ -332,11 +332,12 @@ def resolve_inputs(card: ModelCard | str, parallel: Parallel | None, hardware: H
     return model, par, hw, fw
 
 
-def tables(model: ModelCard, par: Parallel, hw: Hardware,
-           fw: Framework) -> list[tuple[list[Operator], list[Operator], list[Operator]]]:
-    """(forward, backward, step) operators of one layer of each group, in model order."""
+def tables(model: ModelCard, par: Parallel, hw: Hardware, fw: Framework,
+           groups: tuple[CardGroup, ...] | None = None) -> list[tuple[list[Operator], list[Operator], list[Operator]]]:
+    """(forward, backward, step) operators of one layer of each group (``model.groups``
+    unless given), in model order."""
     out = []
-    for group in model.groups:
+    for group in model.groups if groups is None else groups:
         fwd, bwd = layer_ops(model, par, hw, fw, group=group.name, kind=group.kind, moe=group.moe)
         step: list[Operator] = []
         if group.kind == "body":
@@ -391,12 +392,13 @@ def estimate_profile(
     if memory not in MEMORY_FIGURES:
         raise ConfigError(f"estimate_profile: memory = {memory!r}: expected one of {', '.join(MEMORY_FIGURES)}")
     scale = 1.0 + hw.allocator_reserve if memory == "reserved" else 1.0
-    ops = tables(model, par, hw, fw)
+    card_groups = model.groups
+    ops = tables(model, par, hw, fw, card_groups)
     groups: list[LayerGroup] = []
     transient: dict[str, dict[str, float]] = {}
     step_ms: dict[str, float] = {}
     pairs: dict[str, dict[str, float]] = {}
-    for group, (fwd, bwd, step) in zip(model.groups, ops, strict=True):
+    for group, (fwd, bwd, step) in zip(card_groups, ops, strict=True):
         forward, backward = _mode_times(fwd, bwd)
         if group.kind == "body":
             tensors = layer_tensors(model, par, moe=group.moe)
@@ -429,7 +431,7 @@ def estimate_profile(
                                      params=_r(static), modes={"none": ModeCost(backward=_r(backward["none"]),
                                                                                 activation=_r(kept))}))
     extra_fields = {"seq_length": par.seq_length} if "seq_length" in _PROFILE_FIELDS else {}
-    body = {g.name for g in model.groups if g.kind == "body"}
+    body = {g.name for g in card_groups if g.kind == "body"}
     peak = max((v for name, by_mode in transient.items() if name in body for v in by_mode.values()), default=0.0)
     provenance = _provenance(model, par, hw, fw, memory=memory, transient=transient, peak=peak, step_ms=step_ms,
                              ops=ops)
@@ -453,7 +455,7 @@ def _provenance(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, 
                 ops: list[tuple[list[Operator], list[Operator], list[Operator]]]) -> Mapping[str, Any]:
     columns = ["group", "op", "phase", "kind", "count", "flops", "bytes", "time_ms", "exposed_ms",
                "overlapped_with", "recompute"]
-    rows = [[r.group, r.op, r.phase, r.kind, r.count, r.flops, r.bytes, _r(r.time_ms), _r(r.exposed_ms),
+    rows = [[r.group, r.op, r.phase, r.kind, r.count, r.flops, r.bytes, r.time_ms, r.exposed_ms,
              r.overlapped_with, ",".join(sorted(r.recompute))]
             for fwd, bwd, step in ops for r in (*fwd, *bwd, *step)]
     return {

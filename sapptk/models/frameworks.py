@@ -14,7 +14,9 @@ from types import MappingProxyType
 
 from sapptk.errors import ConfigError
 
-__all__ = ["FRAMEWORKS", "Framework", "framework"]
+__all__ = ["ATTENTION_KERNELS", "FRAMEWORKS", "Framework", "framework"]
+
+ATTENTION_KERNELS: tuple[str, ...] = ("fused", "fa2")
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,10 @@ class Framework:
     distributed optimizer's parameter all-gather runs under the next forward;
     ``fsdp_prefetch``: FSDP / ZeRO-3 gathers the next layer's parameters during this one;
     ``elementwise_factor``: bytes and launches of the elementwise ops relative to the
-    fused kernels the operator list names (1: every listed op one kernel)."""
+    fused kernels the operator list names (1: every listed op one kernel);
+    ``attention_kernel``: ``fused`` (the card's best flash-attention kernel: cuDNN /
+    FlashAttention-3 on Hopper) or ``fa2`` (FlashAttention-2, the card's
+    ``attention_fa2_efficiency``)."""
 
     name: str
     tp_comm_overlap: bool
@@ -36,12 +41,16 @@ class Framework:
     fsdp_prefetch: bool
     elementwise_factor: float = 1.0
     source: str = ""
+    attention_kernel: str = "fused"
 
     def __post_init__(self) -> None:
         f = self.elementwise_factor
         if isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0.1 <= float(f) <= 10:
             raise ConfigError(f"framework {self.name!r}: field 'elementwise_factor' = {f!r}: expected a number "
                               "in [0.1, 10]")
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise ConfigError(f"framework {self.name!r}: field 'attention_kernel' = {self.attention_kernel!r}: "
+                              f"expected one of {', '.join(ATTENTION_KERNELS)}")
 
 
 FRAMEWORKS: Mapping[str, Framework] = MappingProxyType({
@@ -49,21 +58,23 @@ FRAMEWORKS: Mapping[str, Framework] = MappingProxyType({
         "megatron", tp_comm_overlap=True, cp_comm_overlap=True, overlap_grad_reduce=True,
         overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.0,
         source="Megatron-LM / Megatron-Core arguments --tp-comm-overlap (Transformer Engine userbuffers), "
+               "Transformer Engine's fused (cuDNN) attention, "
                "--overlap-grad-reduce, --overlap-param-gather (distributed optimizer); Transformer Engine's "
                "context-parallel attention overlaps the ring's P2P with attention; fused kernels "
                "--bias-swiglu-fusion, --bias-dropout-fusion, --apply-rope-fusion"),
     "torchtitan": Framework(
         "torchtitan", tp_comm_overlap=False, cp_comm_overlap=True, overlap_grad_reduce=True,
-        overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.2,
+        overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.2, attention_kernel="fa2",
         source="torchtitan: FSDP2 (fully_shard) prefetches the next layer's all-gather and overlaps the "
                "reduce-scatter with the backward; async TP is opt-in (not assumed); PyTorch context-parallel "
-               "ring attention; eager elementwise ops unless torch.compile"),
+               "ring attention; eager elementwise ops unless torch.compile; attention through PyTorch SDPA, "
+               "whose flash backend is FlashAttention-2"),
     "deepspeed": Framework(
         "deepspeed", tp_comm_overlap=False, cp_comm_overlap=False, overlap_grad_reduce=True,
-        overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.5,
+        overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.5, attention_kernel="fa2",
         source="DeepSpeed ZeRO config overlap_comm (gradient reduction under backward) and ZeRO-3 "
                "stage3_prefetch_bucket_size (parameter prefetch); Hugging Face modules run unfused "
-               "elementwise kernels"),
+               "elementwise kernels and FlashAttention-2 (or SDPA)"),
 })
 """The bundled presets by name."""
 

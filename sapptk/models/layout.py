@@ -160,7 +160,8 @@ _FITTABLE: Mapping[str, tuple[float, float]] = MappingProxyType({
 
 _SHARES = ("matmul_efficiency", "fp8_matmul_efficiency", "attention_efficiency", "attention_bwd_efficiency",
            "hbm_efficiency", "intra_bus_efficiency", "inter_bus_efficiency")
-_NONNEGATIVE = ("constant_mb", "peak_fp8_tflops", "launch_us", "comm_latency_us", "allocator_reserve")
+_NONNEGATIVE = ("constant_mb", "peak_fp8_tflops", "launch_us", "comm_latency_us", "allocator_reserve",
+                "attention_fa2_efficiency")
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,9 @@ class Hardware:
     latency (alpha); ``intra_bus_efficiency`` and ``inter_bus_efficiency`` the bus bandwidth
     NCCL reaches as a share of the link; ``allocator_reserve`` the caching allocator's
     reserve over allocated dynamic memory (reserved = allocated × (1 + reserve));
+    ``attention_fa2_efficiency`` the forward efficiency of the FlashAttention-2 kernel where
+    it is below the card's best fused kernel (0: the same; a framework preset whose
+    attention is FlashAttention-2 scales both attention efficiencies by it);
     ``constant_mb`` memory every device holds besides the model (CUDA context, NCCL
     buffers, workspaces). ``source`` names the public source of each figure."""
 
@@ -207,6 +211,7 @@ class Hardware:
     intra_bus_efficiency: float = 0.8
     inter_bus_efficiency: float = 0.8
     allocator_reserve: float = 0.1
+    attention_fa2_efficiency: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"hardware {self.name!r}"
@@ -224,6 +229,9 @@ class Hardware:
             c = getattr(self, name)
             if isinstance(c, bool) or not isinstance(c, numbers.Real) or not math.isfinite(float(c)) or c < 0:
                 raise ConfigError(f"{where}: field {name!r} = {c!r}: expected a number >= 0")
+        if self.attention_fa2_efficiency > 1:
+            raise ConfigError(f"{where}: field 'attention_fa2_efficiency' = {self.attention_fa2_efficiency!r}: "
+                              "expected a number in [0, 1] (0: the same as attention_efficiency)")
         if not isinstance(self.source, str):
             raise ConfigError(f"{where}: field 'source' = {self.source!r}: expected a string")
 
@@ -260,7 +268,8 @@ _EFFICIENCY_NOTE = (
     "efficiencies (starting values, to be fitted): matmul_efficiency from public cuBLAS GEMM "
     "microbenchmarks (large BF16 GEMMs reach 70-80 % of peak; domain notes); attention from the "
     "FlashAttention-2 paper (Dao 2023: forward up to 73 % of A100 peak, backward lower) and "
-    "FlashAttention-3 paper (Shah et al. 2024: up to 75 % of H100 BF16 peak forward); bus "
+    "FlashAttention-3 paper (Shah et al. 2024: up to 75 % of H100 BF16 peak forward, FlashAttention-2 "
+    "only 35 % on H100: attention_fa2_efficiency); bus "
     "efficiencies from nccl-tests' busbw convention (busbw = algbw x 2(n-1)/n for all-reduce, "
     "(n-1)/n for all-gather/reduce-scatter), published busbw 75-85 % of the link; launch_us and "
     "comm_latency_us the order of a CUDA kernel launch and a small-message NCCL latency; "
@@ -271,14 +280,14 @@ _H100_NOTE = ("NVIDIA H100 datasheet (SXM5): 989 TFLOPS dense BF16, 1979 dense F
               "NVLink 900 GB/s, 132 SMs")
 HARDWARE: Mapping[str, Hardware] = MappingProxyType({
     "h100": Hardware("h100", 989.0, 80.0, 3.35, 450.0, 50.0, peak_fp8_tflops=1979.0, sms=132,
-                     attention_efficiency=0.6, attention_bwd_efficiency=0.45,
+                     attention_efficiency=0.6, attention_bwd_efficiency=0.45, attention_fa2_efficiency=0.35,
                      source=f"{_H100_NOTE}; 400 Gb/s NIC per GPU; {_EFFICIENCY_NOTE}"),
     "h800": Hardware("h800", 989.0, 80.0, 3.35, 200.0, 50.0, peak_fp8_tflops=1979.0, sms=132,
-                     attention_efficiency=0.6, attention_bwd_efficiency=0.45,
+                     attention_efficiency=0.6, attention_bwd_efficiency=0.45, attention_fa2_efficiency=0.35,
                      source="NVIDIA H800 SXM: H100 compute (989 BF16 / 1979 FP8 TFLOPS, 132 SMs), NVLink 400 GB/s; "
                             f"400 Gb/s NIC per GPU; {_EFFICIENCY_NOTE}"),
     "h200": Hardware("h200", 989.0, 141.0, 4.8, 450.0, 50.0, peak_fp8_tflops=1979.0, sms=132,
-                     attention_efficiency=0.6, attention_bwd_efficiency=0.45,
+                     attention_efficiency=0.6, attention_bwd_efficiency=0.45, attention_fa2_efficiency=0.35,
                      source="NVIDIA H200 SXM datasheet: 989 TFLOPS dense BF16, 1979 dense FP8, 141 GB HBM3e 4.8 TB/s, "
                             f"NVLink 900 GB/s; {_EFFICIENCY_NOTE}"),
     "a100": Hardware("a100", 312.0, 80.0, 2.039, 300.0, 25.0, sms=108, attention_efficiency=0.65,

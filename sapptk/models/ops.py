@@ -166,11 +166,14 @@ class _Builder:
         """The attention core of ``flops`` forward FLOPs, ``keys`` keys per query on average.
         Flash: one kernel, backward 2.5 × the FLOPs (it recomputes the scores)."""
         dtype = self.dtype
-        self._row("fwd", "attention_core", "attention", 1.0, flops, 0.0, attention_ms(self.hw, flops, keys),
-                  m=queries, n=heads, k=keys, dtype=dtype, recompute=recompute)
+        kernel = self.fw.attention_kernel
+        self._row("fwd", "attention_core", "attention", 1.0, flops, 0.0,
+                  attention_ms(self.hw, flops, keys, kernel=kernel), m=queries, n=heads, k=keys, dtype=dtype,
+                  recompute=recompute)
         back = 2.5 * flops if flash else 2.0 * flops
         self._row("bwd", "attention_core_bwd", "attention", 1.0, back, 0.0,
-                  attention_ms(self.hw, back, keys, backward=True), m=queries, n=heads, k=keys, dtype=dtype)
+                  attention_ms(self.hw, back, keys, backward=True, kernel=kernel), m=queries, n=heads, k=keys,
+                  dtype=dtype)
 
     def collective(self, op: str, kind: str, nbytes: float, size: int, stride: int, *,
                    recompute: frozenset[str] = _FULL, overlap: str = "", overlap_bwd: str = "",
