@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.calibration",),
     ("sapptk.sweeps",),
     ("sapptk.choosing",),
+    ("sapptk.models.hardware_fit",),  # fits a hardware card on measured runs: plans and simulates each run
     ("sapptk.viz",),
     ("sapptk.choose_panel", "sapptk.explorer_inputs"),  # row 13½ of docs/internals.md
     ("sapptk.explorer_controls", "sapptk.explorer_tabs"),  # row 13¾: the Explorer's controls and tabs
