@@ -72,6 +72,7 @@ class MeasuredRow:
     recompute: str
     dtype: str
     framework: str = ""
+    etp: int | None = None  # expert tensor parallel where the source states it (None: the framework's default)
     step_time_ms: float | None = None
     tokens_per_s_per_gpu: float | None = None
     memory_mb: float | None = None
@@ -99,7 +100,7 @@ class MeasuredRow:
 
     def parallel(self) -> Parallel:
         """The layout of one pipeline stage's devices (:class:`~sapptk.models.Parallel`)."""
-        return Parallel(tp=self.tp, cp=self.cp, ep=self.ep, dp=self.dp, sharding=self.sharding,
+        return Parallel(tp=self.tp, cp=self.cp, ep=self.ep, dp=self.dp, sharding=self.sharding, etp=self.etp,
                         micro_batch_size=self.micro_batch_size, seq_length=self.seq_length,
                         sequence_parallel=self.tp > 1, fp8=self.dtype == "fp8",
                         compute_dtype="fp16" if self.dtype == "fp16" else "bf16")
@@ -190,6 +191,7 @@ def measured_row(row: Mapping[str, Any] | MeasuredRow, *, index: int | None = No
     for key in _LAYOUT_KEYS:
         sizes[key] = _number(layout.get(key, 1), where, f"layout.{key}", integer=True)
     sharding = _choice(layout.get("sharding", "distributed"), where, "layout.sharding", SHARDINGS)
+    etp = None if layout.get("etp") is None else _number(layout["etp"], where, "layout.etp", integer=True)
     gpus = _number(row["gpus"], where, "gpus", integer=True)
     product = sizes["tp"] * sizes["pp"] * sizes["cp"] * sizes["dp"]
     if product != gpus:
@@ -243,7 +245,7 @@ def measured_row(row: Mapping[str, Any] | MeasuredRow, *, index: int | None = No
         id=ident, split=split, stack=str(row.get("stack") or ident), source=MappingProxyType(dict(source)),
         model=card.name, gpu=str(row["gpu"]), gpus=gpus, sharding=sharding, schedule=schedule,
         micro_batch_size=mbs, global_batch=batch, seq_length=seq, recompute=recompute, dtype=dtype,
-        framework=fw, step_time_ms=step, tokens_per_s_per_gpu=tokens,
+        framework=fw, etp=etp, step_time_ms=step, tokens_per_s_per_gpu=tokens,
         memory_mb=memory_mb, memory_kind=kind, hardware_overrides=MappingProxyType(overrides),
         options=MappingProxyType({k: row[k] for k in ("compile", "async_tp") if k in row}),
         notes=" ".join(str(row.get(k) or "") for k in ("assumed", "notes")).strip(), **sizes,
