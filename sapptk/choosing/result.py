@@ -115,7 +115,7 @@ class Choice:
     ``profiles``: the profile of each setup row (model-card choices estimate one per setup).
     ``seconds``: wall time of the whole choice. ``notes``: what the choice assumed (for
     instance, no DP synchronisation without a bandwidth). ``timings``: wall seconds by step
-    (:data:`sapptk.choosing.engine.STEPS`: ``bound``, ``tighten``, ``balance``, ``prove``,
+    (:data:`sapptk.choosing.run.STEPS`: ``bound``, ``tighten``, ``balance``, ``prove``,
     ``retry``, ``other``), adding up to ``seconds``. ``status``: ``"complete"`` (every setup
     decided), ``"stopped"`` (the ``stop`` event was set; ``undecided`` rows were left) or
     ``"time limit"`` (the whole call's ``time_limit`` ran out; ``undecided`` rows were left).
