@@ -13,6 +13,9 @@ without sharding, none under FSDP, whose per-micro-batch collectives are in the 
 times) over the DP group's links — inside a node when ``tp · cp · dp`` ranks fit one in
 Megatron's rank order — charged only where the last backward and the first forward do not
 hide them (``provenance["dp_step_exposed_ms_per_layer"]``), summed over a device's layers.
+Routed experts are planned with expert tensor parallel 1 (``Parallel(etp=1)``, what
+Megatron-Bridge's MoE recipes and the Megatron-MoE-ModelZoo set; Megatron-LM's bare default
+would be ``tp``).
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ def card_candidates(request: Any, budget: float | None) -> tuple[list[Candidate]
                         columns = {"tp": tp, "cp": cp, "ep": ep, "zero": zero}
                         try:
                             par = Parallel(tp=tp, cp=cp, ep=ep, dp=dp, sharding=zero, micro_batch_size=mbs,
-                                           seq_length=seq)
+                                           seq_length=seq, etp=1)  # expert TP 1, as Megatron's MoE recipes set
                             profile = estimate_profile(card, par, hw)
                         except ConfigError as exc:
                             reasons.append(str(exc))
