@@ -73,3 +73,5 @@ def test_a_card_choice_charges_the_estimates_step_and_constant() -> None:
     assert row["dp_sync_ms"] == pytest.approx(per_layer * layers.max(), rel=1e-9)
     assert row["step_time_ms"] == pytest.approx(row["pipeline_ms"] + row["dp_sync_ms"])
     assert choice.best.config.constant_memory == pytest.approx(profile.provenance["constant_mb"])
+    balanced = choice.frame[choice.frame["status"] == "balanced"]
+    assert (balanced["bound_ms"] <= balanced["step_time_ms"] + 1e-9).all()  # the floor stays a lower bound
