@@ -69,7 +69,7 @@ class Parallel:
     ``tp`` tensor parallel size (``sequence_parallel`` splits the norm/dropout regions
     too; ignored when ``tp`` is 1); ``cp`` context parallel (the sequence split across
     devices); ``ep`` expert parallel (routed experts split across ``ep`` devices, taken
-    from the data-, context- and tensor-parallel ranks as Megatron does with expert-TP 1);
+    from the data-, context- and tensor-parallel ranks as Megatron does: ``ep × etp`` of them);
     ``dp`` data parallel; ``sharding`` of the optimizer over data parallelism
     (:data:`SHARDINGS`); ``micro_batch_size`` and ``seq_length`` (tokens per sample);
     ``compute_dtype`` of weights and activations,
