@@ -57,6 +57,7 @@ _EXPORTS: dict[str, str] = {
     "Choice": "sapptk.choosing",
     "ChooseRequest": "sapptk.choosing",
     "estimate_profile": "sapptk.models.estimate",
+    "fit_hardware": "sapptk.models.hardware_fit",
     "SliceChoice": "sapptk.solver.slices",
     "choose_slices": "sapptk.solver.slices",
 }
@@ -98,6 +99,7 @@ __all__ = [
     "choose_slices",
     "even_split",
     "estimate_profile",
+    "fit_hardware",
     "load_plan",
     "load_plans",
     "load_profile",
@@ -130,6 +132,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     )
     from sapptk.formats.base import Export
     from sapptk.models.estimate import estimate_profile
+    from sapptk.models.hardware_fit import fit_hardware
     from sapptk.plan import (
         Plan,
         even_split,

@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.calibration",),
     ("sapptk.sweeps",),
     ("sapptk.choosing",),
+    ("sapptk.models.hardware_fit",),  # fits a hardware card on measured runs: plans and simulates each run
     ("sapptk.trials",),  # row 12¾: trial folders of a choice, their runs ingested, the choice re-ranked
     ("sapptk.viz",),
     ("sapptk.explorer",),  # row 14 of docs/internals.md: the Explorer, one package (its modules on one floor)

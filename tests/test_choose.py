@@ -392,7 +392,9 @@ def test_model_card_varies_tp_with_its_own_profiles() -> None:
     winner = frame.iloc[0]
     assert f"tp{winner['tp']}" in choice.best.profile.name
     assert winner["tokens_per_s_per_device"] == pytest.approx(16 * 2048 / (winner["step_time_ms"] / 1000) / 8)
-    assert winner["dp_sync_ms"] > 0 or winner["dp"] == 1
+    per_layer = choice.best.profile.provenance["dp_step_exposed_ms_per_layer"]["layers"]  # the estimate's step
+    layers = np.asarray(choice.best.counts).sum(axis=(0, 1)).max()  # 1f1b: a device is a stage
+    assert winner["dp_sync_ms"] == pytest.approx(per_layer * layers)
     with pytest.raises(ConfigError, match="hardware = None"):
         sapptk.choose(card("llama2-7b"), devices=8, global_batch=16, memory_budget=None)
     with pytest.raises(ConfigError, match="zero = 'zero9'"):

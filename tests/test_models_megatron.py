@@ -29,7 +29,8 @@ def _setup_id(row: dict) -> str:
 
 
 def _parallel(row: dict) -> Parallel:
-    return Parallel(tp=row["tp"], dp=row["dp"], ep=row["ep"], seq_length=row["seq_length"],
+    # the fixture's script sets expert_tensor_parallel_size=1 (Megatron's default would be tp)
+    return Parallel(tp=row["tp"], dp=row["dp"], ep=row["ep"], etp=1, seq_length=row["seq_length"],
                     micro_batch_size=row["micro_batch_size"], flash_attention=False,
                     sharding="distributed" if row["distributed_optimizer"] else "none")
 

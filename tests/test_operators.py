@@ -19,6 +19,7 @@ from sapptk.models import (
     operators,
 )
 from sapptk.models.estimate import layer_flops, static_bytes_per_parameter
+from sapptk.models.ops import layer_param_split
 from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement
 
 
@@ -178,14 +179,44 @@ def test_fsdp_gathers_per_micro_batch_inside_the_node_and_holds_unsharded_layers
 
 def test_expert_all_to_all_stays_in_the_node_with_tp_2_and_ep_8() -> None:
     """Issue 31's defect: the expert group was taken to span tp·cp·ep GPUs (6.54 ms at ep 8
-    against 2.29 at ep 4). With expert-TP 1 the expert-parallel ranks are consecutive."""
+    against 2.29 at ep 4). With expert-TP 1 the expert-parallel ranks are consecutive
+    (Megatron's default expert-TP is tp: etp=1 is asked for, as MoE recipes do)."""
     model = card("qwen3-235b-a22b")
-    table = operators(model, Parallel(tp=2, ep=8, dp=4), "h100")
+    table = operators(model, Parallel(tp=2, ep=8, dp=4, etp=1), "h100")
     a2a = table[(table["op"] == "dispatch_all_to_all") & (table["phase"] == "fwd")].iloc[0]
     assert a2a["placement"] == "intra" and a2a["group_size"] == 8
-    ep4 = estimate_profile(model, Parallel(tp=2, ep=4, dp=4), "h100").body[0].forward
-    ep8 = estimate_profile(model, Parallel(tp=2, ep=8, dp=4), "h100").body[0].forward
+    ep4 = estimate_profile(model, Parallel(tp=2, ep=4, dp=4, etp=1), "h100").body[0].forward
+    ep8 = estimate_profile(model, Parallel(tp=2, ep=8, dp=4, etp=1), "h100").body[0].forward
     assert ep8 < 1.1 * ep4
+
+
+def test_expert_tp_follows_the_framework_and_shapes_the_expert_gemms() -> None:
+    """Megatron's --expert-tensor-parallel-size defaults to tp; torchtitan's to 1. Qwen3-235B
+    (128 experts of width 1536, top 8, hidden 4096) at tp 2, ep 4, dp 4, s 4096: a device
+    holds 4096 / 2 = 2048 tokens (SP), routes 2048 x 8 = 16384 copies; with etp 2 the EP
+    group's members are 2 apart (span 7: one node), the copies are gathered over the 2
+    expert-TP ranks (32768 per device over 128 / 4 = 32 local experts: M = 1024) and each
+    expert GEMM is half as wide (N = 2 x 1536 / 2 = 1536)."""
+    model = card("qwen3-235b-a22b")
+    mo = model.moe
+    assert (mo.experts, mo.expert_size, mo.top_k, model.hidden_size) == (128, 1536, 8, 4096)
+    par = Parallel(tp=2, ep=4, dp=4)
+    megatron = estimate_profile(model, par, "h100")
+    assert megatron.provenance["parallel"]["etp"] == 2 and "etp2" in megatron.name
+    assert estimate_profile(model, par, "h100", framework="torchtitan").provenance["parallel"]["etp"] == 1
+    table = operators(model, par, "h100").set_index(["op", "phase"])
+    fc1 = table.loc[("expert_fc1", "fwd")]
+    assert (fc1["m"], fc1["n"], fc1["k"], fc1["count"]) == (1024, 1536, 4096, 32)
+    a2a = table.loc[("dispatch_all_to_all", "fwd")]
+    assert a2a["group_size"] == 4 and a2a["placement"] == "intra" and a2a["bytes"] == 2 * 16384 * 4096
+    gather = table.loc[("expert_all_gather", "fwd")]
+    assert gather["group_size"] == 2 and gather["bytes"] == 2 * 32768 * 4096
+    assert ("expert_reduce_scatter", "fwd") in table.index
+    # the experts' parameters: 1/(ep x etp) of them; their optimizer over dp·cp·tp/(ep·etp) = 1 rank
+    _, experts = layer_param_split(model, dataclasses.replace(par, etp=2), True)
+    assert experts == pytest.approx(128 * 3 * 4096 * 1536 / 8)
+    with pytest.raises(ConfigError, match="ep' = 8 \\(× etp = 2\\)"):
+        estimate_profile(model, Parallel(tp=2, ep=8, dp=4), "h100")
 
 
 def test_fp32_compute_doubles_activations_and_slows_gemms() -> None:

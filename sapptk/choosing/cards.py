@@ -5,8 +5,17 @@ For every ``tp × cp`` dividing the devices and every stage count ``p`` dividing
 left, ``dp = devices / (tp · cp · p)``; for each ``ep`` (a divisor of the experts and of
 ``dp · cp · tp``) and each sharding, :func:`sapptk.estimate_profile` gives the profile, and
 the pipeline setups (schedules × chunks, ``m = global_batch / (dp · micro_batch_size)``) run
-on it. The DP all-reduce moves the gradients (``grad_dtype`` bytes of the static bytes per
-parameter) over the hardware's inter-node link; FSDP's weight gathers are not modelled.
+on it, planned with the profile's own constant (``provenance["constant_mb"]``: the card's
+context plus the largest transient inside an op) unless ``constant_memory`` is given. The data-
+parallel step collectives are the estimate's (:func:`sapptk.models.operators`, phase ``step``):
+the gradient reduce-scatter and parameter all-gather of the distributed optimizer (all-reduce
+without sharding, none under FSDP, whose per-micro-batch collectives are in the profile's
+times) over the DP group's links — inside a node when ``tp · cp · dp`` ranks fit one in
+Megatron's rank order — charged only where the last backward and the first forward do not
+hide them (``provenance["dp_step_exposed_ms_per_layer"]``), summed over a device's layers.
+Routed experts are planned with expert tensor parallel 1 (``Parallel(etp=1)``, what
+Megatron-Bridge's MoE recipes and the Megatron-MoE-ModelZoo set; Megatron-LM's bare default
+would be ``tp``).
 """
 
 from __future__ import annotations
@@ -47,17 +56,16 @@ def card_candidates(request: Any, budget: float | None) -> tuple[list[Candidate]
     dp · cp · tp, a program too large) and the notes it adds. ``budget``: MB per device every
     setup is bounded and balanced at (the safe budget with a memory margin)."""
     from sapptk.models import Parallel, estimate_profile
-    from sapptk.models.estimate import check_layout, static_bytes_per_parameter
-    from sapptk.models.layout import DTYPE_BYTES
 
     card, hw = request.source, request.hardware_card
     devices, mbs = request.devices, request.micro_batch_size
     seq = request.seq_length or 4096
     tps, cps, eps, zeros = card_dimensions(request)
-    constant = request.constant_memory or hw.constant_mb
     candidates: list[Candidate] = []
     invalid: list[dict[str, Any]] = []
     reasons: list[str] = []
+    constants: list[float] = []
+    made: dict[tuple[int, int, float], tuple[list[Setup], list[dict[str, Any]]]] = {}
     for tp in tps:
         for cp in cps:
             if devices % (tp * cp):
@@ -69,40 +77,58 @@ def card_candidates(request: Any, budget: float | None) -> tuple[list[Candidate]
                 dp = rest // p
                 if request.global_batch % (dp * mbs):
                     continue
-                made: list[dict[str, Any]] = []
-                setups = enumerate_setups(
-                    devices=p * dp, global_batch=request.global_batch, micro_batch_size=mbs,
-                    schedules=request.schedules, stages=[p], chunks=request.chunks, memory_budget=budget,
-                    constant_memory=constant, comm=request.comm, recompute=request.recompute,
-                    max_chunks=request.max_chunks, invalid=made)
                 for ep in eps:
                     for zero in zeros:
                         columns = {"tp": tp, "cp": cp, "ep": ep, "zero": zero}
-                        invalid += [{**row, **columns} for row in made]
                         try:
                             par = Parallel(tp=tp, cp=cp, ep=ep, dp=dp, sharding=zero, micro_batch_size=mbs,
-                                           seq_length=seq)
-                            check_layout(card, par)
+                                           seq_length=seq, etp=1)  # expert TP 1, as Megatron's MoE recipes set
+                            profile = estimate_profile(card, par, hw)
                         except ConfigError as exc:
                             reasons.append(str(exc))
+                            plain = request.constant_memory or hw.constant_mb
+                            setups, rows = _setups(request, budget, p, dp, plain, made)
+                            invalid += [{**row, **columns} for row in rows]
                             invalid += [{"schedule": s.config.schedule, "stages": p, "chunks": s.config.chunks,
                                          "micro_batches": s.config.micro_batches, "dp": dp, **columns,
                                          "reason": str(exc)} for s in setups]
                             continue
-                        profile = estimate_profile(card, par, hw)
-                        share = DTYPE_BYTES[par.grad_dtype] / static_bytes_per_parameter(par, dp * cp)
-                        share = 0.0 if zero in ("fsdp", "zero2") else share  # the profile times their per-layer RS
+                        constant = request.constant_memory or float(profile.provenance["constant_mb"])
+                        constants.append(constant)
+                        setups, rows = _setups(request, budget, p, dp, constant, made)
+                        invalid += [{**row, **columns} for row in rows]
+                        sync = profile.provenance["dp_step_exposed_ms_per_layer"]
+                        layer_sync = tuple(float(sync[g.name]) for g in profile.body)
                         for s in setups:
                             candidates.append(Candidate(setup=Setup(config=s.config, dp=dp), profile=profile,
-                                                        columns=columns, gradient_share=share))
+                                                        columns=columns, layer_sync_ms=layer_sync))
     if not candidates:
         why = "; ".join(dict.fromkeys(reasons)) or "no combination divides the devices and the global batch"
         raise ConfigError(f"devices = {devices}, global_batch = {request.global_batch}: no setup of "
                           f"{card.name!r}: {why[:400]}")
+    fixed = f"{request.constant_memory:,.0f} MB" if request.constant_memory else (
+        f"{min(constants):,.0f}-{max(constants):,.0f} MB (the estimate's context + largest transient)")
     notes = [f"model card {card.name!r} on {hw.name}: budget {request.memory_budget or hw.memory_mb:,.0f} MB, "
-             f"constant {constant:,.0f} MB per device; DP gradients over the inter-node link "
-             f"({hw.inter_node_gbps:g} GB/s)"]
+             f"constant {fixed} per device; DP step collectives as the estimate times them (reduce-scatter "
+             "and all-gather, or all-reduce, over the DP group's links; only what the backward and forward "
+             "do not hide)"]
     return candidates, invalid, notes
+
+
+def _setups(request: Any, budget: float | None, p: int, dp: int, constant: float,
+            made: dict[tuple[int, int, float], tuple[list[Setup], list[dict[str, Any]]]]
+            ) -> tuple[list[Setup], list[dict[str, Any]]]:
+    """The pipeline setups of ``p`` stages × ``dp`` planned with ``constant`` MB per device and
+    the rows of those that cannot be built, once per (p, dp, constant) in ``made``."""
+    key = (p, dp, constant)
+    if key not in made:
+        rows: list[dict[str, Any]] = []
+        made[key] = (enumerate_setups(
+            devices=p * dp, global_batch=request.global_batch, micro_batch_size=request.micro_batch_size,
+            schedules=request.schedules, stages=[p], chunks=request.chunks, memory_budget=budget,
+            constant_memory=constant, comm=request.comm, recompute=request.recompute,
+            max_chunks=request.max_chunks, invalid=rows), rows)
+    return made[key]
 
 
 def is_model_card(source: Any) -> bool:

@@ -13,7 +13,7 @@ from sapptk.errors import ConfigError
 from sapptk.sweeps.frame import SOLVED
 from sapptk.sweeps.solving import PointResult
 
-__all__ = ["all_infeasible", "candidate_of", "record", "record_retry", "sync_floor", "twin_key"]
+__all__ = ["all_infeasible", "candidate_of", "device_sync_ms", "record", "record_retry", "sync_floor", "twin_key"]
 
 
 def twin_key(c: Candidate, digest: str) -> tuple[Any, ...]:
@@ -24,12 +24,31 @@ def twin_key(c: Candidate, digest: str) -> tuple[Any, ...]:
 
 def sync_floor(c: Candidate, bw: float | None) -> float:
     """The least DP synchronisation any plan of the candidate has: its fullest device holds at
-    least the average parameter MB."""
+    least the average parameter MB (a model-card setup: its slowest device synchronises at
+    least the average of the layers' exposed step ms, every layer living on one device)."""
     prof, cfg = c.profile, c.setup.config
+    if c.layer_sync_ms is not None:
+        total_ms = sum(g.count * ms for g, ms in zip(prof.body, c.layer_sync_ms, strict=True))
+        return total_ms / len(cfg.program().device_stages)
     total = sum(g.count * g.params for g in prof.body)
     total += sum(g.count * g.params for g in (prof.head, prof.tail) if g is not None)
     return dp_sync_ms(total / cfg.stages, c.setup.dp, bw, c.gradient_share)
 
+
+
+def device_sync_ms(c: Candidate, counts: Any, stage_params: Any, bw: float | None) -> float:
+    """The DP synchronisation a plan charges: that of its slowest device. A model-card setup
+    sums its layers' exposed step ms (``layer_sync_ms`` by body group, ``counts`` of shape
+    (groups, modes, virtual stages)); a bare profile all-reduces the fullest device's
+    gradients at ``bw`` (:func:`~sapptk.choosing.setups.dp_sync_ms`, ``stage_params`` MB
+    per virtual stage)."""
+    stages = c.setup.config.program().device_stages
+    if c.layer_sync_ms is not None:
+        layers = np.asarray(counts, dtype=float).sum(axis=1)  # (groups, virtual stages)
+        per_stage = np.asarray(c.layer_sync_ms, dtype=float) @ layers
+        return max(float(per_stage[list(st)].sum()) for st in stages)
+    params = np.asarray(stage_params, dtype=float)
+    return dp_sync_ms(max(float(params[list(st)].sum()) for st in stages), c.setup.dp, bw, c.gradient_share)
 
 
 def candidate_of(candidates: list[Candidate], chosen: list[int], key: str) -> Candidate:
@@ -56,9 +75,7 @@ def record(c: Candidate, res: PointResult, bw: float | None) -> None:
 
     cfg = c.setup.config
     sc = stage_costs(c.profile, cfg, np.asarray(counts, dtype=np.int64))
-    params = np.asarray(sc.params, dtype=float)
-    device_params = [float(params[list(st)].sum()) for st in cfg.program().device_stages]
-    sync = dp_sync_ms(max(device_params), c.setup.dp, bw, c.gradient_share)
+    sync = device_sync_ms(c, counts, sc.params, bw)
     pipeline = float(res.step_time_ms)
     c.row.update(status="balanced", pipeline_ms=pipeline, dp_sync_ms=sync, step_time_ms=pipeline + sync,
                  peak_mb_max=res.peak_mb_max, bubble_of_step=res.bubble_of_step,

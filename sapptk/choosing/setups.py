@@ -231,12 +231,16 @@ def program_digest(config: PipelineConfig) -> str:
 @dataclass
 class Candidate:
     """One setup to decide: its config and dp, the profile it runs, extra frame columns (the
-    parallel layout of a model-card choice), and its gradient MB per parameter MB."""
+    parallel layout of a model-card choice), and its gradient MB per parameter MB; a
+    model-card setup's ``layer_sync_ms`` (the estimate's exposed data-parallel step
+    collectives per layer, one figure per body group of the profile) replaces the
+    bandwidth model of :func:`dp_sync_ms`."""
 
     setup: Setup
     profile: Profile
     columns: dict[str, Any] = field(default_factory=dict)
     gradient_share: float = DEFAULT_GRADIENT_SHARE
+    layer_sync_ms: tuple[float, ...] | None = None  # model card: exposed DP step ms per layer of each body group
     bound: SetupBound | None = None
     lower_ms: float = 0.0  # proven bound on step_time_ms (pipeline + sync)
     sync_floor_ms: float = 0.0

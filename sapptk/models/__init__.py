@@ -7,7 +7,10 @@
 * :func:`estimate_profile` (re-exported as ``sapptk.estimate_profile``): a
   :class:`~sapptk.profile.Profile` from the three (``docs/estimation.md``);
 * :func:`operators`: the table of every layer's operators the estimate's times come from,
-  and the framework presets (:data:`FRAMEWORKS`, :func:`framework`).
+  and the framework presets (:data:`FRAMEWORKS`, :func:`framework`);
+* measured runs (:class:`MeasuredRow`, :func:`measured_row`, :func:`load_measured_rows`) to
+  judge estimates against and to fit a hardware card on: ``sapptk.fit_hardware`` (in
+  :mod:`sapptk.models.hardware_fit`, which sits above the simulator it needs).
 
 Bundled cards are small JSON files in this package (Hugging Face ``config.json`` fields);
 nothing is downloaded.
@@ -20,6 +23,7 @@ from sapptk.models.cards import MODEL_TYPES, CardGroup, Mla, ModelCard, Moe
 from sapptk.models.estimate import MEMORY_FIGURES, NOT_MODELLED, estimate_profile, layer_tensors, operators
 from sapptk.models.frameworks import FRAMEWORKS, Framework, framework
 from sapptk.models.layout import HARDWARE, SHARDINGS, Hardware, Parallel
+from sapptk.models.measured import MeasuredRow, load_measured_rows, measured_row
 
 __all__ = [
     "FRAMEWORKS",
@@ -31,6 +35,7 @@ __all__ = [
     "CardGroup",
     "Framework",
     "Hardware",
+    "MeasuredRow",
     "Mla",
     "ModelCard",
     "Moe",
@@ -41,5 +46,7 @@ __all__ = [
     "framework",
     "hardware",
     "layer_tensors",
+    "load_measured_rows",
+    "measured_row",
     "operators",
 ]

@@ -24,7 +24,7 @@ Memory is in MB (10⁶ bytes), times in ms, per layer per micro-batch, as profil
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from sapptk.errors import ConfigError
@@ -142,7 +142,8 @@ def layer_tensors(card: ModelCard, parallel: Parallel, *, moe: bool = False) -> 
         routed = nsp * mo.top_k * capacity(parallel)  # expert tokens per device (balanced routing)
         add("router probabilities (fp32)", "moe", 4 * nsp * mo.experts, _KEEP)
         add("routing weights of the top-k (fp32)", "moe", 4 * nsp * mo.top_k, _KEEP)
-        add("dispatched tokens (expert FC1 input)", "moe", e * routed * h, _COLUMN)
+        add("dispatched tokens, gathered over expert TP (expert FC1 input)", "moe",
+            e * routed * parallel.expert_tp * h, _COLUMN)
         add("expert FC1 output (gate and up)", "moe", e * routed * 2 * mo.expert_size, _KEEP)
         add("expert FC2 input", "moe", e * routed * mo.expert_size, _KEEP)
         add("combined expert outputs (for the routing weights' gradient)", "moe", e * routed * h, _COLUMN)
@@ -327,6 +328,8 @@ def resolve_inputs(card: ModelCard | str, parallel: Parallel | None, hardware: H
     if not isinstance(hw, Hardware):
         raise ConfigError(f"estimate_profile: hardware = {hw!r}: expected a Hardware or a bundled hardware name")
     fw = framework_preset(framework)
+    if par.etp is None:  # the framework's convention (Megatron: expert TP = tp)
+        par = replace(par, etp=par.tp if fw.expert_tp_follows_tp and model.moe is not None else 1)
     check_layout(model, par)
     check_fp8(par, hw)
     return model, par, hw, fw
@@ -446,6 +449,8 @@ def _name(card: ModelCard, par: Parallel, hw: Hardware) -> str:
         parts.append(f"cp{par.cp}")
     if par.ep > 1:
         parts.append(f"ep{par.ep}")
+    if par.expert_tp > 1:
+        parts.append(f"etp{par.expert_tp}")
     parts += [f"s{par.seq_length}", f"b{par.micro_batch_size}", hw.name]
     return " ".join(parts)
 

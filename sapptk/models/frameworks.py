@@ -31,7 +31,8 @@ class Framework:
     fused kernels the operator list names (1: every listed op one kernel);
     ``attention_kernel``: ``fused`` (the card's best flash-attention kernel: cuDNN /
     FlashAttention-3 on Hopper) or ``fa2`` (FlashAttention-2, the card's
-    ``attention_fa2_efficiency``)."""
+    ``attention_fa2_efficiency``); ``expert_tp_follows_tp``: a layout's unset ``etp``
+    (expert tensor parallel size) is ``tp`` (else 1)."""
 
     name: str
     tp_comm_overlap: bool
@@ -42,6 +43,7 @@ class Framework:
     elementwise_factor: float = 1.0
     source: str = ""
     attention_kernel: str = "fused"
+    expert_tp_follows_tp: bool = False
 
     def __post_init__(self) -> None:
         f = self.elementwise_factor
@@ -56,25 +58,26 @@ class Framework:
 FRAMEWORKS: Mapping[str, Framework] = MappingProxyType({
     "megatron": Framework(
         "megatron", tp_comm_overlap=True, cp_comm_overlap=True, overlap_grad_reduce=True,
-        overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.0,
+        overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.0, expert_tp_follows_tp=True,
         source="Megatron-LM / Megatron-Core arguments --tp-comm-overlap (Transformer Engine userbuffers), "
                "Transformer Engine's fused (cuDNN) attention, "
                "--overlap-grad-reduce, --overlap-param-gather (distributed optimizer); Transformer Engine's "
                "context-parallel attention overlaps the ring's P2P with attention; fused kernels "
-               "--bias-swiglu-fusion, --bias-dropout-fusion, --apply-rope-fusion"),
+               "--bias-swiglu-fusion, --bias-dropout-fusion, --apply-rope-fusion; --expert-tensor-parallel-size "
+               "defaults to --tensor-model-parallel-size (megatron/training/arguments.py, validate_args)"),
     "torchtitan": Framework(
         "torchtitan", tp_comm_overlap=False, cp_comm_overlap=True, overlap_grad_reduce=True,
         overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.2, attention_kernel="fa2",
         source="torchtitan: FSDP2 (fully_shard) prefetches the next layer's all-gather and overlaps the "
                "reduce-scatter with the backward; async TP is opt-in (not assumed); PyTorch context-parallel "
                "ring attention; eager elementwise ops unless torch.compile; attention through PyTorch SDPA, "
-               "whose flash backend is FlashAttention-2"),
+               "whose flash backend is FlashAttention-2; expert tensor parallel degree 1 unless set"),
     "deepspeed": Framework(
         "deepspeed", tp_comm_overlap=False, cp_comm_overlap=False, overlap_grad_reduce=True,
         overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.5, attention_kernel="fa2",
         source="DeepSpeed ZeRO config overlap_comm (gradient reduction under backward) and ZeRO-3 "
                "stage3_prefetch_bucket_size (parameter prefetch); Hugging Face modules run unfused "
-               "elementwise kernels and FlashAttention-2 (or SDPA)"),
+               "elementwise kernels and FlashAttention-2 (or SDPA); MoE experts split by expert parallelism only"),
 })
 """The bundled presets by name."""
 

@@ -69,7 +69,7 @@ class Parallel:
     ``tp`` tensor parallel size (``sequence_parallel`` splits the norm/dropout regions
     too; ignored when ``tp`` is 1); ``cp`` context parallel (the sequence split across
     devices); ``ep`` expert parallel (routed experts split across ``ep`` devices, taken
-    from the data-, context- and tensor-parallel ranks as Megatron does with expert-TP 1);
+    from the data-, context- and tensor-parallel ranks as Megatron does: ``ep × etp`` of them);
     ``dp`` data parallel; ``sharding`` of the optimizer over data parallelism
     (:data:`SHARDINGS`); ``micro_batch_size`` and ``seq_length`` (tokens per sample);
     ``compute_dtype`` of weights and activations,
@@ -79,7 +79,10 @@ class Parallel:
     dropless, each token processed by exactly ``top_k`` experts); ``fp8``: the linear layers'
     GEMMs run in FP8 (Transformer Engine style: inputs cast per GEMM, weights, activations and
     master copies as without it); ``moment_dtype`` of Adam's two moments (``fp32`` or
-    ``bf16``).
+    ``bf16``); ``etp`` expert tensor parallel size: each routed expert's weights split
+    over ``etp`` ranks, the tokens an EP rank receives all-gathered over them (None: the
+    framework preset's convention, :attr:`Framework.expert_tp_follows_tp`: Megatron's
+    ``--expert-tensor-parallel-size`` defaults to ``tp``, torchtitan and DeepSpeed to 1).
     """
 
     tp: int = 1
@@ -97,9 +100,12 @@ class Parallel:
     capacity_factor: float | None = None
     fp8: bool = False
     moment_dtype: str = "fp32"
+    etp: int | None = None
 
     def __post_init__(self) -> None:
         where = "parallel layout"
+        if self.etp is not None:
+            _int(self.etp, where, "etp")
         for name in ("tp", "cp", "ep", "dp", "micro_batch_size"):
             _int(getattr(self, name), where, name)
         _int(self.seq_length, where, "seq_length", high=1 << 24)  # a profile's longest sequence (16 M tokens)
@@ -120,10 +126,11 @@ class Parallel:
                 f"{where}: field 'seq_length' = {self.seq_length}: expected a multiple of cp × tp = "
                 f"{self.cp * self.tp} with sequence parallelism (or sequence_parallel=False)"
             )
-        if (self.dp * self.cp * self.tp) % self.ep:
+        if (self.dp * self.cp * self.tp) % (self.ep * self.expert_tp):
             raise ConfigError(
-                f"{where}: field 'ep' = {self.ep}: expected a divisor of dp × cp × tp = {self.dp * self.cp * self.tp} "
-                "(expert-parallel ranks are taken from the data-, context- and tensor-parallel ranks, as in Megatron)"
+                f"{where}: field 'ep' = {self.ep} (× etp = {self.expert_tp}): expected ep × etp dividing dp × cp × tp "
+                f"= {self.dp * self.cp * self.tp} (expert-parallel ranks are taken from the data-, context- and "
+                "tensor-parallel ranks, as in Megatron)"
             )
         if self.cp > 1 and not self.flash_attention:
             raise ConfigError(f"{where}: field 'flash_attention' = False: context parallelism (cp = {self.cp}) "
@@ -135,10 +142,16 @@ class Parallel:
         return self.sequence_parallel and self.tp > 1
 
     @property
+    def expert_tp(self) -> int:
+        """Expert tensor parallel size in effect: ``etp``, 1 while it is unresolved (None);
+        :func:`sapptk.estimate_profile` resolves None by the framework preset."""
+        return 1 if self.etp is None else self.etp
+
+    @property
     def expert_dp(self) -> int:
-        """Data-parallel size of the routed experts' optimizer: ``dp × cp × tp / ep``
-        (Megatron's expert data parallelism with expert-TP 1)."""
-        return self.dp * self.cp * self.tp // self.ep
+        """Data-parallel size of the routed experts' optimizer: ``dp × cp × tp / (ep × etp)``
+        (Megatron-Core's expert grid: expert TP fastest, then EP, then expert DP)."""
+        return self.dp * self.cp * self.tp // (self.ep * self.expert_tp)
 
     def describe(self) -> dict[str, Any]:
         """The layout as plain data."""

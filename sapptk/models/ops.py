@@ -13,9 +13,12 @@ GQA/SwiGLU or GPT (with or without biases and dropout), MoE (router, routed and 
 experts), MLA — the seam where a new family goes.
 
 Ranks follow Megatron's order: tensor parallel fastest, then context parallel, then data
-parallel (then pipeline); the routed experts use their own grid with expert parallel
-fastest (expert tensor parallel 1, Megatron-Core's MoE parallel folding), then expert data
-parallel. A group's stride and size give its placement (:func:`sapptk.models.timing.placement`).
+parallel (then pipeline); the routed experts use their own grid (Megatron-Core's MoE
+parallel folding): expert tensor parallel (``etp``) fastest, then expert parallel, then expert
+data parallel. With ``etp`` > 1 an EP rank's received tokens are all-gathered over the
+expert-TP group before the expert GEMMs (each ``1/etp`` of the expert width) and
+reduce-scattered after them, as Megatron-Core's all-to-all token dispatcher does. A group's
+stride and size give its placement (:func:`sapptk.models.timing.placement`).
 
 Times come from :mod:`sapptk.models.timing`; which collectives hide under which compute
 comes from the framework preset (:mod:`sapptk.models.frameworks`).
@@ -286,12 +289,18 @@ def _moe_ffn(b: _Builder, card: ModelCard, par: Parallel) -> None:
     b.gemm("router", nsp, moe.experts, h, fp8_ok=False)
     b.elementwise("router_topk", 2 * 4 * nsp * moe.experts)
     b.elementwise("permute", e * (nsp * h + routed * h), recompute=_COMM)
-    b.collective("dispatch_all_to_all", "all_to_all", e * routed * h, par.ep, 1, recompute=_COMM)
-    per_expert = routed / local  # tokens per local expert: R·ep/E
-    b.gemm("expert_fc1", per_expert, 2 * moe.expert_size, h, count=local)
+    et = par.expert_tp
+    # expert grid (Megatron-Core): expert TP fastest, then EP -- the EP group's members are etp apart
+    b.collective("dispatch_all_to_all", "all_to_all", e * routed * h, par.ep, et, recompute=_COMM)
+    if et > 1:  # the received tokens gathered over the expert-TP group (the combine reduce-scatters them)
+        b.collective("expert_all_gather", "all_gather", e * routed * et * h, et, 1, recompute=_COMM)
+    per_expert = routed * et / local  # tokens per local expert: R·etp·ep/E
+    b.gemm("expert_fc1", per_expert, 2 * moe.expert_size / et, h, count=local)
     b.elementwise("expert_swiglu", 3 * e * routed * moe.expert_size)
-    b.gemm("expert_fc2", per_expert, h, moe.expert_size, count=local)
-    b.collective("combine_all_to_all", "all_to_all", e * routed * h, par.ep, 1, recompute=_COMM)
+    b.gemm("expert_fc2", per_expert, h, moe.expert_size / et, count=local)
+    if et > 1:
+        b.collective("expert_reduce_scatter", "reduce_scatter", e * routed * et * h, et, 1, recompute=_COMM)
+    b.collective("combine_all_to_all", "all_to_all", e * routed * h, par.ep, et, recompute=_COMM)
     b.elementwise("unpermute", e * (routed * h + nsp * h), recompute=_COMM)
     if moe.shared_size:
         if t > 1 and par.sp:
@@ -324,7 +333,7 @@ def _fsdp(b: _Builder, card: ModelCard, par: Parallel, moe: bool) -> None:
     grad = DTYPE_BYTES[par.grad_dtype]
     over = "layer" if b.fw.fsdp_prefetch else ""
     for name, count, size, stride in (("", dense, par.dp * par.cp, par.tp), ("expert_", experts, par.expert_dp,
-                                                                              par.ep)):
+                                                                              par.ep * par.expert_tp)):
         if count <= 0 or size <= 1:
             continue
         where = placement(b.hw, size, stride)[0]
@@ -345,7 +354,7 @@ def layer_param_split(card: ModelCard, par: Parallel, moe: bool) -> tuple[float,
     ffn = card.ffn_parameters(moe)
     dense = (attention["sharded"] + ffn["sharded"]) / par.tp + attention["replicated"] + ffn["replicated"]
     dense += 2 * card.hidden_size * (2 if card.norm == "layernorm" else 1)
-    return dense, ffn["experts"] / par.ep
+    return dense, ffn["experts"] / (par.ep * par.expert_tp)
 
 
 def _head(b: _Builder, card: ModelCard, par: Parallel) -> None:
@@ -429,7 +438,7 @@ def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gro
     grad, weight = DTYPE_BYTES[par.grad_dtype], DTYPE_BYTES[par.compute_dtype]
     rows: list[Operator] = []
     for name, count, size, stride in (("", dense, par.dp * par.cp, par.tp), ("expert_", experts, par.expert_dp,
-                                                                              par.ep)):
+                                                                              par.ep * par.expert_tp)):
         if count <= 0 or size <= 1:
             continue
         where = placement(hw, size, stride)[0]

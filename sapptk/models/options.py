@@ -29,6 +29,8 @@ def add_model_args(parser: argparse.ArgumentParser, *, required: bool) -> None:
     group.add_argument("--tp", type=int, default=1, help="tensor parallel size (1)")
     group.add_argument("--cp", type=int, default=1, help="context parallel size (1)")
     group.add_argument("--ep", type=int, default=1, help="expert parallel size (1)")
+    group.add_argument("--etp", type=int, default=None,
+                       help="expert tensor parallel size (the framework's convention: megatron tp, else 1)")
     group.add_argument("--dp", type=int, default=1, help="data parallel size (1)")
     group.add_argument("--sharding", choices=SHARDINGS, default="distributed",
                        help="optimizer sharding over data parallelism (distributed = ZeRO-1)")
@@ -64,7 +66,8 @@ def model_parallel(args: argparse.Namespace) -> Parallel:
                     seq_length=args.seq_length, micro_batch_size=args.micro_batch_size,
                     sequence_parallel=not args.no_sequence_parallel, flash_attention=not args.no_flash_attention,
                     grad_dtype=args.grad_dtype, capacity_factor=args.capacity_factor,
-                    fp8=bool(getattr(args, "fp8", False)), moment_dtype=getattr(args, "moment_dtype", "fp32"))
+                    fp8=bool(getattr(args, "fp8", False)), moment_dtype=getattr(args, "moment_dtype", "fp32"),
+                    etp=getattr(args, "etp", None))
 
 
 def model_hardware(args: argparse.Namespace) -> Hardware:
