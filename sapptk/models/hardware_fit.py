@@ -123,9 +123,15 @@ def predict_row(row: MeasuredRow | Mapping[str, Any], hardware: Hardware | str |
         raise ConfigError(f"{where}: field 'schedule' = {r.schedule!r}: expected one of {', '.join(_SCHEDULES)}")
     if r.pp == 1 and r.vp == 1:
         schedule = "1f1b"
+    # torchtitan's memory conventions: PyTorch's cross entropy on the fp32 upcast, compiled where
+    # the row says the loss was compiled; under pipeline parallelism FSDP keeps every layer
+    # unsharded (reshard_after_forward=False, gradient sync deferred to the last micro-batch)
+    titan = r.framework == "torchtitan"
+    loss = ("compiled" if r.options.get("compile_loss") else "eager") if titan else None
     try:
         profile = estimate_profile(bundled_card(r.model), r.parallel(), hw, framework=row_framework(r),
-                                   memory=r.memory_kind or "allocated")
+                                   memory=r.memory_kind or "allocated", loss=loss,
+                                   fsdp_reshard=not (titan and r.pp > 1))
         config = PipelineConfig(stages=r.pp, micro_batches=r.micro_batches, chunks=r.vp, schedule=schedule,
                                 constant_memory=profile.provenance["constant_mb"])
         plan = even_split(profile, config, recompute=r.recompute)
