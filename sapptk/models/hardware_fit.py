@@ -44,8 +44,8 @@ from sapptk.models.frameworks import Framework, framework
 from sapptk.models.layout import HARDWARE, Hardware
 from sapptk.models.measured import MeasuredRow, measured_row
 
-__all__ = ["FitResult", "RowPrediction", "fittable", "fit_hardware", "predict_row", "predict_rows",
-           "row_framework"]
+__all__ = ["FitResult", "RowPrediction", "fittable", "fit_hardware", "pipeline_outputs_mb", "predict_row",
+           "predict_rows", "row_framework"]
 
 _SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved", "interleaved-1f1b": "interleaved",
               "zb-h1": "zb-h1", "zb-v": "zb-v", "dualpipe-v": "dualpipe-v"}
@@ -146,8 +146,28 @@ def predict_row(row: MeasuredRow | Mapping[str, Any], hardware: Hardware | str |
     sync = max(float(step @ layers[:, list(st)].sum(axis=1)) for st in config.program().device_stages)
     pipeline = float(sim.step_time)
     total = pipeline + sync
+    peaks = np.asarray(sim.peak_memory, dtype=float).copy()
+    if titan and r.pp > 1:
+        peaks[_tail_device(config)] += pipeline_outputs_mb(r, hw)
     return RowPrediction(row=r.id, pipeline_ms=pipeline, sync_ms=sync, step_ms=total,
-                         tokens_per_s_per_gpu=r.tokens_per_s_per_gpu_at(total), peak_mb=float(sim.peak_memory.max()))
+                         tokens_per_s_per_gpu=r.tokens_per_s_per_gpu_at(total), peak_mb=float(peaks.max()))
+
+
+def _tail_device(config: Any) -> int:
+    """The device that runs the last (virtual) stage."""
+    last = config.stages * config.chunks - 1
+    return next(d for d, stages in enumerate(config.program().device_stages) if last in stages)
+
+
+def pipeline_outputs_mb(row: MeasuredRow, hardware: Hardware) -> float:
+    """MB the last stage of PyTorch's pipeline schedule (``torch.distributed.pipelining``, which
+    torchtitan runs) holds to the end of the step: it keeps every micro-batch's output
+    (``PipelineStage.output_chunks``, merged into ``step()``'s return value), and torchtitan's
+    last stage outputs the fp32 logits (vocabulary split over ``tp``): micro-batches ×
+    4·N·V/t bytes, × (1 + ``allocator_reserve``) for a reserved figure."""
+    tokens = row.micro_batch_size * row.seq_length / row.cp
+    scale = 1.0 + hardware.allocator_reserve if row.memory_kind == "reserved" else 1.0
+    return scale * row.micro_batches * 4 * tokens * bundled_card(row.model).vocab_size / row.tp / 1e6
 
 
 def predict_rows(rows: Sequence[MeasuredRow | Mapping[str, Any]],
