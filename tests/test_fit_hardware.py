@@ -181,14 +181,14 @@ def test_a_torchtitan_row_holds_the_loss_as_it_was_run() -> None:
     assert eager - compiled == pytest.approx(8 * 2048 * 128256 / 1e6, abs=1e-3)  # figures kept to 1 kB
 
 
-def test_a_torchtitan_pipeline_keeps_every_micro_batchs_fp32_logits_on_the_last_stage() -> None:
+def test_a_torchtitan_pipeline_keeps_every_micro_batchs_logits_on_the_last_stage() -> None:
     from sapptk.models.hardware_fit import pipeline_outputs_mb
 
     # pp 2, dp 4, micro-batch 1, global batch 16: 4 micro-batches of 2048 tokens; vocabulary 128256
     layout = {"tp": 1, "pp": 2, "cp": 1, "ep": 1, "dp": 4, "vp": 1, "sharding": "fsdp"}
     titan = measured_row(_row(framework="torchtitan", layout=layout))
     assert titan.micro_batches == 4
-    kept = 4 * 4 * 2048 * 128256 / 1e6  # micro-batches × 4 bytes × tokens × vocabulary = 4202.3 MB
+    kept = 4 * 2 * 2048 * 128256 / 1e6  # micro-batches × 2 bytes (bf16) × tokens × vocabulary = 2101.2 MB
     assert pipeline_outputs_mb(titan, hardware("h100")) == pytest.approx(kept)
     reserved = measured_row({**_row(framework="torchtitan", layout=layout),
                              "measured": {"tokens_per_s_per_gpu": 5000.0,

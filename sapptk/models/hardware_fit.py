@@ -41,7 +41,7 @@ from sapptk.errors import ConfigError, SapptkError
 from sapptk.models.bundled import card as bundled_card
 from sapptk.models.bundled import hardware as bundled_hardware
 from sapptk.models.frameworks import Framework, framework
-from sapptk.models.layout import HARDWARE, Hardware
+from sapptk.models.layout import DTYPE_BYTES, HARDWARE, Hardware
 from sapptk.models.measured import MeasuredRow, measured_row
 
 __all__ = ["FitResult", "RowPrediction", "fittable", "fit_hardware", "pipeline_outputs_mb", "predict_row",
@@ -163,11 +163,13 @@ def pipeline_outputs_mb(row: MeasuredRow, hardware: Hardware) -> float:
     """MB the last stage of PyTorch's pipeline schedule (``torch.distributed.pipelining``, which
     torchtitan runs) holds to the end of the step: it keeps every micro-batch's output
     (``PipelineStage.output_chunks``, merged into ``step()``'s return value), and torchtitan's
-    last stage outputs the fp32 logits (vocabulary split over ``tp``): micro-batches ×
-    4·N·V/t bytes, × (1 + ``allocator_reserve``) for a reserved figure."""
+    last stage outputs the logits in the compute dtype (``self.output(h)``; the loss upcasts
+    them; vocabulary split over ``tp``): micro-batches × e·N·V/t bytes, × (1 +
+    ``allocator_reserve``) for a reserved figure."""
     tokens = row.micro_batch_size * row.seq_length / row.cp
+    e = DTYPE_BYTES[row.parallel().compute_dtype]
     scale = 1.0 + hardware.allocator_reserve if row.memory_kind == "reserved" else 1.0
-    return scale * row.micro_batches * 4 * tokens * bundled_card(row.model).vocab_size / row.tp / 1e6
+    return scale * row.micro_batches * e * tokens * bundled_card(row.model).vocab_size / row.tp / 1e6
 
 
 def predict_rows(rows: Sequence[MeasuredRow | Mapping[str, Any]],
