@@ -170,3 +170,27 @@ def test_measured_row_throughput_and_step_agree():
     r = measured_row(_row("t", measured={"tokens_per_s_per_gpu": 4096.0}))
     assert r.measured_step_ms == pytest.approx(16 * 2048 / (4096.0 * 8) * 1e3)
     assert r.tokens_per_s_per_gpu_at(r.measured_step_ms) == pytest.approx(4096.0)
+
+
+def test_a_torchtitan_row_holds_the_loss_as_it_was_run() -> None:
+    # one device holds the tail: the eager loss keeps 4·N·V and holds 8·N·V at its backward,
+    # the compiled one 2·N·V and 2·N·V (bf16): 8·N·V bytes apart, N = 2048 tokens, V = 128256
+    titan = _row(framework="torchtitan", gpus=8)
+    eager = predict_row(titan).peak_mb
+    compiled = predict_row({**titan, "compile_loss": True}).peak_mb
+    assert eager - compiled == pytest.approx(8 * 2048 * 128256 / 1e6, abs=1e-3)  # figures kept to 1 kB
+
+
+def test_a_torchtitan_pipeline_keeps_every_micro_batchs_logits_on_the_last_stage() -> None:
+    from sapptk.models.hardware_fit import pipeline_outputs_mb
+
+    # pp 2, dp 4, micro-batch 1, global batch 16: 4 micro-batches of 2048 tokens; vocabulary 128256
+    layout = {"tp": 1, "pp": 2, "cp": 1, "ep": 1, "dp": 4, "vp": 1, "sharding": "fsdp"}
+    titan = measured_row(_row(framework="torchtitan", layout=layout))
+    assert titan.micro_batches == 4
+    kept = 4 * 2 * 2048 * 128256 / 1e6  # micro-batches × 2 bytes (bf16) × tokens × vocabulary = 2101.2 MB
+    assert pipeline_outputs_mb(titan, hardware("h100")) == pytest.approx(kept)
+    reserved = measured_row({**_row(framework="torchtitan", layout=layout),
+                             "measured": {"tokens_per_s_per_gpu": 5000.0,
+                                          "peak_memory": {"value": 70, "unit": "GB", "kind": "reserved"}}})
+    assert pipeline_outputs_mb(reserved, hardware("h100", allocator_reserve=0.25)) == pytest.approx(1.25 * kept)

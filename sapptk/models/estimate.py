@@ -50,7 +50,8 @@ from sapptk.profile import MODES, LayerGroup, ModeCost, Profile
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["MEMORY_FIGURES", "NOT_MODELLED", "LayerTensor", "layer_flops", "layer_tensors", "operators",
+__all__ = ["LOSSES", "MEMORY_FIGURES", "NOT_MODELLED", "LayerTensor", "layer_flops", "layer_tensors", "op_select_kept",
+           "operators",
            "static_bytes_per_parameter",
            "check_layout", "estimate_profile"]
 
@@ -155,6 +156,30 @@ def layer_tensors(card: ModelCard, parallel: Parallel, *, moe: bool = False) -> 
     return out
 
 
+def op_select_kept(card: ModelCard, parallel: Parallel, tensors: list[LayerTensor], *,
+                   moe: bool = False) -> tuple[float, float] | None:
+    """torchtitan's op-level selective activation checkpointing (``selective_ac_option = "op"``):
+    (MB kept, MB rebuilt in the backward's recompute) per micro-batch, or ``None`` where the
+    policy is not written down here (MoE, MLA, attention without flash). The policy saves the
+    output of every odd-numbered matmul of the layer's forward and of the attention kernel
+    (torchtitan ``_save_list`` with "save every other mm"): with the Llama order wq, wk, wv,
+    attention, wo, w1, w3, w2 it keeps the layer input (the checkpoint's input), Q, V, the
+    attention output and its softmax statistics, w1's output (the gate half of FC1) and w2's
+    output; everything else (norms, K, wo's output, w3's output, the SwiGLU product) is
+    rebuilt for the backward."""
+    if moe or card.mla is not None or not parallel.flash_attention or not card.gated_mlp or card.dropout:
+        return None
+    d = dims(card, parallel)
+    n, nsp, t, h = d["N"], d["Nsp"], d["t"], d["h"]
+    a, e = card.num_heads, DTYPE_BYTES[parallel.compute_dtype]
+    dqk, dv, kv_heads = attention_widths(card)
+    listed = (e * nsp * h + e * n * a * dqk / t + e * n * kv_heads * dv / t + 4 * n * a / t
+              + e * n * a * dv / t + e * n * card.intermediate_size / t) / 1e6
+    w2_output = e * nsp * h / 1e6  # not a tensor of layer_tensors' list (no backward needs it)
+    none = sum(x.mb for x in tensors)
+    return listed + w2_output, max(0.0, none - listed)
+
+
 def layer_flops(card: ModelCard, parallel: Parallel, *, moe: bool = False) -> dict[str, float]:
     """Forward FLOPs of one layer on one device for one micro-batch: ``matmul`` (every
     linear layer) and ``attention`` (the causal core: QKᵀ and the product with V, half of
@@ -243,15 +268,50 @@ def _r(value: float) -> float:
     return round(value, 6)
 
 
+def _head_tail_params(card: ModelCard, par: Parallel, kind: str) -> float:
+    """Parameters of the head (embedding) or tail (final norm, output layer) on one device."""
+    if kind == "head":
+        return card.vocab_size * card.hidden_size / par.tp + card.positions * card.hidden_size
+    params = card.output_parameters(count_tied=True) - card.vocab_size * card.hidden_size
+    return params + card.vocab_size * card.hidden_size / par.tp
+
+
 def _head_static_mb(card: ModelCard, par: Parallel) -> float:
-    params = card.vocab_size * card.hidden_size / par.tp + card.positions * card.hidden_size
-    return params * static_bytes_per_parameter(par, par.dp * par.cp) / 1e6
+    return _head_tail_params(card, par, "head") * static_bytes_per_parameter(par, par.dp * par.cp) / 1e6
 
 
 def _tail_static_mb(card: ModelCard, par: Parallel) -> float:
-    params = card.output_parameters(count_tied=True) - card.vocab_size * card.hidden_size
-    params += card.vocab_size * card.hidden_size / par.tp
-    return params * static_bytes_per_parameter(par, par.dp * par.cp) / 1e6
+    return _head_tail_params(card, par, "tail") * static_bytes_per_parameter(par, par.dp * par.cp) / 1e6
+
+
+def _unsharded_bytes_per_parameter(par: Parallel) -> float:
+    """FSDP without resharding: the unsharded weight (compute dtype) and the unsharded
+    gradient accumulated over the micro-batches (``grad_dtype``) every layer keeps."""
+    return DTYPE_BYTES[par.compute_dtype] + DTYPE_BYTES[par.grad_dtype]
+
+
+LOSSES: tuple[str, ...] = ("fused", "eager", "compiled")
+"""How the loss holds the logits (``loss=`` of :func:`estimate_profile`), in buffers of the
+logits' size: ``fused`` (Megatron's vocab-parallel cross entropy: the fp32 logits kept, their
+gradient written beside them), ``eager`` (PyTorch's ``cross_entropy`` on the fp32 upcast, as
+torchtitan runs it uncompiled: the log-softmax output kept; at its backward the incoming
+gradient and the logits' gradient, both fp32, beside it), ``compiled`` (``torch.compile`` of
+the upcast and the loss: the compute-dtype logits kept and one compute-dtype gradient)."""
+
+_DEFAULT_LOSS = {"torchtitan": "eager"}
+"""A framework's loss when ``loss`` is not given (others: ``fused``)."""
+
+_OP_SELECT = frozenset({"torchtitan"})
+"""Frameworks whose ``select`` is op-level selective checkpointing (:func:`op_select_kept`)."""
+
+
+def _loss_mb(card: ModelCard, par: Parallel, loss: str) -> tuple[float, float]:
+    """(kept, transient at the loss backward's peak) MB of the logits per micro-batch."""
+    logits = dims(card, par)["N"] * card.vocab_size / par.tp
+    if loss == "compiled":
+        e = DTYPE_BYTES[par.compute_dtype]
+        return e * logits / 1e6, e * logits / 1e6
+    return 4 * logits / 1e6, (8 if loss == "eager" else 4) * logits / 1e6
 
 
 def _exposed(rows: list[Operator]) -> float:
@@ -275,22 +335,27 @@ def _head_tail_kept(card: ModelCard, par: Parallel, kind: str) -> float:
     e = DTYPE_BYTES[par.compute_dtype]
     if kind == "head":
         return 8 * n + (nsp * h if card.dropout else 0.0)  # int64 token ids (+ dropout mask)
-    return 2 * e * nsp * h + 4 * n * card.vocab_size / par.tp  # final norm input and output, fp32 logits
+    return 2 * e * nsp * h  # final norm input and output (the logits: _loss_mb)
 
 
-def _body_transient_mb(tensors: list[LayerTensor], card: ModelCard, par: Parallel, moe: bool) -> dict[str, float]:
+def _body_transient_mb(tensors: list[LayerTensor], card: ModelCard, par: Parallel, moe: bool,
+                       op_select: tuple[float, float] | None = None, fsdp_reshard: bool = True) -> dict[str, float]:
     """Per mode, the MB a layer's backward holds beyond its kept tensors at its peak: the
     tensors the mode recomputes (rebuilt for this layer's backward) plus the largest
     backward temporary, taken as twice the largest kept tensor (its gradient and the
     gradient arriving beside it); FSDP adds two unsharded layers' weights and one layer's
-    unsharded gradients."""
+    unsharded gradients (not when every layer stays unsharded: ``fsdp_reshard`` False, they
+    are in the layer's static memory). ``op_select``: select is torchtitan's op-level policy
+    (:func:`op_select_kept`), its rebuilt tensors in place of the attention core's."""
     largest = 2 * max(x.mb for x in tensors)
     none = sum(x.mb for x in tensors)
     out = {}
     for mode in MODES:
         kept = sum(x.mb for x in tensors if mode in x.modes)
         out[mode] = none - kept + largest
-    if par.sharding == "fsdp":
+    if op_select is not None:
+        out["select"] = op_select[1] + largest
+    if par.sharding == "fsdp" and fsdp_reshard:
         dense, experts = layer_param_split(card, par, moe)
         per = dense + experts
         fsdp = (2 * DTYPE_BYTES[par.compute_dtype] + DTYPE_BYTES[par.grad_dtype]) * per / 1e6
@@ -376,6 +441,8 @@ def estimate_profile(
     *,
     framework: Framework | str = "megatron",
     memory: str = "allocated",
+    loss: str | None = None,
+    fsdp_reshard: bool = True,
 ) -> Profile:
     """A :class:`~sapptk.profile.Profile` for ``card`` (a :class:`ModelCard` or a bundled
     name) run with ``parallel`` (default :class:`Parallel`) on ``hardware`` (a
@@ -384,7 +451,13 @@ def estimate_profile(
     ``card.groups``: ``embedding`` (head), the body groups with every recompute mode,
     ``output`` (tail); times are the exposed times of each layer's operators
     (:func:`sapptk.models.operators`). ``memory`` says which figure the memory is:
-    ``allocated`` or ``reserved`` (:data:`MEMORY_FIGURES`). The profile's ``provenance``
+    ``allocated`` or ``reserved`` (:data:`MEMORY_FIGURES`). ``loss``: how the loss holds the
+    logits (:data:`LOSSES`; default: the framework's, ``eager`` for torchtitan, else ``fused``).
+    ``fsdp_reshard`` False: under ``sharding="fsdp"`` every layer keeps its unsharded weight
+    and its unsharded gradient through the step (torchtitan under pipeline parallelism:
+    ``reshard_after_forward=False``, gradient sync deferred to the last micro-batch), charged
+    in each layer's static memory. Under torchtitan, ``select`` is its op-level selective
+    checkpointing (:func:`op_select_kept`) where written down. The profile's ``provenance``
     names the card, layout, hardware, framework, the memory figure, the per-device
     constant (``constant_mb`` = the card's context constant + the body layers' largest transient, for
     ``PipelineConfig(constant_memory=...)``), the operator table and what is not
@@ -394,6 +467,12 @@ def estimate_profile(
     model, par, hw, fw = resolve_inputs(card, parallel, hardware, framework)
     if memory not in MEMORY_FIGURES:
         raise ConfigError(f"estimate_profile: memory = {memory!r}: expected one of {', '.join(MEMORY_FIGURES)}")
+    loss = _DEFAULT_LOSS.get(fw.name, "fused") if loss is None else loss
+    if loss not in LOSSES:
+        raise ConfigError(f"estimate_profile: loss = {loss!r}: expected one of {', '.join(LOSSES)}")
+    if not isinstance(fsdp_reshard, bool):
+        raise ConfigError(f"estimate_profile: fsdp_reshard = {fsdp_reshard!r}: expected True or False")
+    unsharded = _unsharded_bytes_per_parameter(par) if par.sharding == "fsdp" and not fsdp_reshard else 0.0
     scale = 1.0 + hw.allocator_reserve if memory == "reserved" else 1.0
     card_groups = model.groups
     ops = tables(model, par, hw, fw, card_groups)
@@ -405,11 +484,15 @@ def estimate_profile(
         forward, backward = _mode_times(fwd, bwd)
         if group.kind == "body":
             tensors = layer_tensors(model, par, moe=group.moe)
-            modes = {m: ModeCost(backward=_r(backward[m]),
-                                 activation=_r(scale * sum(x.mb for x in tensors if m in x.modes)))
-                     for m in MODES}
-            transient[group.name] = {m: _r(v * scale) for m, v in _body_transient_mb(tensors, model, par,
-                                                                                      group.moe).items()}
+            kept = {m: sum(x.mb for x in tensors if m in x.modes) for m in MODES}
+            op_select = op_select_kept(model, par, tensors, moe=group.moe) if fw.name in _OP_SELECT else None
+            if op_select is not None:
+                kept["select"] = op_select[0]
+            modes = {m: ModeCost(backward=_r(backward[m]), activation=_r(scale * kept[m])) for m in MODES}
+            transient[group.name] = {m: _r(v * scale) for m, v in _body_transient_mb(
+                tensors, model, par, group.moe, op_select, fsdp_reshard=not unsharded).items()}
+            dense, experts = layer_param_split(model, par, group.moe)
+            params = _layer_static_mb(model, par, group.moe) + unsharded * (dense + experts) / 1e6
             step_ms[group.name] = _r(_exposed(step))
             if group.moe:
                 pairs[group.name] = _dualpipe_pair(fwd, bwd)
@@ -422,22 +505,25 @@ def estimate_profile(
                 core = sum(r.exposed_ms for r in (*fwd, *bwd) if r.kind == "attention")
                 extra["attention_share"] = min(1.0, core / (forward + backward["none"]))
             groups.append(LayerGroup(name=group.name, kind="body", count=group.count, forward=_r(forward),
-                                     params=_r(_layer_static_mb(model, par, group.moe)), modes=modes, **extra))
+                                     params=_r(params), modes=modes, **extra))
         else:
             static = _head_static_mb(model, par) if group.kind == "head" else _tail_static_mb(model, par)
-            kept = scale * _head_tail_kept(model, par, group.kind) / 1e6
-            if group.kind == "tail":  # the logits' fp32 gradient beside the kept logits, where the tail lives
-                grad = scale * 4 * dims(model, par)["N"] * model.vocab_size / par.tp / 1e6
+            static += unsharded * _head_tail_params(model, par, group.kind) / 1e6
+            held = scale * _head_tail_kept(model, par, group.kind) / 1e6
+            if group.kind == "tail":  # the logits as the loss keeps them, and its backward's buffers beside
+                logits, grad = (scale * v for v in _loss_mb(model, par, loss))
                 transient[group.name] = {"none": _r(grad)}
-                kept += grad
+                held += logits + grad
             groups.append(LayerGroup(name=group.name, kind=group.kind, count=1, forward=_r(forward),
                                      params=_r(static), modes={"none": ModeCost(backward=_r(backward["none"]),
-                                                                                activation=_r(kept))}))
+                                                                                activation=_r(held))}))
     extra_fields = {"seq_length": par.seq_length} if "seq_length" in _PROFILE_FIELDS else {}
     body = {g.name for g in card_groups if g.kind == "body"}
     peak = max((v for name, by_mode in transient.items() if name in body for v in by_mode.values()), default=0.0)
     provenance = _provenance(model, par, hw, fw, memory=memory, transient=transient, peak=peak, step_ms=step_ms,
                              ops=ops)
+    provenance["loss"] = loss
+    provenance["fsdp_reshard"] = fsdp_reshard
     if pairs:
         provenance["dualpipe_pair_ms"] = pairs
     return Profile(name=_name(model, par, hw), groups=tuple(groups), provenance=provenance, **extra_fields)

@@ -41,11 +41,11 @@ from sapptk.errors import ConfigError, SapptkError
 from sapptk.models.bundled import card as bundled_card
 from sapptk.models.bundled import hardware as bundled_hardware
 from sapptk.models.frameworks import Framework, framework
-from sapptk.models.layout import HARDWARE, Hardware
+from sapptk.models.layout import DTYPE_BYTES, HARDWARE, Hardware
 from sapptk.models.measured import MeasuredRow, measured_row
 
-__all__ = ["FitResult", "RowPrediction", "fittable", "fit_hardware", "predict_row", "predict_rows",
-           "row_framework"]
+__all__ = ["FitResult", "RowPrediction", "fittable", "fit_hardware", "pipeline_outputs_mb", "predict_row",
+           "predict_rows", "row_framework"]
 
 _SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved", "interleaved-1f1b": "interleaved",
               "zb-h1": "zb-h1", "zb-v": "zb-v", "dualpipe-v": "dualpipe-v"}
@@ -123,9 +123,15 @@ def predict_row(row: MeasuredRow | Mapping[str, Any], hardware: Hardware | str |
         raise ConfigError(f"{where}: field 'schedule' = {r.schedule!r}: expected one of {', '.join(_SCHEDULES)}")
     if r.pp == 1 and r.vp == 1:
         schedule = "1f1b"
+    # torchtitan's memory conventions: PyTorch's cross entropy on the fp32 upcast, compiled where
+    # the row says the loss was compiled; under pipeline parallelism FSDP keeps every layer
+    # unsharded (reshard_after_forward=False, gradient sync deferred to the last micro-batch)
+    titan = r.framework == "torchtitan"
+    loss = ("compiled" if r.options.get("compile_loss") else "eager") if titan else None
     try:
         profile = estimate_profile(bundled_card(r.model), r.parallel(), hw, framework=row_framework(r),
-                                   memory=r.memory_kind or "allocated")
+                                   memory=r.memory_kind or "allocated", loss=loss,
+                                   fsdp_reshard=not (titan and r.pp > 1))
         config = PipelineConfig(stages=r.pp, micro_batches=r.micro_batches, chunks=r.vp, schedule=schedule,
                                 constant_memory=profile.provenance["constant_mb"])
         plan = even_split(profile, config, recompute=r.recompute)
@@ -140,8 +146,30 @@ def predict_row(row: MeasuredRow | Mapping[str, Any], hardware: Hardware | str |
     sync = max(float(step @ layers[:, list(st)].sum(axis=1)) for st in config.program().device_stages)
     pipeline = float(sim.step_time)
     total = pipeline + sync
+    peaks = np.asarray(sim.peak_memory, dtype=float).copy()
+    if titan and r.pp > 1:
+        peaks[_tail_device(config)] += pipeline_outputs_mb(r, hw)
     return RowPrediction(row=r.id, pipeline_ms=pipeline, sync_ms=sync, step_ms=total,
-                         tokens_per_s_per_gpu=r.tokens_per_s_per_gpu_at(total), peak_mb=float(sim.peak_memory.max()))
+                         tokens_per_s_per_gpu=r.tokens_per_s_per_gpu_at(total), peak_mb=float(peaks.max()))
+
+
+def _tail_device(config: Any) -> int:
+    """The device that runs the last (virtual) stage."""
+    last = config.stages * config.chunks - 1
+    return next(d for d, stages in enumerate(config.program().device_stages) if last in stages)
+
+
+def pipeline_outputs_mb(row: MeasuredRow, hardware: Hardware) -> float:
+    """MB the last stage of PyTorch's pipeline schedule (``torch.distributed.pipelining``, which
+    torchtitan runs) holds to the end of the step: it keeps every micro-batch's output
+    (``PipelineStage.output_chunks``, merged into ``step()``'s return value), and torchtitan's
+    last stage outputs the logits in the compute dtype (``self.output(h)``; the loss upcasts
+    them; vocabulary split over ``tp``): micro-batches × e·N·V/t bytes, × (1 +
+    ``allocator_reserve``) for a reserved figure."""
+    tokens = row.micro_batch_size * row.seq_length / row.cp
+    e = DTYPE_BYTES[row.parallel().compute_dtype]
+    scale = 1.0 + hardware.allocator_reserve if row.memory_kind == "reserved" else 1.0
+    return scale * row.micro_batches * e * tokens * bundled_card(row.model).vocab_size / row.tp / 1e6
 
 
 def predict_rows(rows: Sequence[MeasuredRow | Mapping[str, Any]],
