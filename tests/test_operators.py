@@ -15,12 +15,13 @@ from sapptk.models import (
     Parallel,
     card,
     estimate_profile,
+    framework,
     hardware,
     operators,
 )
 from sapptk.models.estimate import layer_flops, static_bytes_per_parameter
 from sapptk.models.ops import layer_param_split
-from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement
+from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement, remote_node_share
 
 
 def test_fittable_names_fields_with_bounds_holding_every_bundled_value() -> None:
@@ -342,3 +343,30 @@ def test_every_familys_operator_flops_are_its_layer_flops(name: str) -> None:
         flops = layer_flops(model, par, moe=group.moe)
         assert rows.loc[rows["kind"] == "gemm", "flops"].sum() == pytest.approx(flops["matmul"], rel=1e-12)
         assert rows.loc[rows["kind"] == "attention", "flops"].sum() == pytest.approx(flops["attention"], rel=1e-12)
+
+
+def test_node_deduplicated_expert_dispatch_by_hand() -> None:
+    """DeepEP sends a token once per remote node holding one of its experts. 128 experts over
+    4 nodes (32 each), top 8: a node is missed with C(96, 8)/C(128, 8) = Π (96−i)/(128−i) =
+    0.092747; 3 remote nodes × 0.907253 / 8 copies = 0.340220 of the buffer crosses the NIC
+    (the plain all-to-all: 24/32 = 0.75)."""
+    miss = 1.0
+    for i in range(8):
+        miss *= (96 - i) / (128 - i)
+    assert miss == pytest.approx(0.0927473, rel=1e-6)
+    assert remote_node_share(128, 8, 4) == pytest.approx(3 * (1 - miss) / 8, rel=1e-12)
+    assert remote_node_share(128, 8, 4) == pytest.approx(0.340220, rel=1e-5)
+    assert remote_node_share(128, 1, 4) == pytest.approx(3 / 4, rel=1e-12)  # one copy: nothing to merge
+    assert remote_node_share(128, 8, 1) == 0.0
+    # 16 consecutive ranks over 2 nodes, far share 0.25: NVLink 7/8 of 1e8 at 5e7 = 1.75 ms,
+    # NIC 0.25 × 1e8 at 5e6 = 5 ms; the slower plus alpha
+    assert collective_ms(TOY, "all_to_all", 1e8, 16, far_share=0.25) == pytest.approx(0.02 + 5.0, rel=1e-12)
+    # in the operator table: Qwen3-235B, EP 32 across 4 H100 nodes, only with the framework flag
+    model, par, h100 = card("qwen3-235b-a22b"), Parallel(tp=2, ep=32, dp=16, etp=1), hardware("h100")
+    plain = operators(model, par, h100)
+    dedup = operators(model, par, h100, framework=dataclasses.replace(framework("megatron"), moe_dedup_dispatch=True))
+    pick = (plain["op"] == "dispatch_all_to_all") & (plain["phase"] == "fwd")
+    nbytes = float(plain.loc[pick, "bytes"].iloc[0])
+    alpha, inter = h100.comm_latency_us / 1e3, h100.inter_node_gbps * 1e6 * h100.inter_bus_efficiency
+    assert float(plain.loc[pick, "time_ms"].iloc[0]) == pytest.approx(alpha + 24 / 32 * nbytes / inter, rel=1e-9)
+    assert float(dedup.loc[pick, "time_ms"].iloc[0]) == pytest.approx(alpha + 0.340220 * nbytes / inter, rel=1e-5)

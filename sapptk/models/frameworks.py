@@ -32,7 +32,10 @@ class Framework:
     ``attention_kernel``: ``fused`` (the card's best flash-attention kernel: cuDNN /
     FlashAttention-3 on Hopper) or ``fa2`` (FlashAttention-2, the card's
     ``attention_fa2_efficiency``); ``expert_tp_follows_tp``: a layout's unset ``etp``
-    (expert tensor parallel size) is ``tp`` (else 1)."""
+    (expert tensor parallel size) is ``tp`` (else 1); ``moe_dedup_dispatch``: the expert
+    all-to-all across nodes sends a token once per remote node and forwards it over NVLink
+    (DeepEP: Megatron ``--moe-token-dispatcher-type flex --moe-enable-deepep``; off in the
+    presets, a measured row turns it on with ``deepep: true``)."""
 
     name: str
     tp_comm_overlap: bool
@@ -44,6 +47,7 @@ class Framework:
     source: str = ""
     attention_kernel: str = "fused"
     expert_tp_follows_tp: bool = False
+    moe_dedup_dispatch: bool = False
 
     def __post_init__(self) -> None:
         f = self.elementwise_factor

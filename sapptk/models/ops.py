@@ -26,6 +26,7 @@ comes from the framework preset (:mod:`sapptk.models.frameworks`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -35,7 +36,7 @@ from sapptk.errors import ConfigError
 from sapptk.models.cards import ModelCard
 from sapptk.models.frameworks import Framework
 from sapptk.models.layout import DTYPE_BYTES, Hardware, Parallel
-from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement
+from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement, remote_node_share
 
 __all__ = ["COLUMNS", "KINDS", "PHASES", "Operator", "check_fp8", "layer_ops", "step_ops", "to_frame"]
 
@@ -180,18 +181,19 @@ class _Builder:
 
     def collective(self, op: str, kind: str, nbytes: float, size: int, stride: int, *,
                    recompute: frozenset[str] = _FULL, overlap: str = "", overlap_bwd: str = "",
-                   count: float = 1.0, backward: float = 1.0) -> None:
+                   count: float = 1.0, backward: float = 1.0, far_share: float | None = None) -> None:
         """A collective of ``nbytes`` per op (``count`` of them) over ``size`` ranks
-        ``stride`` apart, its transpose in the backward (``backward`` × the bytes; 0: none)."""
+        ``stride`` apart, its transpose in the backward (``backward`` × the bytes; 0: none);
+        ``far_share``: see :func:`~sapptk.models.timing.collective_ms`."""
         if size <= 1 or nbytes <= 0:
             return
         where = placement(self.hw, size, stride)[0]
-        one = collective_ms(self.hw, kind, nbytes, size, stride)
+        one = collective_ms(self.hw, kind, nbytes, size, stride, far_share=far_share)
         self._row("fwd", op, "collective", count, 0.0, count * nbytes, count * one, overlap=overlap,
                   collective=kind, size=size, where=where, recompute=recompute)
         if backward:
             t = _TRANSPOSE[kind]
-            b = collective_ms(self.hw, t, backward * nbytes, size, stride)
+            b = collective_ms(self.hw, t, backward * nbytes, size, stride, far_share=far_share)
             self._row("bwd", op + "_bwd", "collective", count, 0.0, count * backward * nbytes, count * b,
                       overlap=overlap_bwd, collective=t, size=size, where=where)
 
@@ -291,7 +293,11 @@ def _moe_ffn(b: _Builder, card: ModelCard, par: Parallel) -> None:
     b.elementwise("permute", e * (nsp * h + routed * h), recompute=_COMM)
     et = par.expert_tp
     # expert grid (Megatron-Core): expert TP fastest, then EP -- the EP group's members are etp apart
-    b.collective("dispatch_all_to_all", "all_to_all", e * routed * h, par.ep, et, recompute=_COMM)
+    far = None
+    where, members = placement(b.hw, par.ep, et)
+    if b.fw.moe_dedup_dispatch and where == "inter":  # DeepEP: once per remote node, then NVLink
+        far = remote_node_share(moe.experts, moe.top_k, math.ceil(par.ep / members))
+    b.collective("dispatch_all_to_all", "all_to_all", e * routed * h, par.ep, et, recompute=_COMM, far_share=far)
     if et > 1:  # the received tokens gathered over the expert-TP group (the combine reduce-scatters them)
         b.collective("expert_all_gather", "all_gather", e * routed * et * h, et, 1, recompute=_COMM)
     per_expert = routed * et / local  # tokens per local expert: R·etp·ep/E
@@ -300,7 +306,7 @@ def _moe_ffn(b: _Builder, card: ModelCard, par: Parallel) -> None:
     b.gemm("expert_fc2", per_expert, h, moe.expert_size / et, count=local)
     if et > 1:
         b.collective("expert_reduce_scatter", "reduce_scatter", e * routed * et * h, et, 1, recompute=_COMM)
-    b.collective("combine_all_to_all", "all_to_all", e * routed * h, par.ep, et, recompute=_COMM)
+    b.collective("combine_all_to_all", "all_to_all", e * routed * h, par.ep, et, recompute=_COMM, far_share=far)
     b.elementwise("unpermute", e * (routed * h + nsp * h), recompute=_COMM)
     if moe.shared_size:
         if t > 1 and par.sp:
