@@ -170,3 +170,18 @@ def test_measured_row_throughput_and_step_agree():
     r = measured_row(_row("t", measured={"tokens_per_s_per_gpu": 4096.0}))
     assert r.measured_step_ms == pytest.approx(16 * 2048 / (4096.0 * 8) * 1e3)
     assert r.tokens_per_s_per_gpu_at(r.measured_step_ms) == pytest.approx(4096.0)
+
+
+def test_row_framework_turns_on_what_the_run_did() -> None:
+    """torchtitan with pipeline parallelism and FSDP gathers once a step; a row naming DeepEP
+    deduplicates the expert dispatch; neither elsewhere."""
+    from sapptk.models.hardware_fit import row_framework
+
+    fsdp = {"tp": 1, "pp": 2, "cp": 1, "ep": 1, "dp": 4, "vp": 1, "sharding": "fsdp"}
+    titan_pp = measured_row(_row(framework="torchtitan", layout=fsdp))
+    assert row_framework(titan_pp).fsdp_once_per_step
+    titan_flat = measured_row(_row(framework="torchtitan", layout={**fsdp, "pp": 1, "dp": 8}))
+    assert not row_framework(titan_flat).fsdp_once_per_step
+    assert not row_framework(measured_row(_row(layout=fsdp))).fsdp_once_per_step  # Megatron: per micro-batch
+    assert row_framework(measured_row(_row(deepep=True))).moe_dedup_dispatch
+    assert not row_framework(measured_row(_row())).moe_dedup_dispatch

@@ -370,3 +370,28 @@ def test_node_deduplicated_expert_dispatch_by_hand() -> None:
     alpha, inter = h100.comm_latency_us / 1e3, h100.inter_node_gbps * 1e6 * h100.inter_bus_efficiency
     assert float(plain.loc[pick, "time_ms"].iloc[0]) == pytest.approx(alpha + 24 / 32 * nbytes / inter, rel=1e-9)
     assert float(dedup.loc[pick, "time_ms"].iloc[0]) == pytest.approx(alpha + 0.340220 * nbytes / inter, rel=1e-5)
+
+
+def test_fsdp_once_per_step_moves_the_gathers_to_the_step() -> None:
+    """torchtitan with pipeline parallelism keeps a layer unsharded across micro-batches
+    (``reshard_after_forward`` off) and reduce-scatters once after the last backward: no
+    per-micro-batch FSDP rows, one all-gather (bf16 weights) and one reduce-scatter (fp32
+    gradients) a step, over the 8 FSDP ranks of one node."""
+    model, h100 = card("llama2-7b"), hardware("h100")
+    par = Parallel(dp=8, sharding="fsdp", seq_length=4096)
+    once = dataclasses.replace(framework("torchtitan"), fsdp_once_per_step=True)
+    table = operators(model, par, h100, framework=once)
+    layer = table[table["group"] == "layers"]
+    assert not layer["op"].str.startswith("fsdp_").any()
+    step = layer[layer["phase"] == "step"].set_index("op")
+    params = model.layer_parameters(False)
+    assert step.loc["dp_param_all_gather", "bytes"] == 2 * params
+    assert step.loc["dp_grad_reduce_scatter", "bytes"] == 4 * params
+    # 7/8 of the bytes at NVLink's bus bandwidth plus alpha, by hand
+    intra, alpha = h100.intra_node_gbps * 1e6 * h100.intra_bus_efficiency, h100.comm_latency_us / 1e3
+    assert step.loc["dp_param_all_gather", "time_ms"] == pytest.approx(alpha + 2 * params * 7 / 8 / intra, rel=1e-12)
+    assert step.loc["dp_grad_reduce_scatter", "time_ms"] == pytest.approx(alpha + 4 * params * 7 / 8 / intra,
+                                                                          rel=1e-12)
+    per_mb = estimate_profile(model, par, h100, framework="torchtitan").body[0]
+    kept = estimate_profile(model, par, h100, framework=once).body[0]
+    assert kept.forward <= per_mb.forward and kept.modes["none"].backward <= per_mb.modes["none"].backward

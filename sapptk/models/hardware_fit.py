@@ -104,6 +104,8 @@ def row_framework(row: MeasuredRow) -> Framework:
         changes["elementwise_factor"] = 1.0
     if row.options.get("async_tp"):
         changes["tp_comm_overlap"] = True
+    if fw.name == "torchtitan" and row.pp > 1 and row.sharding == "fsdp":
+        changes["fsdp_once_per_step"] = True
     if row.options.get("deepep"):
         changes["moe_dedup_dispatch"] = True
     return replace(fw, **changes) if changes else fw

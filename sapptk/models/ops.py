@@ -333,7 +333,7 @@ def _fsdp(b: _Builder, card: ModelCard, par: Parallel, moe: bool) -> None:
     """ZeRO-3 / FSDP: every micro-batch gathers the layer's parameters in the forward and
     again in the backward and reduce-scatters its gradients (prefetched under the layer's
     compute when the framework does); ZeRO-2 reduce-scatters the gradients per micro-batch."""
-    if par.sharding not in ("fsdp", "zero2"):
+    if par.sharding not in ("fsdp", "zero2") or (par.sharding == "fsdp" and b.fw.fsdp_once_per_step):
         return
     dense, experts = layer_param_split(card, par, moe)
     grad = DTYPE_BYTES[par.grad_dtype]
@@ -434,11 +434,12 @@ def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gro
              backward_ms: float, forward_ms: float) -> list[Operator]:
     """Once per step per layer: the data-parallel gradient reduction (all-reduce without
     optimizer sharding, reduce-scatter with it; none under FSDP / ZeRO-2, which reduce per
-    micro-batch) in ``grad_dtype``, and the parameter all-gather after a sharded optimizer
-    step (distributed optimizer, ZeRO-2) in the compute dtype (none under FSDP); hidden
+    micro-batch, unless the framework's ``fsdp_once_per_step``) in ``grad_dtype``, and the
+    parameter all-gather after a sharded optimizer step (distributed optimizer, ZeRO-2; FSDP
+    gathering once a step) in the compute dtype; hidden
     under the last micro-batch's ``backward_ms`` and the first one's ``forward_ms`` where
     the framework overlaps them."""
-    if par.sharding == "fsdp":
+    if par.sharding == "fsdp" and not fw.fsdp_once_per_step:
         return []
     dense, experts = layer_param_split(card, par, moe)
     grad, weight = DTYPE_BYTES[par.grad_dtype], DTYPE_BYTES[par.compute_dtype]
@@ -452,7 +453,7 @@ def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gro
         if par.sharding != "zero2":  # ZeRO-2 reduce-scatters per micro-batch (in the backward)
             kinds.append(("grad_" + ("all_reduce" if par.sharding == "none" else "reduce_scatter"), grad,
                           fw.overlap_grad_reduce, backward_ms))
-        if par.sharding in ("distributed", "zero2"):
+        if par.sharding in ("distributed", "zero2", "fsdp"):  # fsdp here: gathered once a step
             kinds.append(("param_all_gather", weight, fw.overlap_param_gather, forward_ms))
         for op, nbytes, overlapped, window in kinds:
             kind = op.split("_", 1)[1]
