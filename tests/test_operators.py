@@ -392,6 +392,10 @@ def test_fsdp_once_per_step_moves_the_gathers_to_the_step() -> None:
     assert step.loc["dp_param_all_gather", "time_ms"] == pytest.approx(alpha + 2 * params * 7 / 8 / intra, rel=1e-12)
     assert step.loc["dp_grad_reduce_scatter", "time_ms"] == pytest.approx(alpha + 4 * params * 7 / 8 / intra,
                                                                           rel=1e-12)
+    # the reduce-scatter runs after the stage's last backward (pipelining's post-backward): exposed in full;
+    # the all-gather hides under the first forward
+    assert step.loc["dp_grad_reduce_scatter", "exposed_ms"] == step.loc["dp_grad_reduce_scatter", "time_ms"]
+    assert step.loc["dp_param_all_gather", "overlapped_with"] == "layer"
     per_mb = estimate_profile(model, par, h100, framework="torchtitan").body[0]
     kept = estimate_profile(model, par, h100, framework=once).body[0]
     assert kept.forward <= per_mb.forward and kept.modes["none"].backward <= per_mb.modes["none"].backward

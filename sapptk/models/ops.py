@@ -436,7 +436,8 @@ def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gro
     optimizer sharding, reduce-scatter with it; none under FSDP / ZeRO-2, which reduce per
     micro-batch, unless the framework's ``fsdp_once_per_step``) in ``grad_dtype``, and the
     parameter all-gather after a sharded optimizer step (distributed optimizer, ZeRO-2; FSDP
-    gathering once a step) in the compute dtype; hidden
+    gathering once a step) in the compute dtype; hidden (FSDP's once-a-step reduce-scatter
+    never: it runs after the last backward)
     under the last micro-batch's ``backward_ms`` and the first one's ``forward_ms`` where
     the framework overlaps them."""
     if par.sharding == "fsdp" and not fw.fsdp_once_per_step:
@@ -451,8 +452,10 @@ def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gro
         where = placement(hw, size, stride)[0]
         kinds: list[tuple[str, int, bool, float]] = []
         if par.sharding != "zero2":  # ZeRO-2 reduce-scatters per micro-batch (in the backward)
+            # FSDP once a step (torch.distributed.pipelining): the stage's post-backward reduce-scatters
+            # run after its last backward and the step waits for them -- exposed
             kinds.append(("grad_" + ("all_reduce" if par.sharding == "none" else "reduce_scatter"), grad,
-                          fw.overlap_grad_reduce, backward_ms))
+                          fw.overlap_grad_reduce and par.sharding != "fsdp", backward_ms))
         if par.sharding in ("distributed", "zero2", "fsdp"):  # fsdp here: gathered once a step
             kinds.append(("param_all_gather", weight, fw.overlap_param_gather, forward_ms))
         for op, nbytes, overlapped, window in kinds:
