@@ -26,7 +26,6 @@ comes from the framework preset (:mod:`sapptk.models.frameworks`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -296,7 +295,7 @@ def _moe_ffn(b: _Builder, card: ModelCard, par: Parallel) -> None:
     far = None
     where, members = placement(b.hw, par.ep, et)
     if b.fw.moe_dedup_dispatch and where == "inter":  # DeepEP: once per remote node, then NVLink
-        far = remote_node_share(moe.experts, moe.top_k, math.ceil(par.ep / members))
+        far = remote_node_share(moe.experts, moe.top_k, -(-par.ep // members))  # nodes spanned
     b.collective("dispatch_all_to_all", "all_to_all", e * routed * h, par.ep, et, recompute=_COMM, far_share=far)
     if et > 1:  # the received tokens gathered over the expert-TP group (the combine reduce-scatters them)
         b.collective("expert_all_gather", "all_gather", e * routed * et * h, et, 1, recompute=_COMM)
@@ -452,8 +451,7 @@ def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gro
         where = placement(hw, size, stride)[0]
         kinds: list[tuple[str, int, bool, float]] = []
         if par.sharding != "zero2":  # ZeRO-2 reduce-scatters per micro-batch (in the backward)
-            # FSDP once a step (torch.distributed.pipelining): the stage's post-backward reduce-scatters
-            # run after its last backward and the step waits for them -- exposed
+            # FSDP once a step: pipelining's post-backward reduce-scatters after the last backward, exposed
             kinds.append(("grad_" + ("all_reduce" if par.sharding == "none" else "reduce_scatter"), grad,
                           fw.overlap_grad_reduce and par.sharding != "fsdp", backward_ms))
         if par.sharding in ("distributed", "zero2", "fsdp"):  # fsdp here: gathered once a step
