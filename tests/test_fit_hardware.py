@@ -194,3 +194,18 @@ def test_a_torchtitan_pipeline_keeps_every_micro_batchs_logits_on_the_last_stage
                              "measured": {"tokens_per_s_per_gpu": 5000.0,
                                           "peak_memory": {"value": 70, "unit": "GB", "kind": "reserved"}}})
     assert pipeline_outputs_mb(reserved, hardware("h100", allocator_reserve=0.25)) == pytest.approx(1.25 * kept)
+
+
+def test_row_framework_turns_on_what_the_run_did() -> None:
+    """torchtitan with pipeline parallelism and FSDP gathers once a step; a row naming DeepEP
+    deduplicates the expert dispatch; neither elsewhere."""
+    from sapptk.models.hardware_fit import row_framework
+
+    fsdp = {"tp": 1, "pp": 2, "cp": 1, "ep": 1, "dp": 4, "vp": 1, "sharding": "fsdp"}
+    titan_pp = measured_row(_row(framework="torchtitan", layout=fsdp))
+    assert row_framework(titan_pp).fsdp_once_per_step
+    titan_flat = measured_row(_row(framework="torchtitan", layout={**fsdp, "pp": 1, "dp": 8}))
+    assert not row_framework(titan_flat).fsdp_once_per_step
+    assert not row_framework(measured_row(_row(layout=fsdp))).fsdp_once_per_step  # Megatron: per micro-batch
+    assert row_framework(measured_row(_row(deepep=True))).moe_dedup_dispatch
+    assert not row_framework(measured_row(_row())).moe_dedup_dispatch

@@ -15,12 +15,13 @@ from sapptk.models import (
     Parallel,
     card,
     estimate_profile,
+    framework,
     hardware,
     operators,
 )
 from sapptk.models.estimate import layer_flops, static_bytes_per_parameter
 from sapptk.models.ops import layer_param_split
-from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement
+from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement, remote_node_share
 
 
 def test_fittable_names_fields_with_bounds_holding_every_bundled_value() -> None:
@@ -342,3 +343,59 @@ def test_every_familys_operator_flops_are_its_layer_flops(name: str) -> None:
         flops = layer_flops(model, par, moe=group.moe)
         assert rows.loc[rows["kind"] == "gemm", "flops"].sum() == pytest.approx(flops["matmul"], rel=1e-12)
         assert rows.loc[rows["kind"] == "attention", "flops"].sum() == pytest.approx(flops["attention"], rel=1e-12)
+
+
+def test_node_deduplicated_expert_dispatch_by_hand() -> None:
+    """DeepEP sends a token once per remote node holding one of its experts. 128 experts over
+    4 nodes (32 each), top 8: a node is missed with C(96, 8)/C(128, 8) = Π (96−i)/(128−i) =
+    0.092747; 3 remote nodes × 0.907253 / 8 copies = 0.340220 of the buffer crosses the NIC
+    (the plain all-to-all: 24/32 = 0.75)."""
+    miss = 1.0
+    for i in range(8):
+        miss *= (96 - i) / (128 - i)
+    assert miss == pytest.approx(0.0927473, rel=1e-6)
+    assert remote_node_share(128, 8, 4) == pytest.approx(3 * (1 - miss) / 8, rel=1e-12)
+    assert remote_node_share(128, 8, 4) == pytest.approx(0.340220, rel=1e-5)
+    assert remote_node_share(128, 1, 4) == pytest.approx(3 / 4, rel=1e-12)  # one copy: nothing to merge
+    assert remote_node_share(128, 8, 1) == 0.0
+    # 16 consecutive ranks over 2 nodes, far share 0.25: NVLink 7/8 of 1e8 at 5e7 = 1.75 ms,
+    # NIC 0.25 × 1e8 at 5e6 = 5 ms; the slower plus alpha
+    assert collective_ms(TOY, "all_to_all", 1e8, 16, far_share=0.25) == pytest.approx(0.02 + 5.0, rel=1e-12)
+    # in the operator table: Qwen3-235B, EP 32 across 4 H100 nodes, only with the framework flag
+    model, par, h100 = card("qwen3-235b-a22b"), Parallel(tp=2, ep=32, dp=16, etp=1), hardware("h100")
+    plain = operators(model, par, h100)
+    dedup = operators(model, par, h100, framework=dataclasses.replace(framework("megatron"), moe_dedup_dispatch=True))
+    pick = (plain["op"] == "dispatch_all_to_all") & (plain["phase"] == "fwd")
+    nbytes = float(plain.loc[pick, "bytes"].iloc[0])
+    alpha, inter = h100.comm_latency_us / 1e3, h100.inter_node_gbps * 1e6 * h100.inter_bus_efficiency
+    assert float(plain.loc[pick, "time_ms"].iloc[0]) == pytest.approx(alpha + 24 / 32 * nbytes / inter, rel=1e-9)
+    assert float(dedup.loc[pick, "time_ms"].iloc[0]) == pytest.approx(alpha + 0.340220 * nbytes / inter, rel=1e-5)
+
+
+def test_fsdp_once_per_step_moves_the_gathers_to_the_step() -> None:
+    """torchtitan with pipeline parallelism keeps a layer unsharded across micro-batches
+    (``reshard_after_forward`` off) and reduce-scatters once after the last backward: no
+    per-micro-batch FSDP rows, one all-gather (bf16 weights) and one reduce-scatter (fp32
+    gradients) a step, over the 8 FSDP ranks of one node."""
+    model, h100 = card("llama2-7b"), hardware("h100")
+    par = Parallel(dp=8, sharding="fsdp", seq_length=4096)
+    once = dataclasses.replace(framework("torchtitan"), fsdp_once_per_step=True)
+    table = operators(model, par, h100, framework=once)
+    layer = table[table["group"] == "layers"]
+    assert not layer["op"].str.startswith("fsdp_").any()
+    step = layer[layer["phase"] == "step"].set_index("op")
+    params = model.layer_parameters(False)
+    assert step.loc["dp_param_all_gather", "bytes"] == 2 * params
+    assert step.loc["dp_grad_reduce_scatter", "bytes"] == 4 * params
+    # 7/8 of the bytes at NVLink's bus bandwidth plus alpha, by hand
+    intra, alpha = h100.intra_node_gbps * 1e6 * h100.intra_bus_efficiency, h100.comm_latency_us / 1e3
+    assert step.loc["dp_param_all_gather", "time_ms"] == pytest.approx(alpha + 2 * params * 7 / 8 / intra, rel=1e-12)
+    assert step.loc["dp_grad_reduce_scatter", "time_ms"] == pytest.approx(alpha + 4 * params * 7 / 8 / intra,
+                                                                          rel=1e-12)
+    # the reduce-scatter runs after the stage's last backward (pipelining's post-backward): exposed in full;
+    # the all-gather hides under the first forward
+    assert step.loc["dp_grad_reduce_scatter", "exposed_ms"] == step.loc["dp_grad_reduce_scatter", "time_ms"]
+    assert step.loc["dp_param_all_gather", "overlapped_with"] == "layer"
+    per_mb = estimate_profile(model, par, h100, framework="torchtitan").body[0]
+    kept = estimate_profile(model, par, h100, framework=once).body[0]
+    assert kept.forward <= per_mb.forward and kept.modes["none"].backward <= per_mb.modes["none"].backward

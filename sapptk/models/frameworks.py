@@ -32,7 +32,15 @@ class Framework:
     ``attention_kernel``: ``fused`` (the card's best flash-attention kernel: cuDNN /
     FlashAttention-3 on Hopper) or ``fa2`` (FlashAttention-2, the card's
     ``attention_fa2_efficiency``); ``expert_tp_follows_tp``: a layout's unset ``etp``
-    (expert tensor parallel size) is ``tp`` (else 1)."""
+    (expert tensor parallel size) is ``tp`` (else 1); ``moe_dedup_dispatch``: the expert
+    all-to-all across nodes sends a token once per remote node and forwards it over NVLink
+    (DeepEP: Megatron ``--moe-token-dispatcher-type flex --moe-enable-deepep``; off in the
+    presets, a measured row turns it on with ``deepep: true``); ``fsdp_once_per_step``:
+    FSDP gathers a layer's parameters once a step and keeps them across micro-batches,
+    reduce-scattering the gradients once after the last backward (torchtitan with pipeline
+    parallelism: ``reshard_after_forward`` off, and ``torch.distributed.pipelining`` defers
+    gradient sync and resharding to the last backward); off: every micro-batch gathers and
+    reduce-scatters."""
 
     name: str
     tp_comm_overlap: bool
@@ -44,6 +52,8 @@ class Framework:
     source: str = ""
     attention_kernel: str = "fused"
     expert_tp_follows_tp: bool = False
+    moe_dedup_dispatch: bool = False
+    fsdp_once_per_step: bool = False
 
     def __post_init__(self) -> None:
         f = self.elementwise_factor

@@ -96,13 +96,18 @@ def _hardware(base: Hardware | str) -> Hardware:
 def row_framework(row: MeasuredRow) -> Framework:
     """The framework preset a row ran under (``megatron`` when it names none), with what the
     row says it turned on: ``compile`` fuses the elementwise ops (``elementwise_factor`` 1),
-    ``async_tp`` overlaps the tensor-parallel collectives with the GEMMs."""
+    ``async_tp`` overlaps the tensor-parallel collectives with the GEMMs, ``deepep`` dispatches
+    experts' tokens once per remote node (``moe_dedup_dispatch``)."""
     fw = framework(row.framework or "megatron")
     changes: dict[str, Any] = {}
     if row.options.get("compile"):
         changes["elementwise_factor"] = 1.0
     if row.options.get("async_tp"):
         changes["tp_comm_overlap"] = True
+    if fw.name == "torchtitan" and row.pp > 1 and row.sharding == "fsdp":
+        changes["fsdp_once_per_step"] = True
+    if row.options.get("deepep"):
+        changes["moe_dedup_dispatch"] = True
     return replace(fw, **changes) if changes else fw
 
 

@@ -35,7 +35,7 @@ from sapptk.errors import ConfigError
 from sapptk.models.cards import ModelCard
 from sapptk.models.frameworks import Framework
 from sapptk.models.layout import DTYPE_BYTES, Hardware, Parallel
-from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement
+from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement, remote_node_share
 
 __all__ = ["COLUMNS", "KINDS", "PHASES", "Operator", "check_fp8", "layer_ops", "step_ops", "to_frame"]
 
@@ -180,18 +180,19 @@ class _Builder:
 
     def collective(self, op: str, kind: str, nbytes: float, size: int, stride: int, *,
                    recompute: frozenset[str] = _FULL, overlap: str = "", overlap_bwd: str = "",
-                   count: float = 1.0, backward: float = 1.0) -> None:
+                   count: float = 1.0, backward: float = 1.0, far_share: float | None = None) -> None:
         """A collective of ``nbytes`` per op (``count`` of them) over ``size`` ranks
-        ``stride`` apart, its transpose in the backward (``backward`` × the bytes; 0: none)."""
+        ``stride`` apart, its transpose in the backward (``backward`` × the bytes; 0: none);
+        ``far_share``: see :func:`~sapptk.models.timing.collective_ms`."""
         if size <= 1 or nbytes <= 0:
             return
         where = placement(self.hw, size, stride)[0]
-        one = collective_ms(self.hw, kind, nbytes, size, stride)
+        one = collective_ms(self.hw, kind, nbytes, size, stride, far_share=far_share)
         self._row("fwd", op, "collective", count, 0.0, count * nbytes, count * one, overlap=overlap,
                   collective=kind, size=size, where=where, recompute=recompute)
         if backward:
             t = _TRANSPOSE[kind]
-            b = collective_ms(self.hw, t, backward * nbytes, size, stride)
+            b = collective_ms(self.hw, t, backward * nbytes, size, stride, far_share=far_share)
             self._row("bwd", op + "_bwd", "collective", count, 0.0, count * backward * nbytes, count * b,
                       overlap=overlap_bwd, collective=t, size=size, where=where)
 
@@ -291,7 +292,11 @@ def _moe_ffn(b: _Builder, card: ModelCard, par: Parallel) -> None:
     b.elementwise("permute", e * (nsp * h + routed * h), recompute=_COMM)
     et = par.expert_tp
     # expert grid (Megatron-Core): expert TP fastest, then EP -- the EP group's members are etp apart
-    b.collective("dispatch_all_to_all", "all_to_all", e * routed * h, par.ep, et, recompute=_COMM)
+    far = None
+    where, members = placement(b.hw, par.ep, et)
+    if b.fw.moe_dedup_dispatch and where == "inter":  # DeepEP: once per remote node, then NVLink
+        far = remote_node_share(moe.experts, moe.top_k, -(-par.ep // members))  # nodes spanned
+    b.collective("dispatch_all_to_all", "all_to_all", e * routed * h, par.ep, et, recompute=_COMM, far_share=far)
     if et > 1:  # the received tokens gathered over the expert-TP group (the combine reduce-scatters them)
         b.collective("expert_all_gather", "all_gather", e * routed * et * h, et, 1, recompute=_COMM)
     per_expert = routed * et / local  # tokens per local expert: R·etp·ep/E
@@ -300,7 +305,7 @@ def _moe_ffn(b: _Builder, card: ModelCard, par: Parallel) -> None:
     b.gemm("expert_fc2", per_expert, h, moe.expert_size / et, count=local)
     if et > 1:
         b.collective("expert_reduce_scatter", "reduce_scatter", e * routed * et * h, et, 1, recompute=_COMM)
-    b.collective("combine_all_to_all", "all_to_all", e * routed * h, par.ep, et, recompute=_COMM)
+    b.collective("combine_all_to_all", "all_to_all", e * routed * h, par.ep, et, recompute=_COMM, far_share=far)
     b.elementwise("unpermute", e * (routed * h + nsp * h), recompute=_COMM)
     if moe.shared_size:
         if t > 1 and par.sp:
@@ -327,7 +332,7 @@ def _fsdp(b: _Builder, card: ModelCard, par: Parallel, moe: bool) -> None:
     """ZeRO-3 / FSDP: every micro-batch gathers the layer's parameters in the forward and
     again in the backward and reduce-scatters its gradients (prefetched under the layer's
     compute when the framework does); ZeRO-2 reduce-scatters the gradients per micro-batch."""
-    if par.sharding not in ("fsdp", "zero2"):
+    if par.sharding not in ("fsdp", "zero2") or (par.sharding == "fsdp" and b.fw.fsdp_once_per_step):
         return
     dense, experts = layer_param_split(card, par, moe)
     grad = DTYPE_BYTES[par.grad_dtype]
@@ -428,11 +433,13 @@ def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gro
              backward_ms: float, forward_ms: float) -> list[Operator]:
     """Once per step per layer: the data-parallel gradient reduction (all-reduce without
     optimizer sharding, reduce-scatter with it; none under FSDP / ZeRO-2, which reduce per
-    micro-batch) in ``grad_dtype``, and the parameter all-gather after a sharded optimizer
-    step (distributed optimizer, ZeRO-2) in the compute dtype (none under FSDP); hidden
+    micro-batch, unless the framework's ``fsdp_once_per_step``) in ``grad_dtype``, and the
+    parameter all-gather after a sharded optimizer step (distributed optimizer, ZeRO-2; FSDP
+    gathering once a step) in the compute dtype; hidden (FSDP's once-a-step reduce-scatter
+    never: it runs after the last backward)
     under the last micro-batch's ``backward_ms`` and the first one's ``forward_ms`` where
     the framework overlaps them."""
-    if par.sharding == "fsdp":
+    if par.sharding == "fsdp" and not fw.fsdp_once_per_step:
         return []
     dense, experts = layer_param_split(card, par, moe)
     grad, weight = DTYPE_BYTES[par.grad_dtype], DTYPE_BYTES[par.compute_dtype]
@@ -444,9 +451,10 @@ def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gro
         where = placement(hw, size, stride)[0]
         kinds: list[tuple[str, int, bool, float]] = []
         if par.sharding != "zero2":  # ZeRO-2 reduce-scatters per micro-batch (in the backward)
+            # FSDP once a step: pipelining's post-backward reduce-scatters after the last backward, exposed
             kinds.append(("grad_" + ("all_reduce" if par.sharding == "none" else "reduce_scatter"), grad,
-                          fw.overlap_grad_reduce, backward_ms))
-        if par.sharding in ("distributed", "zero2"):
+                          fw.overlap_grad_reduce and par.sharding != "fsdp", backward_ms))
+        if par.sharding in ("distributed", "zero2", "fsdp"):  # fsdp here: gathered once a step
             kinds.append(("param_all_gather", weight, fw.overlap_param_gather, forward_ms))
         for op, nbytes, overlapped, window in kinds:
             kind = op.split("_", 1)[1]

@@ -11,6 +11,9 @@ achieved-efficiency model of ``docs/estimation.md`` ("Hardware card").
 * :func:`collective_ms` — alpha–beta: ``comm_latency_us`` plus bytes × the bus factor
   (all-reduce 2(n−1)/n, all-gather and reduce-scatter (n−1)/n, all-to-all (n−1)/n) ÷ the
   bus bandwidth of the links the group uses (:func:`placement`).
+* :func:`remote_node_share` — a node-deduplicating expert dispatch (DeepEP's internode
+  kernels) sends a token once to each remote node holding one of its experts, not once per
+  expert: the share of a token's copies that still cross the NIC.
 
 Every function takes plain numbers (no tables), so a profile's few hundred operators time
 in well under a millisecond.
@@ -23,7 +26,8 @@ import math
 from sapptk.models.layout import Hardware
 
 __all__ = ["ATTENTION_HALF_KEYS", "COLLECTIVES", "TILE", "attention_ms", "collective_ms", "elementwise_ms",
-           "gemm_ms", "group_span", "placement"]
+           "gemm_ms", "group_span", "placement",
+           "remote_node_share"]
 
 TILE = 128
 """Output tile edge of the GEMM model (CUTLASS/cuBLAS tiles are 128 or 256 wide)."""
@@ -96,14 +100,32 @@ def placement(hw: Hardware, size: int, stride: int) -> tuple[str, int]:
     return "inter", max(1, min(size, math.ceil(hw.gpus_per_node / stride)))
 
 
-def collective_ms(hw: Hardware, kind: str, nbytes: float, size: int, stride: int = 1) -> float:
+def remote_node_share(experts: int, top_k: int, nodes: int) -> float:
+    """Under a node-deduplicating dispatch, the NIC bytes of an all-to-all over ``nodes``
+    nodes as a share of its buffer (``top_k`` copies per token): each token crosses once to
+    every remote node holding at least one of its ``top_k`` experts (of ``experts``, spread
+    evenly, routing uniform), ``(nodes − 1)·(1 − C(E − E/nodes, k) / C(E, k)) / k``. The
+    plain all-to-all sends every copy: ``(nodes − 1)/nodes`` of them cross. DeepSeek-V3
+    technical report §3.2.2: a token goes over InfiniBand once per target node and is
+    forwarded over NVLink to its experts there (DeepEP's internode kernels)."""
+    if nodes <= 1 or top_k <= 0:
+        return 0.0
+    per_node = experts / nodes
+    miss = math.comb(experts - round(per_node), top_k) / math.comb(experts, top_k)
+    return (nodes - 1) * (1.0 - miss) / top_k
+
+
+def collective_ms(hw: Hardware, kind: str, nbytes: float, size: int, stride: int = 1, *,
+                  far_share: float | None = None) -> float:
     """A collective over ``size`` ranks ``stride`` apart on ``nbytes`` (the full buffer: the
     gathered output of an all-gather, the input of a reduce-scatter or all-reduce, what one
     rank sends in an all-to-all or a send/recv). Alpha–beta: ``comm_latency_us`` plus bytes
     × bus factor ÷ bus bandwidth. Inside a node the bus bandwidth is ``intra_node_gbps`` ×
     ``intra_bus_efficiency``; a group across nodes runs at the NIC's ``inter_node_gbps`` ×
     ``inter_bus_efficiency``, except an all-to-all, whose in-node share rides NVLink while
-    the rest crosses the NIC (the slower of the two)."""
+    the rest crosses the NIC (the slower of the two); ``far_share`` (a node-deduplicating
+    dispatch, :func:`remote_node_share`) replaces the share of the bytes that crosses it,
+    the rest moving over NVLink to its GPU in the node."""
     if size <= 1 or nbytes <= 0:
         return 0.0
     where, local = placement(hw, size, stride)
@@ -117,7 +139,11 @@ def collective_ms(hw: Hardware, kind: str, nbytes: float, size: int, stride: int
     if where == "intra":
         return alpha + nbytes * factor / intra
     if kind == "all_to_all":
-        near = (local - 1) / size * nbytes / intra
-        far = (size - local) / size * nbytes / inter
+        if far_share is None:
+            near = (local - 1) / size * nbytes / intra
+            far = (size - local) / size * nbytes / inter
+        else:  # forwarded: every copy not for this GPU takes one NVLink hop in the node it lands in
+            near = (local - 1) / local * nbytes / intra
+            far = far_share * nbytes / inter
         return alpha + max(near, far)
     return alpha + nbytes * factor / inter
