@@ -265,8 +265,8 @@ def _run_all(lab: Lab, driver, name: str) -> float:
     return seconds
 
 
-def _run_save_and_check(lab: Lab, driver, name: str) -> dict:
-    """Run All on ``notebooks/<name>``, measure the layout at every size, File → Save; assert the saved notebook
+def _run_save_and_check(lab: Lab, driver, name: str, sizes: tuple[tuple[int, int], ...] = SIZES) -> dict:
+    """Run All on ``notebooks/<name>``, measure the layout at each of ``sizes``, File → Save; assert the saved notebook
     holds no error, every cell ran, it stays lean, and at every size nothing is too wide or too narrow, nothing
     scrolls sideways, no legend covers a plot, no tick labels may overlap, K/V lines are not flat. The layouts."""
     saved = lab.root / "notebooks" / name
@@ -274,7 +274,7 @@ def _run_save_and_check(lab: Lab, driver, name: str) -> dict:
     seconds = _run_all(lab, driver, name)
 
     layouts = {}
-    for size in SIZES:
+    for size in sizes:
         driver.set_window_size(*size)
         time.sleep(2)
         layouts[size] = driver.execute_script(_LAYOUT)
@@ -392,9 +392,11 @@ def _check_explorer_tabs(driver, tabs: tuple[str, ...]) -> dict[str, int]:
 def test_explorer_runs_and_fits_in_notebook7(notebook7, driver, tmp_path):
     """Notebook 7 (a different page from JupyterLab's: no file browser, its own notebook shell): an Explorer that
     solves and chooses (the cells above: notebooks/04_explorer.ipynb's three 10 s solves of a 70B model cost 22 s
-    more) runs without errors, and its figures, on the page at both sizes and on each tab of the Explorer holding
-    one, take the output's width with no overlapping tick labels, no legend over a plot."""
-    _run_save_and_check(notebook7, driver, _write_explorer_tabs(notebook7))
+    more) runs without errors, and its figures, on the page and on each tab of the Explorer holding one, take the
+    output's width with no overlapping tick labels, no legend over a plot."""
+    # at the laptop size only: Notebook 7 keeps the notebook's width (its outputs 1108 px at 1366x768 and at
+    # 1920x1080 alike), and the larger size cost 2.5 s of the budget
+    _run_save_and_check(notebook7, driver, _write_explorer_tabs(notebook7), SIZES[:1])
     shell = driver.execute_script("return document.querySelector('#main-panel, .jp-NotebookShell') !== null"
                                   " && document.querySelector('.jp-LabShell') === null")
     assert shell, "not Notebook 7's page"
