@@ -212,7 +212,7 @@ for (const v of views) {
 }
 const sidebar = document.querySelector('.jp-FileBrowser')
 const outputs = Array.from(document.querySelectorAll('.jp-OutputArea-output'))
-return {roots: Bokeh ? Bokeh.index.roots.length : 0, wide, narrow, scrolling, over, legends, ticks, kv,
+return {roots: typeof Bokeh !== "undefined" ? Bokeh.index.roots.length : 0, wide, narrow, scrolling, over, legends, ticks, kv,
         output_px: Math.max(0, ...outputs.map(o => o.clientWidth)),
         file_browser_px: sidebar ? sidebar.offsetWidth : 0}
 """
