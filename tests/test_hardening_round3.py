@@ -40,7 +40,7 @@ tight = PipelineConfig(16, 32, chunks=2, schedule="interleaved", memory_budget=5
 sapptk.balance(llama, PipelineConfig(2, 4, memory_budget=1e6), time_limit=0.5)  # a solve has run: OR-Tools loaded
 """
 CALLS = {
-    # each runs for seconds on an idle machine too (the choice for about 45): long enough to be interrupted while it solves
+    # each runs for seconds, on an idle machine too (the choice for about 45): long enough to interrupt
     "solve": "plan = sapptk.balance(llama, tight, time_limit=8)",
     "choose": ("choice = sapptk.choose('llama2_70b', devices=8, global_batch=16, memory_budget=60000, "
                "time_limit=8, schedules=['1f1b', 'interleaved'], stages=[2, 4, 8])"),
