@@ -44,7 +44,7 @@ def test_choose_from_a_card_writes_the_plan_the_ranking_and_the_page(tmp_path, c
     assert plan.step_time == pytest.approx(winner["pipeline_ms"], rel=1e-9)
     page = (tmp_path / "choice.html").read_text(encoding="utf-8")
     assert "<html" in page and not re.search(r"<script[^>]*\bsrc=", page)  # standalone: BokehJS inline
-    for part in ("setups ranked", "Pareto front", "the winner's timeline", '"name":"timeline"', "winner proven",
+    for part in ("setups by step time", "Pareto front", "the winner's timeline", '"name":"timeline"', "winner proven",
                  "bound_ms"):
         assert part in page, part
 

@@ -36,14 +36,16 @@ import threading, sapptk
 from sapptk import PipelineConfig
 llama = sapptk.bundled_profile("llama2_70b")
 config = PipelineConfig(8, 32, memory_budget=1e6)
+tight = PipelineConfig(16, 32, chunks=2, schedule="interleaved", memory_budget=56000)  # runs to its time limit
 sapptk.balance(llama, PipelineConfig(2, 4, memory_budget=1e6), time_limit=0.5)  # a solve has run: OR-Tools loaded
 """
 CALLS = {
-    # each would run for seconds (the choice for about 45): long enough to be interrupted while it solves
-    "solve": "plan = sapptk.balance(llama, config, time_limit=8)",
+    # each runs for seconds, on an idle machine too (the choice for about 45): long enough to interrupt
+    "solve": "plan = sapptk.balance(llama, tight, time_limit=8)",
     "choose": ("choice = sapptk.choose('llama2_70b', devices=8, global_batch=16, memory_budget=60000, "
                "time_limit=8, schedules=['1f1b', 'interleaved'], stages=[2, 4, 8])"),
-    "sweep": ("frame = sapptk.sweep(llama, {'stages': [4, 8], 'micro_batches': [16, 32]}, executor='processes', "
+    "sweep": ("frame = sapptk.sweep(llama, {'stages': [16], 'micro_batches': [32], 'chunks': [2], "
+              "'schedule': ['interleaved'], 'memory_budget': [56000, 60000]}, executor='processes', "
               "time_limit=4, progress=False)"),
 }
 SHORT = {  # the same calls, finishing within a few seconds
@@ -380,9 +382,10 @@ def test_kv_ratio_counts_every_chunk_of_the_device() -> None:
 @pytest.mark.slow
 def test_seq_interleaved_budgets_are_monotone() -> None:
     """More memory never turns a sliced setup infeasible (1,900 and 2,000 MB were 'infeasible'
-    between plans that fit at 1,800 and 2,100 MB)."""
+    between plans that fit at 1,800 and 2,100 MB; with the operator-level estimate the least
+    budget a plan fits is about 1,800 MB)."""
     profile = sapptk.estimate_profile("gpt2", models.Parallel(seq_length=1024), "h100")
-    for budget in (1700.0, 1900.0, 2000.0):
+    for budget in (1800.0, 1900.0, 2000.0):
         config = PipelineConfig(2, 4, chunks=2, schedule="seq-interleaved-lm", splits=2, memory_budget=budget)
         plan = sapptk.balance(profile, config, time_limit=1)
         assert plan.solved and plan.fits, (budget, plan.status, plan.message[:200])

@@ -241,7 +241,8 @@ for (const v of views) {
 }
 const sidebar = document.querySelector('.jp-FileBrowser')
 const outputs = Array.from(document.querySelectorAll('.jp-OutputArea-output'))
-return {roots: Bokeh ? Bokeh.index.roots.length : 0, wide, narrow, scrolling, over, legends, ticks, kv,
+const nroots = typeof Bokeh !== "undefined" ? Bokeh.index.roots.length : 0
+return {roots: nroots, wide, narrow, scrolling, over, legends, ticks, kv,
         output_px: Math.max(0, ...outputs.map(o => o.clientWidth)),
         file_browser_px: sidebar ? sidebar.offsetWidth : 0}
 """
