@@ -58,7 +58,7 @@ def brute_force(time_limit: float) -> tuple[pd.Series, float, int]:
             continue
         valid.append(s.config)
     t0 = time.perf_counter()
-    frame = sapptk.sweep(profile, valid, time_limit=time_limit, progress=False)
+    frame = sapptk.sweep(profile, valid, point_time_limit=time_limit, progress=False)
     t_sweep = time.perf_counter() - t0
     solved = frame[frame["status"].isin(["optimal", "feasible"])]
     return solved.loc[solved["step_time_ms"].idxmin()], t_sweep, len(valid)

@@ -1,6 +1,6 @@
 """Sweep throughput: points per minute of a 48-point grid under each executor.
 
-Run: python benchmarks/sweep.py [--profile demo] [--time-limit 10]
+Run: python benchmarks/sweep.py [--profile demo] [--point-time-limit 10]
 
 The grid (demo profile): stages 4 and 8 × micro-batches 8 and 16 × three schedule
 shapes (1f1b, interleaved v=2, less-memory interleaved v=2) × four memory budgets = 48
@@ -48,22 +48,22 @@ def grid(budgets: list[float]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="demo")
-    parser.add_argument("--time-limit", type=float, default=5.0)
+    parser.add_argument("--point-time-limit", type=float, default=5.0)
     parser.add_argument("--skip", nargs="*", default=[], help="executors to skip")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     profile = bundled_profile(args.profile)
     points = grid([90000.0, 110000.0, 130000.0, 160000.0])
     cores = available_cores()
-    print(f"{len(points)} points, profile {profile.name}, time limit {args.time_limit:g} s, {cores} cores "
-          f"(os.cpu_count() = {os.cpu_count()})")
+    print(f"{len(points)} points, profile {profile.name}, time limit per point {args.point_time_limit:g} s, "
+          f"{cores} cores (os.cpu_count() = {os.cpu_count()})")
 
     rows = []
     frames: dict[str, pd.DataFrame] = {}
 
     def run(name: str, executor, setup_s: float = 0.0) -> pd.DataFrame:
         t = time.perf_counter()
-        frame = sweep(profile, points, executor=executor, time_limit=args.time_limit, progress=False)
+        frame = sweep(profile, points, executor=executor, point_time_limit=args.point_time_limit, progress=False)
         wall = time.perf_counter() - t
         statuses = frame["status"].value_counts()
         rows.append({

@@ -57,22 +57,28 @@ def _float_type(name: str, *, zero: bool) -> Callable[[str], float]:
     return parse
 
 
-def _positive_seconds(text: str) -> float:
-    """``--time-limit``: the library's check and message (``sapptk.checks.time_limit``)."""
-    value: int | float | str = text
-    for kind in (int, float):  # as the library would be given it, so the message is the library's
+def _seconds(name: str) -> Callable[[str], float]:
+    """``--time-limit`` and its kin: the library's check and message (``sapptk.checks.time_limit``)."""
+
+    def parse(text: str) -> float:
+        value: int | float | str = text
+        for kind in (int, float):  # as the library would be given it, so the message is the library's
+            try:
+                value = kind(text)
+                break
+            except ValueError:
+                continue
         try:
-            value = kind(text)
-            break
-        except ValueError:
-            continue
-    try:
-        return checks.time_limit(value)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+            return checks.time_limit(value, name)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name
+    return parse
 
 
-_positive_seconds.__name__ = "time_limit"
+_positive_seconds = _seconds("time_limit")
+_point_seconds = _seconds("point_time_limit")
 _finite_nonnegative = _float_type("number (finite, >= 0)", zero=True)
 _positive_bandwidth = _float_type("bandwidth (MB per ms > 0)", zero=False)
 
@@ -521,7 +527,10 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
                         help="Parquet dataset directory (also the cache: finished points are skipped)")
     parser.add_argument("--executor", default="serial",
                         help="serial (default), processes, dask (a local cluster) or dask://HOST:PORT")
-    parser.add_argument("--time-limit", type=_positive_seconds, default=30.0, metavar="S",
+    parser.add_argument("--time-limit", type=_positive_seconds, default=None, metavar="S",
+                        help="seconds for the whole sweep (default: no limit); points not started by then are "
+                        "rows with status not_started")
+    parser.add_argument("--point-time-limit", type=_point_seconds, default=30.0, metavar="S",
                         help="solver limit per point, s (30)")
     parser.add_argument("--workers", type=_workers, default=None,
                         help="solver threads per point (default: cores/parallel)")
@@ -542,7 +551,8 @@ def _sweep(args: argparse.Namespace) -> int:
         "host_bandwidth": args.host_bandwidth, "per_micro_batch": [v == "on" for v in args.per_micro_batch],
         "memory_margin": args.memory_margin, "oom_risk": args.oom_risk, "memory_error": args.memory_error,
     }
-    frame = sweep(profile, grid, executor=args.executor, time_limit=args.time_limit, workers=args.workers,
+    frame = sweep(profile, grid, executor=args.executor, time_limit=args.time_limit,
+                  point_time_limit=args.point_time_limit, workers=args.workers,
                   cache=args.out, progress=not args.no_progress, seed=args.seed, deterministic=args.deterministic)
     counts = frame["status"].value_counts()
     print(f"profile {profile.name}: {len(frame)} points, "
@@ -644,7 +654,7 @@ def _add_choose(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--time-limit", type=_positive_seconds, default=None, metavar="S",
                         help="seconds for the whole choice (default: until every setup is decided); setups not "
                         "decided by then are 'undecided' rows")
-    parser.add_argument("--setup-time-limit", type=_positive_seconds, default=20.0, metavar="S",
+    parser.add_argument("--setup-time-limit", type=_seconds("setup_time_limit"), default=20.0, metavar="S",
                         help="solver limit per balanced setup, s (20)")
     parser.add_argument("--executor", default="serial",
                         help="serial (default), processes, dask (a local cluster) or dask://HOST:PORT")

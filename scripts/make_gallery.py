@@ -33,7 +33,8 @@ def main() -> int:
     plan = balance(profile, config, time_limit=10, stall_time=2, seed=0)
     even = even_split(profile, config, "auto")
     frame = sweep(profile, {"stages": [4], "micro_batches": [8], "schedule": ["1f1b", "interleaved"],
-                            "chunks": [1, 2], "memory_budget": [50000, 65000, 80000]}, time_limit=2, progress=False)
+                            "chunks": [1, 2], "memory_budget": [50000, 65000, 80000]},
+                  point_time_limit=2, progress=False)
     frame = frame[~((frame["schedule"] == "interleaved") & (frame["chunks"] == 1))]
     cal = calibrate(ROOT / "data" / "calibration" / "init_demo.yaml")
     check = validate(cal.dry_run_plan(0), cal.observed(0))

@@ -132,7 +132,8 @@ def test_a_sweep_compares_the_grouping_options(demo):
     from sapptk.sweeps import sweep
 
     frame = sweep(demo, {"schedule": ["interleaved", "interleaved-rf"], "stages": [4], "micro_batches": [10],
-                         "chunks": [2], "memory_budget": [None]}, time_limit=10, progress=False, deterministic=True)
+                         "chunks": [2], "memory_budget": [None]},
+                  point_time_limit=10, progress=False, deterministic=True)
     assert list(frame["schedule"].astype(str)) == ["interleaved", "interleaved-rf"]
     assert frame["error"].isna().all() if "error" in frame else True
     assert (frame["status"].astype(str).isin(["optimal", "feasible"])).all()

@@ -46,14 +46,14 @@ CALLS = {
                "time_limit=8, schedules=['1f1b', 'interleaved'], stages=[2, 4, 8])"),
     "sweep": ("frame = sapptk.sweep(llama, {'stages': [16], 'micro_batches': [32], 'chunks': [2], "
               "'schedule': ['interleaved'], 'memory_budget': [56000, 60000]}, executor='processes', "
-              "time_limit=4, progress=False)"),
+              "point_time_limit=4, progress=False)"),
 }
 SHORT = {  # the same calls, finishing within a few seconds
     "solve": "plan = sapptk.balance(llama, config, time_limit=1)",
     "choose": ("choice = sapptk.choose('llama2_70b', devices=8, global_batch=16, memory_budget=60000, "
                "time_limit=1, schedules=['1f1b'], stages=[2, 4])"),
     "sweep": ("frame = sapptk.sweep(llama, {'stages': [4], 'micro_batches': [16]}, executor='processes', "
-              "time_limit=1, progress=False)"),
+              "point_time_limit=1, progress=False)"),
 }
 
 

@@ -307,7 +307,7 @@ def test_sweep_takes_the_new_schedules() -> None:
     profile = long_profile(layers=8)
     grid = {"stages": [2], "micro_batches": [4], "chunks": [2], "splits": [2],
             "schedule": ["seq-interleaved", "seq-interleaved-lm"]}
-    frame = sweep(profile, grid, time_limit=2, progress=False, deterministic=True)
+    frame = sweep(profile, grid, point_time_limit=2, progress=False, deterministic=True)
     assert frame["schedule"].astype(str).tolist() == grid["schedule"]
     assert frame["status"].astype(str).eq("feasible").all()
     for _, row in frame.iterrows():

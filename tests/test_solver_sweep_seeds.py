@@ -85,7 +85,7 @@ def test_a_sweep_seeds_larger_budgets_with_the_plans_of_smaller_ones():
     STARTS.clear()
     PLANS.clear()
     frame = sweep(prof, {"stages": [3], "micro_batches": [6], "chunks": [2], "schedule": ["interleaved"],
-                         "memory_budget": budgets[::-1]}, time_limit=2, deterministic=True, progress=False,
+                         "memory_budget": budgets[::-1]}, point_time_limit=2, deterministic=True, progress=False,
                   solve=recording_solve)
     assert "layout" not in frame.columns and "start" not in frame.columns
     solved = frame[frame["status"].isin(["optimal", "feasible"])].sort_values("memory_budget_mb")
@@ -104,7 +104,7 @@ def test_a_sweep_seeds_larger_budgets_with_the_plans_of_smaller_ones():
 def test_a_resumed_sweep_is_seeded_by_the_plans_in_its_cache(tmp_path):
     prof = two_mode_profile((4, 6))
     grid = {"stages": [3], "micro_batches": [6], "chunks": [2], "schedule": ["interleaved"]}
-    options = {"time_limit": 2, "deterministic": True, "progress": False, "solve": recording_solve,
+    options = {"point_time_limit": 2, "deterministic": True, "progress": False, "solve": recording_solve,
                "cache": tmp_path / "cache"}
     STARTS.clear()
     PLANS.clear()
@@ -132,7 +132,7 @@ def test_a_plan_that_offloads_seeds_with_its_offload(demo, tmp_path):
     frame = sweep(demo, {"stages": [4], "micro_batches": [8], "schedule": ["1f1b"], "host_bandwidth": [10.0],
                          "recompute": [("none", "select", "comm", "both", "offload")],
                          "memory_budget": [95000.0, 110000.0]},
-                  time_limit=3, deterministic=True, progress=False, solve=recording_solve, cache=tmp_path / "c")
+                  point_time_limit=3, deterministic=True, progress=False, solve=recording_solve, cache=tmp_path / "c")
     steps = frame.sort_values("memory_budget_mb")["step_time_ms"].to_numpy()
     assert (np.diff(steps) <= 1e-9).all(), steps
     seed = STARTS[110000.0]

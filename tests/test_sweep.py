@@ -299,8 +299,10 @@ def test_bad_arguments_raise_before_solving() -> None:
 
     with pytest.raises(ConfigError, match="executor"):
         sweep(DEMO, SMALL, solve=fake_solve, executor="threads", progress=False)
-    with pytest.raises(ConfigError, match="time_limit"):
+    with pytest.raises(ConfigError, match="^time_limit = 0: "):
         sweep(DEMO, SMALL, solve=fake_solve, time_limit=0, progress=False)
+    with pytest.raises(ConfigError, match="^point_time_limit = -1: "):
+        sweep(DEMO, SMALL, solve=fake_solve, point_time_limit=-1, progress=False)
     for bad in ({"workers": 100}, {"workers": 0}, {"seed": -1}, {"deterministic": "yes"}):  # as every solve says
         with pytest.raises(ConfigError) as swept:
             sweep(DEMO, SMALL, solve=fake_solve, progress=False, **bad)
@@ -318,6 +320,33 @@ def request_solve(task: SweepTask) -> dict[str, Any]:
     """``fake_solve`` that keeps each task's request."""
     REQUESTS.append(task.request)
     return fake_solve(task)
+
+
+def sleepy_solve(task: SweepTask) -> dict[str, Any]:
+    """``request_solve`` taking 0.3 s a point; feasible (not proven) at 4 stages."""
+    import time
+
+    time.sleep(0.3)
+    row = request_solve(task)
+    return {**row, "status": "feasible"} if task.request.config.stages == 4 else row
+
+
+def test_time_limit_is_the_whole_sweep_and_keeps_every_finished_row(tmp_path: Path) -> None:
+    REQUESTS.clear()
+    grid = {"stages": [2, 8, 4], "micro_batches": [8], "chunks": [1], "memory_budget": [20000, 30000, 40000]}
+    df = sweep(DEMO, grid, solve=sleepy_solve, time_limit=0.9, point_time_limit=0.5, cache=tmp_path, progress=False)
+    assert len(df) == 9 and set(df["status"].astype(str)) <= {"optimal", "feasible", "not_started"}
+    solved = int(df["status"].isin(["optimal", "feasible"]).sum())
+    assert solved == len(REQUESTS) and 1 <= solved <= 4  # never started past the deadline; none lost
+    assert df.loc[df["status"] == "not_started", "error"].str.contains("time_limit of 0.9 s").all()
+    assert (df["point_time_limit_s"] == 0.5).all()
+    limits = [r.time_limit for r in REQUESTS]
+    assert all(t <= 0.5 for t in limits)  # a point started near the deadline gets only what is left
+    cut = sum(t < 0.5 and r.config.stages == 4 for t, r in zip(limits, REQUESTS, strict=True))  # proven: cached
+    REQUESTS.clear()
+    again = sweep(DEMO, grid, solve=request_solve, point_time_limit=0.5, cache=tmp_path, progress=False)
+    assert again["status"].eq("optimal").all()  # no whole limit: every point
+    assert len(REQUESTS) == 9 - solved + cut  # the points not started, or cut short unproven, were not cached
 
 
 def test_levers_are_grid_axes_and_frame_columns() -> None:
@@ -517,8 +546,8 @@ def test_cache_grows_with_the_grid_and_keeps_dtypes(tmp_path: Path) -> None:
     df = sweep(DEMO, GRID, solve=fake_solve, cache=cache, progress=False)
     assert len(CALLS) == 16 - 4  # only the new budget
     CALLS.clear()
-    sweep(DEMO, GRID, solve=fake_solve, cache=cache, time_limit=5, progress=False)
-    assert len(CALLS) == 48 - 12  # another time limit is another point
+    sweep(DEMO, GRID, solve=fake_solve, cache=cache, point_time_limit=5, progress=False)
+    assert len(CALLS) == 48 - 12  # another time limit per point is another point
     raw = pd.read_parquet(cache)
     assert len(raw) == 96 and isinstance(raw["status"].dtype, pd.CategoricalDtype)
     stored = read_cache(cache)
@@ -561,7 +590,7 @@ def test_cli_sweep_writes_rows_and_prints_the_best_per_budget(
     out = tmp_path / "results.parquet"
     argv = ["sweep", "demo", "--stages", "4", "8", "--micro-batches", "8", "16", "--chunks", "1", "2",
             "--schedule", "1f1b", "interleaved", "--memory", "5000", "40000", "none", "--out", str(out),
-            "--time-limit", "5", "--no-progress"]
+            "--point-time-limit", "5", "--no-progress"]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "48 points" in text and "12 invalid" in text and "best setup per memory budget" in text
@@ -641,7 +670,7 @@ REAL = {"stages": [4], "micro_batches": [8], "schedule": ["1f1b", "interleaved",
         "memory_budget": [60000, 90000]}
 REAL_LIMIT = 20
 # deterministic CP-SAT with the same workers everywhere: the executors must give equal frames
-REAL_OPTIONS: dict[str, Any] = {"time_limit": REAL_LIMIT, "deterministic": True, "workers": 1, "progress": False}
+REAL_OPTIONS: dict[str, Any] = {"point_time_limit": REAL_LIMIT, "deterministic": True, "workers": 1, "progress": False}
 
 
 def _agree(frame: pd.DataFrame, reference: pd.DataFrame) -> None:
@@ -693,7 +722,7 @@ def test_invalid_combinations_are_rows_not_exceptions() -> None:
         {"stages": 4, "micro_batches": 8, "recompute": ("select",), "memory_budget": 1e6},
         {"stages": 4, "micro_batches": 8, "memory_budget": 1000},
     ]
-    df = sweep(DEMO, grid, time_limit=REAL_LIMIT, progress=False)
+    df = sweep(DEMO, grid, point_time_limit=REAL_LIMIT, progress=False)
     assert df["status"].astype(str).tolist() == ["invalid", "invalid", "invalid", "optimal", "infeasible"]
     assert "chunks = 3" in df["error"].iloc[0] and "no-such-schedule" in df["error"].iloc[2]
     assert df["recompute"].astype(str).iloc[3] == "select"

@@ -52,6 +52,7 @@ from sapptk.sweeps.frame import (
     INT_COLUMNS,
     LABEL_COLUMNS,
     LEVER_COLUMNS,
+    NOT_STARTED,
     RENAMED,
     STATUSES,
     typed,
@@ -94,9 +95,10 @@ def _plain(value: Any) -> Any:
 
 
 def cacheable(row: Mapping[str, Any]) -> bool:
-    """Whether a row goes to the cache: not an ``error`` (those are retried), and inputs that
-    fit the stored column types (a point with, say, ``stages="8"`` is simply recomputed)."""
-    if row.get("status") == "error":
+    """Whether a row goes to the cache: not an ``error`` or ``not_started`` (those are retried),
+    and inputs that fit the stored column types (a point with, say, ``stages="8"`` is simply
+    recomputed)."""
+    if row.get("status") in ("error", NOT_STARTED):
         return False
     ints = all(isinstance(row[c], int) and not isinstance(row[c], bool) and abs(row[c]) <= checks.MAX_INT64
                for c in INT_COLUMNS)

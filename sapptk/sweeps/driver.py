@@ -16,6 +16,7 @@ is an ``invalid`` row at once, with the request's own message; it never reaches 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 from typing import Any
@@ -30,10 +31,10 @@ from sapptk.request import SolveRequest
 from sapptk.sweeps import solving
 from sapptk.sweeps.cache import LAYOUT_COLUMN, Cache
 from sapptk.sweeps.executors import check_executor, default_workers, open_executor
-from sapptk.sweeps.frame import input_row, typed
+from sapptk.sweeps.frame import NOT_STARTED, input_row, typed
 from sapptk.sweeps.grid import CONFIG_FIELDS, LEVER_FIELDS, expand_grid, point_key, profile_digest, profiles_of
 from sapptk.sweeps.seeding import Seeds, waves
-from sapptk.sweeps.solving import Layout, PointResult, Solve, SweepTask, no_plan
+from sapptk.sweeps.solving import Layout, PointResult, Solve, SweepTask, no_plan, not_started
 
 __all__ = ["sweep"]
 
@@ -43,7 +44,8 @@ def sweep(
     grid: Mapping[str, Any] | Iterable[PipelineConfig | Mapping[str, Any]],
     *,
     executor: Any = "serial",
-    time_limit: float = 30,
+    time_limit: float | None = None,
+    point_time_limit: float = 30,
     workers: int | None = None,
     cache: str | os.PathLike[str] | None = None,
     progress: bool = True,
@@ -67,7 +69,13 @@ def sweep(
         unless ``workers`` asks for more solver threads); ``"dask"`` (a local Dask cluster)
         or ``"dask://HOST:PORT"`` (a running scheduler); a ``distributed.Client``; or any
         :class:`concurrent.futures.Executor` (its processes must be able to import sapptk).
-    time_limit: seconds per solve.
+    time_limit: seconds for the whole sweep (None: no limit). A point not started when it runs
+        out is a row with status ``not_started``; a point running then gets what is left (at
+        most its ``point_time_limit``), so the sweep ends within about a second of the limit
+        plus one simulation. Finished rows are never lost; points not started, and points cut
+        short before their answer was proven, are not cached (a rerun solves them in full).
+    point_time_limit: seconds per point's solve (the ``point_time_limit_s`` column; the
+        ``setup_time_limit`` of :func:`sapptk.choose`).
     workers: CP-SAT workers per solve (1 to :data:`sapptk.checks.MAX_WORKERS`); by default
         chosen so that parallel solves × workers do not exceed this machine's cores (see
         :func:`~sapptk.sweeps.executors.default_workers`).
@@ -88,8 +96,12 @@ def sweep(
     """
     from tqdm.auto import tqdm
 
-    limit, workers, seed, deterministic = checks.solver_arguments(time_limit=time_limit, workers=workers, seed=seed,
-                                                                  deterministic=deterministic)
+    started = time.time()  # wall clock: a worker process (or a Dask machine) compares it with its own
+    whole = None if time_limit is None else checks.time_limit(time_limit, "time_limit")
+    limit = checks.time_limit(point_time_limit, "point_time_limit")
+    _, workers, seed, deterministic = checks.solver_arguments(time_limit=limit, workers=workers, seed=seed,
+                                                              deterministic=deterministic)
+    deadline = None if whole is None else started + whole
     check_executor(executor)
     solve = solve or solving.solve_point
     profiles = profiles_of(profile)
@@ -128,7 +140,8 @@ def sweep(
 
         def record(result: PointResult) -> None:
             results[result.key] = result
-            if store is not None:  # on disk before the next point is awaited
+            # on disk before the next point is awaited (not a point cut short or never started)
+            if store is not None and not result.cut and result.status != NOT_STARTED:
                 store.append({**inputs[result.key], **result.columns(),
                               LAYOUT_COLUMN: None if result.layout is None else result.layout.to_json()})
 
@@ -166,7 +179,14 @@ def sweep(
             except SapptkError:
                 continue
         for wave in waves(todo):  # each point after those of its family with smaller budgets
-            wave = [seeds.seed(task) for task in wave]
+            if deadline is not None and time.time() >= deadline:  # out of time: the rest were never started
+                for task in wave:
+                    result = not_started(task.key, whole)
+                    results[task.key] = result
+                    count(result)
+                    bar.update()
+                continue
+            wave = [seeds.seed(task).with_deadline(deadline, whole) for task in wave]
             results_iter = runner(wave, record)
             try:
                 for result in results_iter:

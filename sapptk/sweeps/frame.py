@@ -28,15 +28,17 @@ Inputs:
 ``oom_risk``, ``memory_error``
     the largest accepted chance that a device exceeds its budget, under a relative error
     of the memory figures; NaN: none.
-``time_limit_s``
-    the solver's time limit per point, in seconds.
+``point_time_limit_s``
+    the solver's time limit per point, in seconds (``sweep(point_time_limit=...)``; not the
+    whole sweep's ``time_limit``). Caches written before it was renamed call it ``time_limit_s``.
 
 Results:
 
 ``status`` (categorical, :data:`STATUSES`)
     ``optimal``/``feasible``/``infeasible``/``unknown`` from the solver; ``invalid`` when
     the combination is rejected (a :class:`~sapptk.errors.SapptkError`, e.g. a schedule
-    that does not accept that many chunks); ``error`` when the worker failed unexpectedly
+    that does not accept that many chunks); ``not_started`` when the sweep's ``time_limit``
+    ran out before the point started (not cached); ``error`` when the worker failed unexpectedly
     (such rows are not cached, so a rerun retries them).
 ``step_time_ms``, ``bound_ms``, ``gap``
     the plan's step time, the solver's proven lower bound, and their relative gap.
@@ -72,6 +74,7 @@ __all__ = [
     "INT_COLUMNS",
     "LABEL_COLUMNS",
     "LEVER_COLUMNS",
+    "NOT_STARTED",
     "RENAMED",
     "RESULT_COLUMNS",
     "SOLVED",
@@ -84,10 +87,12 @@ __all__ = [
 # config field -> frame column (units in the names)
 COLUMN_OF = {"memory_budget": "memory_budget_mb", "constant_memory": "constant_memory_mb", "comm": "comm_ms",
              "host_bandwidth": "host_bandwidth_mb_per_ms"}
-RENAMED: dict[str, str] = {"host_bandwidth": "host_bandwidth_mb_per_ms"}
+RENAMED: dict[str, str] = {"host_bandwidth": "host_bandwidth_mb_per_ms", "time_limit_s": "point_time_limit_s"}
 """Columns renamed since caches were first written: old name -> new (read under the new one)."""
 
-STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown", "invalid", "error")
+NOT_STARTED = "not_started"
+"""The status of a point the sweep's whole ``time_limit`` left no time to start."""
+STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown", "invalid", NOT_STARTED, "error")
 """Every value of the ``status`` column, best first."""
 SOLVED: tuple[str, ...] = ("optimal", "feasible")
 """Statuses of points that have a plan."""
@@ -95,7 +100,7 @@ SOLVED: tuple[str, ...] = ("optimal", "feasible")
 LEVER_COLUMNS: tuple[str, ...] = LEVER_FIELDS
 """The levers' columns (absent from caches written before levers could be swept: read as off)."""
 INPUT_COLUMNS: tuple[str, ...] = ("profile", *(COLUMN_OF.get(f, f) for f in CONFIG_FIELDS), *LEVER_COLUMNS,
-                                  "time_limit_s")
+                                  "point_time_limit_s")
 RESULT_COLUMNS: tuple[str, ...] = (
     "status",
     "step_time_ms",
@@ -132,7 +137,7 @@ def input_row(name: str, fields: Mapping[str, Any], time_limit: float) -> dict[s
     for f in LEVER_FIELDS:
         value = fields.get(f, False if f in BOOL_COLUMNS else None)
         row[f] = math.nan if value is None else value
-    row["time_limit_s"] = float(time_limit)
+    row["point_time_limit_s"] = float(time_limit)
     return row
 
 

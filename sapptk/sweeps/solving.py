@@ -2,8 +2,11 @@
 
 A :class:`SweepTask` carries the point's checked :class:`~sapptk.request.SolveRequest` (its
 profile, config, time limit, workers, seed, determinism and levers; never a ``stop`` event,
-which a request drops when it is pickled), its cache key and profile name, and the
-:class:`Layout` of an earlier plan to start from. A :class:`PointResult` carries the frame's
+which a request drops when it is pickled), its cache key and profile name, the
+:class:`Layout` of an earlier plan to start from, and the sweep's deadline (wall-clock
+``time.time()`` seconds, or None): :func:`timed` does not start a point past it (status
+``not_started``) and gives a point started near it only the time left (a result that is not
+proven, ``feasible`` or ``unknown``, is then ``cut``: not cached). A :class:`PointResult` carries the frame's
 result columns and the plan's :class:`Layout` (which seeds later points and is cached, but is
 not a frame column). Both are frozen dataclasses of plain values, so they cross process and
 machine boundaries unchanged; each worker builds its own CP-SAT model. A point that cannot be
@@ -28,14 +31,20 @@ import numpy as np
 
 from sapptk.errors import SapptkError
 from sapptk.request import SolveRequest
-from sapptk.sweeps.frame import RESULT_COLUMNS, SOLVED, STATUSES
+from sapptk.sweeps.frame import NOT_STARTED, RESULT_COLUMNS, SOLVED, STATUSES
 
 if TYPE_CHECKING:
     from sapptk.config import PipelineConfig
     from sapptk.plan import Plan
     from sapptk.profile import Profile
 
-__all__ = ["Layout", "PointResult", "Solve", "SweepTask", "plan_row", "portable", "solve_point", "timed"]
+__all__ = ["MIN_SECONDS", "Layout", "PointResult", "Solve", "SweepTask", "not_started", "plan_row", "portable",
+           "solve_point", "timed"]
+
+FINAL = ("optimal", "infeasible", "invalid")
+"""Statuses a longer time limit cannot change."""
+MIN_SECONDS = 0.05
+"""A point is not started with less than this many seconds of the sweep's time limit left."""
 
 
 @dataclass(frozen=True)
@@ -103,15 +112,22 @@ class SweepTask:
     profile_digest: str
     request: SolveRequest
     start: Layout | None = None
+    deadline: float | None = None
+    sweep_limit: float | None = None
 
     def with_start(self, start: Layout | None) -> SweepTask:
         return dataclasses.replace(self, start=start)
+
+    def with_deadline(self, deadline: float | None, sweep_limit: float | None) -> SweepTask:
+        """The task with the sweep's deadline (``time.time()`` seconds) and its time limit (for messages)."""
+        return dataclasses.replace(self, deadline=deadline, sweep_limit=sweep_limit)
 
 
 @dataclass(frozen=True)
 class PointResult:
     """What solving a point gave: the frame's result columns (see :mod:`sapptk.sweeps.frame`),
-    the point's ``key``, and the plan's ``layout`` (None without a plan)."""
+    the point's ``key``, the plan's ``layout`` (None without a plan), and whether the sweep's
+    deadline ``cut`` its time limit short before it was proven (such a result is not cached)."""
 
     key: str
     status: str
@@ -126,6 +142,7 @@ class PointResult:
     solve_seconds: float | None = None
     error: str | None = None
     layout: Layout | None = None
+    cut: bool = False
 
     def columns(self) -> dict[str, Any]:
         """The result columns of the frame, by name."""
@@ -184,6 +201,12 @@ def _plain(value: Any) -> Any:
 def no_plan(key: str, status: str, reason: str) -> PointResult:
     """The result of a point without a plan."""
     return PointResult(key=key, status=status, error=reason)
+
+
+def not_started(key: str, sweep_limit: float | None) -> PointResult:
+    """The result of a point the sweep's ``time_limit`` left no time to start."""
+    return no_plan(key, NOT_STARTED, f"not started: the sweep's time_limit of {sweep_limit:g} s ran out before "
+                                     "this point's turn (not cached: a rerun with the same cache solves it)")
 
 
 def plan_row(plan: Any) -> dict[str, Any]:
@@ -258,12 +281,24 @@ def portable(solve: Solve) -> Solve:
 
 
 def timed(solve: Solve, task: SweepTask) -> PointResult:
-    """Run ``solve`` on a task; its result with the key and wall time; never raise (but interrupts)."""
+    """Run ``solve`` on a task; its result with the key and wall time; never raise (but interrupts).
+
+    Past the task's deadline the point is ``not_started``; nearer to it than the point's time
+    limit, the solve gets only the time left and the result is ``cut``."""
     t0 = time.perf_counter()
+    cut = False
+    if task.deadline is not None:
+        left = task.deadline - time.time()
+        if left <= MIN_SECONDS:
+            return not_started(task.key, task.sweep_limit)
+        if left < task.request.time_limit:
+            task, cut = dataclasses.replace(task, request=task.request.replace(time_limit=left)), True
     try:
         result = PointResult.of(task.key, solve(task))
     except Exception as exc:
         result = no_plan(task.key, "error", f"{type(exc).__name__}: {exc}")
+    if cut and result.status not in FINAL:  # a proven answer holds whatever the limit: cached as any other
+        result = dataclasses.replace(result, cut=True)
     if result.solve_seconds is None:
         result = dataclasses.replace(result, solve_seconds=time.perf_counter() - t0)
     return result
