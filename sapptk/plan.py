@@ -42,7 +42,7 @@ from sapptk.costs import (
 )
 from sapptk.errors import ConfigError, SapptkError
 from sapptk.formats import plan_file, registry
-from sapptk.formats.base import refuse_offload, refuse_per_micro_batch
+from sapptk.formats.base import refuse_lever
 from sapptk.profile import MODES
 from sapptk.sensitivity import Sensitivity, critical_path, sensitivity
 from sapptk.seq import is_sliced
@@ -105,9 +105,9 @@ class Plan(Assignment):
             f"schedule={c.schedule!r}, p={c.stages}, v={c.chunks}, m={c.micro_batches}{per_mb})"
         )
 
-    def _per_stage_only(self, what: str, runtimes: str = "") -> None:
+    def _per_stage_only(self, what: str) -> None:
         """Refuse ``what`` for a plan that recomputes per micro-batch (it would silently drop the choice)."""
-        refuse_per_micro_batch(self, what, runtimes)
+        refuse_lever(self, "per_micro_batch", what)
 
     def _not_sliced(self, what: str) -> None:
         """Refuse an analysis that re-times per-stage costs for a plan with causal slice costs and K/V."""
@@ -145,7 +145,7 @@ class Plan(Assignment):
                                **options)
 
     def _no_offload(self, what: str) -> None:
-        refuse_offload(self, what)
+        refuse_lever(self, "offload", what)
 
     @cached_property
     def simulation(self) -> Simulation:

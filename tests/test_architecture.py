@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapptk.costs",),
     ("sapptk.assignment",),  # row 6¼: the record a solver phase hands on and a Plan extends
     ("sapptk.sensitivity",),
+    ("sapptk.levers",),  # row 6¾: one description per lever, read by formats, request, sweeps, choosing, explorer, cli
     ("sapptk.formats",),
     ("sapptk.baselines",),  # the even splits: below the solver and the plan
     ("sapptk.plan",),

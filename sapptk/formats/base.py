@@ -23,12 +23,13 @@ from sapptk import checks
 from sapptk.errors import ConfigError
 from sapptk.files import write_text
 from sapptk.formats.expressible import ExpressedCost
+from sapptk.levers import LEVERS, lever
 
 if TYPE_CHECKING:
     from sapptk.plan import Plan
 
-__all__ = ["Export", "check_inputs", "check_path", "make_export", "need_solution", "one_line", "refuse_offload",
-           "refuse_per_micro_batch", "refuse_slices", "write_files"]
+__all__ = ["Export", "check_inputs", "check_path", "make_export", "need_solution", "one_line", "refuse_lever",
+           "refuse_levers", "write_files"]
 
 
 @dataclass(frozen=True)
@@ -101,42 +102,21 @@ def need_solution(plan: Plan, what: str) -> None:
                           f"cannot compute {what}")
 
 
-def refuse_offload(plan: Plan, what: str) -> None:
-    """Refuse ``what`` for a plan with activation offload."""
-    if plan.offload is not None:
-        raise ConfigError(
-            f"{what} cannot express activation offload: this plan offloads {int(plan.offload.sum())} layers' "
-            "activations to host memory; simulate or save it with sapptk (plan.simulate(), plan.export('sapptk')), "
-            "or balance without 'offload' in recompute for a plan this target can run"
-        )
+def refuse_levers(plan: Plan, fmt: str) -> None:
+    """Refuse export ``fmt`` for a plan using a lever the format cannot express: the first such
+    lever of :data:`sapptk.levers.LEVERS` whose description lists ``fmt`` among its refusals,
+    with the lever's own message (what the plan uses, what the target runs instead, what to do)."""
+    for item in LEVERS:
+        refusal = item.refusal(fmt)
+        if refusal is not None and item.uses(plan):
+            raise ConfigError(item.message(plan, refusal.what, refusal.why))
 
 
-def refuse_per_micro_batch(plan: Plan, what: str, runtimes: str = "") -> None:
-    """Refuse ``what`` for a plan that recomputes per micro-batch (it would silently drop the choice)."""
-    if plan.alternative is None:
-        return
-    cells = int(plan.alternative.mask.sum())
-    raise ConfigError(
-        f"{what}: this plan recomputes per micro-batch ({cells} (virtual stage, micro-batch) cells run its "
-        f"alternative layout), which {what} cannot express{runtimes}. Export the per-stage part with "
-        "plan.per_stage_plan() (it is slower or needs more memory: simulate it), or write the "
-        "per-micro-batch choice from plan.micro_batch_layout"
-    )
-
-
-def refuse_slices(plan: Plan, what: str, why: str) -> None:
-    """Refuse ``what`` for a plan with sequence slices that the target cannot run."""
-    if plan.config.splits == 1:
-        return
-    lengths = plan.config.slice_lengths
-    where = ("keep it as a sapptk plan (plan.export('sapptk')); MindFormers runs equal slices only, and these are "
-             f"unequal ({list(lengths)})" if lengths is not None and len(set(lengths)) > 1 else
-             "export it to MindFormers (plan.export('mindformers'), parallel_config.seq_split_num) or keep it as a "
-             "sapptk plan (plan.export('sapptk'))")
-    raise ConfigError(
-        f"{what} cannot express sequence slices: this plan runs {plan.config.schedule!r} with k = "
-        f"{plan.config.splits} slices per micro-batch ({why}); {where}"
-    )
+def refuse_lever(plan: Plan, name: str, what: str, why: str = "") -> None:
+    """Refuse ``what`` (an analysis, not an export) for a plan using lever ``name``, with the lever's message."""
+    item = lever(name)
+    if item.uses(plan):
+        raise ConfigError(item.message(plan, what, why))
 
 
 def check_inputs(profile: Any, config: Any, where: str, *, optional_config: bool = False) -> None:

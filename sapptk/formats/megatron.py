@@ -76,9 +76,7 @@ from sapptk.formats.base import (
     make_export,
     need_solution,
     one_line,
-    refuse_offload,
-    refuse_per_micro_batch,
-    refuse_slices,
+    refuse_levers,
     write_files,
 )
 from sapptk.formats.expressible import ExpressedCost, closest, counts_from_layers, modes_used
@@ -576,15 +574,7 @@ def plan_export(plan: Plan, path: str | os.PathLike[str] | None = None) -> Expor
     sequence slices, recompute per micro-batch, V placements."""
     out = check_path(path, "export('megatron')")
     need_solution(plan, "Megatron-LM arguments")
-    refuse_offload(plan, "Megatron-LM's arguments (its layer-level --cpu-offloading refuses pipeline parallelism "
-                   "and recompute; --fine-grained-activation-offloading with --offload-modules offloads the same "
-                   "submodules' inputs in every layer of every stage, with no per-stage layer count; see "
-                   "docs/offload.md)")
-    refuse_slices(plan, "Megatron-LM arguments", "Megatron-LM's pipeline schedules move whole micro-batches; its "
-                  "context parallelism splits the sequence across devices, not along the pipeline")
-    refuse_per_micro_batch(plan, "Megatron-LM arguments", " (--recompute-num-layers holds for every micro-batch; "
-                           "FlagScale's --recompute-num-layers-per-stage-micro-batch can vary full recompute "
-                           "per pipeline rank and micro-batch, not per chunk or group)")
+    refuse_levers(plan, "megatron")  # offload, sequence slices, recompute per micro-batch (sapptk.levers)
     data = export(plan.profile, plan.config, plan.counts, plan.simulation)
     text = data.text()
     written = {} if out is None else write_files("megatron", {"text": (out, text)})

@@ -76,8 +76,7 @@ from sapptk.formats.base import (
     make_export,
     need_solution,
     one_line,
-    refuse_offload,
-    refuse_per_micro_batch,
+    refuse_levers,
     write_files,
 )
 from sapptk.profile import MODES
@@ -540,9 +539,7 @@ def plan_export(plan: Plan, path: str | os.PathLike[str] | None = None) -> Expor
     """
     out = check_path(path, "export('mindformers')")
     need_solution(plan, "a MindFormers config")
-    refuse_offload(plan, "MindFormers' offset and recompute lists")
-    refuse_per_micro_batch(plan, "a MindFormers config", " (its recompute lists are per (chunk, stage), for every "
-                           "micro-batch)")
+    refuse_levers(plan, "mindformers")  # offload, recompute per micro-batch (sapptk.levers)
     c = plan.config
     lengths = c.slice_lengths
     if lengths is not None and len(set(lengths)) > 1:

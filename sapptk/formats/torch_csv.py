@@ -13,7 +13,7 @@ import os
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from sapptk.errors import ConfigError
-from sapptk.formats.base import Export, check_path, make_export, refuse_slices, write_files
+from sapptk.formats.base import Export, check_path, make_export, refuse_levers, write_files
 
 if TYPE_CHECKING:
     from sapptk.plan import Plan
@@ -27,7 +27,7 @@ def plan_export(plan: Plan, path: str | os.PathLike[str] | None = None) -> Expor
     the layer assignment is not part of the CSV. Refused for sequence slices (a CSV action
     names a stage and a micro-batch, no slice)."""
     out = check_path(path, "export('torch-csv')")
-    refuse_slices(plan, "PyTorch's schedule CSV", "its actions name a stage and a micro-batch, no slice")
+    refuse_levers(plan, "torch-csv")  # sequence slices (sapptk.levers)
     program = plan.config.program()
     text = program.to_csv()
     written = {} if out is None else write_files("torch-csv", {"csv": (out, text)})

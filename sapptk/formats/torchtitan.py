@@ -65,9 +65,7 @@ from sapptk.formats.base import (
     make_export,
     need_solution,
     one_line,
-    refuse_offload,
-    refuse_per_micro_batch,
-    refuse_slices,
+    refuse_levers,
     write_files,
 )
 from sapptk.formats.expressible import ExpressedCost, closest, counts_from_layers, modes_used
@@ -525,11 +523,7 @@ def plan_export(plan: Plan, path: str | os.PathLike[str] | None = None, *, base_
         raise ConfigError(f"export('torchtitan'): path = {os.fspath(out)!r}: expected a name ending in .toml or .py "
                           "(or none): the TOML and the Python config are written side by side with that stem")
     need_solution(plan, "torchtitan settings")
-    refuse_offload(plan, "torchtitan's settings (activation checkpointing only)")
-    refuse_slices(plan, "torchtitan settings", "torch.distributed.pipelining's schedules and schedule CSV move whole "
-                  "micro-batches")
-    refuse_per_micro_batch(plan, "torchtitan settings", " (activation checkpointing is set per model, for every "
-                           "micro-batch)")
+    refuse_levers(plan, "torchtitan")  # offload, sequence slices, recompute per micro-batch (sapptk.levers)
     files: dict[str, Path] = {}
     if out is not None:
         stem = out.with_suffix("") if out.suffix.lower() in (".toml", ".py") else out
