@@ -26,6 +26,7 @@ import pandas as pd
 from sapptk import checks
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError, SapptkError
+from sapptk.levers import SWEPT
 from sapptk.profile import Profile
 from sapptk.request import SolveRequest
 from sapptk.sweeps import solving
@@ -230,9 +231,10 @@ def _frozen(value: Any) -> Any:
 
 def _request(profile: Profile, fields: Mapping[str, Any], options: Mapping[str, Any], workers: int) -> SolveRequest:
     """The checked request of one point (a :class:`~sapptk.errors.SapptkError` if it is refused)."""
-    error = fields.get("memory_error")
-    if error is not None and (isinstance(error, bool) or not isinstance(error, int | float)):
-        raise ConfigError(f"memory_error = {checks.show(error)}: expected a relative error (a number) in a sweep")
+    for f in SWEPT:  # a number lever takes numbers only in a grid (memory_error's residuals are not a grid value)
+        value = fields.get(f.name)
+        if f.kind == "number" and value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ConfigError(f"{f.name} = {checks.show(value)}: expected a number in a sweep ({f.help})")
     try:
         config = PipelineConfig(**{f: v for f, v in fields.items() if f in CONFIG_FIELDS})
     except (TypeError, ValueError) as exc:  # a value no config can hold

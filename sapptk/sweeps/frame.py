@@ -28,6 +28,9 @@ Inputs:
 ``oom_risk``, ``memory_error``
     the largest accepted chance that a device exceeds its budget, under a relative error
     of the memory figures; NaN: none.
+
+(The lever columns are the swept request fields of :mod:`sapptk.levers`, in its order: a
+lever registered there is a column here.)
 ``point_time_limit_s``
     the solver's time limit per point, in seconds (``sweep(point_time_limit=...)``; not the
     whole sweep's ``time_limit``). Caches written before it was renamed call it ``time_limit_s``.
@@ -66,7 +69,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sapptk.sweeps.grid import CONFIG_FIELDS, LEVER_FIELDS, recompute_label
+from sapptk.levers import SWEPT
+from sapptk.sweeps.grid import CONFIG_FIELDS, recompute_label
 
 __all__ = [
     "COLUMNS",
@@ -97,7 +101,7 @@ STATUSES: tuple[str, ...] = ("optimal", "feasible", "infeasible", "unknown", "in
 SOLVED: tuple[str, ...] = ("optimal", "feasible")
 """Statuses of points that have a plan."""
 
-LEVER_COLUMNS: tuple[str, ...] = LEVER_FIELDS
+LEVER_COLUMNS: tuple[str, ...] = tuple(f.frame_column for f in SWEPT)
 """The levers' columns (absent from caches written before levers could be swept: read as off)."""
 INPUT_COLUMNS: tuple[str, ...] = ("profile", *(COLUMN_OF.get(f, f) for f in CONFIG_FIELDS), *LEVER_COLUMNS,
                                   "point_time_limit_s")
@@ -120,8 +124,8 @@ COLUMNS: tuple[str, ...] = (*INPUT_COLUMNS, *RESULT_COLUMNS, "key")
 LABEL_COLUMNS: tuple[str, ...] = ("profile", "schedule", "recompute", "status")
 INT_COLUMNS: tuple[str, ...] = ("stages", "micro_batches", "chunks", "splits")
 FLOAT_INPUTS: tuple[str, ...] = ("memory_budget_mb", "constant_memory_mb", "comm_ms", "host_bandwidth_mb_per_ms",
-                                  "memory_margin", "oom_risk", "memory_error")
-BOOL_COLUMNS: tuple[str, ...] = ("per_micro_batch",)
+                                  *(f.frame_column for f in SWEPT if f.kind == "number"))
+BOOL_COLUMNS: tuple[str, ...] = tuple(f.frame_column for f in SWEPT if f.kind == "flag")
 
 
 def input_row(name: str, fields: Mapping[str, Any], time_limit: float) -> dict[str, Any]:
@@ -134,9 +138,9 @@ def input_row(name: str, fields: Mapping[str, Any], time_limit: float) -> dict[s
         elif f == "memory_budget" and value is None:
             value = math.nan
         row[COLUMN_OF.get(f, f)] = value
-    for f in LEVER_FIELDS:
-        value = fields.get(f, False if f in BOOL_COLUMNS else None)
-        row[f] = math.nan if value is None else value
+    for f in SWEPT:
+        value = fields.get(f.name, f.default)
+        row[f.frame_column] = math.nan if value is None else value
     row["point_time_limit_s"] = float(time_limit)
     return row
 

@@ -2,10 +2,11 @@
 setup, and the solver's levers: :data:`LEVER_FIELDS`), and each point of a profile has a
 cache key.
 
-Offload is swept through the config (``"offload"`` in a ``recompute`` set, with a
-``host_bandwidth``); recompute per micro-batch and the memory safety through the levers
-(``per_micro_batch``, ``memory_margin``, ``oom_risk`` with ``memory_error``, the keywords
-of :class:`~sapptk.request.SolveRequest`).
+Levers are the fields of :mod:`sapptk.levers`: those living in the config (offload: ``"offload"``
+in a ``recompute`` set, with a ``host_bandwidth``; sequence slices: ``splits``) are config
+fields here; those of the request that the registry marks swept (:data:`sapptk.levers.SWEPT`:
+``per_micro_batch``, ``memory_margin``, ``oom_risk`` with ``memory_error``, keywords of
+:class:`~sapptk.request.SolveRequest`) are :data:`LEVER_FIELDS`, each a frame column.
 
 A key is a hash of the profile's name and content, the config fields in a canonical form
 (``40000 == 40000.0``, recompute modes as one ordered set), the levers that are on, and the
@@ -30,6 +31,7 @@ import pandas as pd
 from sapptk.checks import MAX_POINTS, show
 from sapptk.config import PipelineConfig
 from sapptk.errors import ConfigError
+from sapptk.levers import SWEPT
 from sapptk.profile import Profile, mode_set, resolve_profile
 
 __all__ = [
@@ -50,16 +52,16 @@ DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in dataclasses.fields(PipelineConfig)
     if f.default is not dataclasses.MISSING and f.name in CONFIG_FIELDS
 }
-LEVERS: dict[str, Any] = {"per_micro_batch": False, "memory_margin": None, "oom_risk": None, "memory_error": None}
+LEVERS: dict[str, Any] = {f.name: f.default for f in SWEPT}
 LEVER_FIELDS: tuple[str, ...] = tuple(LEVERS)
-"""The solver's levers a grid may sweep besides the config fields (off by default): keywords
-of :class:`~sapptk.request.SolveRequest`. ``memory_error`` is a relative error (a number)."""
+"""The solver's levers a grid may sweep besides the config fields (off by default): the swept
+request fields of :mod:`sapptk.levers`. A number field (``memory_error`` too) takes numbers only."""
 GRID_FIELDS: tuple[str, ...] = (*CONFIG_FIELDS, *LEVER_FIELDS)
 """Every name a grid may use."""
 DEFAULTS.update(LEVERS)
 _REQUIRED: tuple[str, ...] = tuple(f for f in CONFIG_FIELDS if f not in DEFAULTS)
-FLOAT_FIELDS: tuple[str, ...] = ("memory_budget", "constant_memory", "comm", "memory_margin", "oom_risk",
-                                 "memory_error")
+FLOAT_FIELDS: tuple[str, ...] = ("memory_budget", "constant_memory", "comm",
+                                 *(f.name for f in SWEPT if f.kind == "number"))
 
 
 def _axis(name: str, value: Any) -> list[Any]:
@@ -171,14 +173,8 @@ def point_key(name: str, digest: str, fields: Mapping[str, Any], options: Mappin
     """The cache key of a point: profile name and content hash, config fields, the levers that
     are on (``fields`` may leave the levers out: they are off), solver options."""
     data = {"profile": [name, digest], "config": _canonical(fields), "options": dict(options)}
-    on = [f for f in LEVER_FIELDS if f in fields and not _same(fields[f], LEVERS[f])]
+    on = [f.name for f in SWEPT if f.name in fields and not f.is_off(fields[f.name])]
     if on:
         data["levers"] = _canonical(fields, tuple(on))
     return _digest(data)[:32]
 
-
-def _same(value: Any, default: Any) -> bool:
-    """Whether a lever's value is its default (off): ``False == 0`` counts, ``None`` only as itself."""
-    if default is None:
-        return value is None
-    return type(value) is type(default) and value == default

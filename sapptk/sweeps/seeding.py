@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from sapptk.sweeps.grid import CONFIG_FIELDS
+from sapptk.sweeps.grid import CONFIG_FIELDS, LEVER_FIELDS
 from sapptk.sweeps.solving import Layout, PointResult, SweepTask
 
 __all__ = ["Seeds", "admits", "family", "waves"]
@@ -37,7 +37,7 @@ def family(task: SweepTask) -> tuple[Any, ...]:
     """The points whose plans are interchangeable: everything but the budget and the modes."""
     r = task.request
     fixed = tuple((f, _hashable(getattr(r.config, f))) for f in CONFIG_FIELDS if f not in _FREE)
-    levers = (r.per_micro_batch, r.memory_margin, r.oom_risk, _hashable(r.memory_error))
+    levers = tuple(_hashable(getattr(r, f)) for f in LEVER_FIELDS)
     return (task.profile_digest, r.time_limit, r.seed, r.deterministic, levers, fixed)
 
 
