@@ -384,8 +384,6 @@ def choose_levers(values: Mapping[str, Any]) -> dict[str, Any]:
     the limit, a field given without the one it needs (``needs``) one naming that."""
     out = dict(values)
     for item in LEVERS:
-        if item.choose_refusal is not None and item.on(values):
-            raise ConfigError(f"{item.shown(values)}: {item.title} is not offered by choose: {item.choose_refusal}")
         for f in item.fields:
             if f.home != "request" or f.name not in values:
                 continue
@@ -399,6 +397,8 @@ def choose_levers(values: Mapping[str, Any]) -> dict[str, Any]:
             if f.name == "memory_error" and not _is_number(values[f.name]):
                 continue  # residuals: checked by sapptk.sensitivity.robust_budget
             out[f.name] = f.check(values[f.name])
+        if item.choose_refusal is not None and item.on(out):
+            raise ConfigError(f"{item.shown(out)}: {item.title} is not offered by choose: {item.choose_refusal}")
     return out
 
 

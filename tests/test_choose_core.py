@@ -78,7 +78,7 @@ RUNAWAY = [
     ({"memory_margin": 10**400}, "memory_margin = 1000"),
     ({"oom_risk": 0.01}, "oom_risk: give memory_error too"),
     ({"recompute": ["none", "offload"]}, "activation offload is not offered by choose"),
-    ({"per_micro_batch": True}, "per_micro_batch = True: not offered by choose"),
+    ({"per_micro_batch": True}, "per_micro_batch = True: recompute per micro-batch is not offered by choose"),
     ({"hardware": {"name": "x"}}, "hardware: only a model card"),
     ({"foo": 1}, "foo = 1: unknown argument of choose"),
 ]

@@ -33,6 +33,7 @@ from sapptk.choosing.setups import (
     is_card,
 )
 from sapptk.errors import ConfigError
+from sapptk.levers import LEVERS, choose_levers
 from sapptk.sweeps.executors import check_executor
 
 __all__ = ["ChooseRequest", "estimate_setups"]
@@ -146,18 +147,6 @@ class ChooseRequest:
             if not isinstance(modes, Sequence | set | frozenset) or not all(isinstance(m, str) for m in modes):
                 checks.fail(E, "recompute", self.recompute, "a list of recompute mode names (or None)")
             set_(self, "recompute", tuple(modes))
-            if "offload" in modes:
-                raise ConfigError(
-                    "recompute = ...'offload'...: activation offload is not offered by choose: its bounds "
-                    "(sapptk.choosing.bounds) prove a step time from each device's memory, which offload changes "
-                    "plan by plan, so no bound valid for offloading plans exists here; choose without it, "
-                    "then balance the winner's setup with offload (sapptk.balance)")
-        if checks.flag(self.per_micro_batch, "per_micro_batch", error=E):
-            raise ConfigError(
-                "per_micro_batch = True: not offered by choose: a plan that recomputes less in some micro-batches "
-                "mixes modes within a virtual stage, and the bounds (one mode per layer for every micro-batch) "
-                "would not hold for it, so a setup could be pruned wrongly; choose without it, then balance the "
-                "winner's setup with per_micro_batch=True (sapptk.balance)")
         if self.zero is not None:
             zero = [self.zero] if isinstance(self.zero, str) else self.zero
             if not isinstance(zero, Sequence | set | frozenset) or not zero:
@@ -204,19 +193,11 @@ class ChooseRequest:
         object.__setattr__(self, "retry", checks.number(self.retry, "retry", error=E, low=0.0, high=checks.MAX_RETRY))
 
     def _check_levers(self) -> None:
-        if self.memory_margin is None and self.oom_risk is None and self.memory_error is None:
-            return
-        if self.memory_margin is not None:
-            object.__setattr__(self, "memory_margin", checks.number(self.memory_margin, "memory_margin",
-                                                                    error=ConfigError, low=0.0,
-                                                                    high=checks.MAX_BUDGET_MB))
-        if self.memory_error is not None and self.oom_risk is None:
-            raise ConfigError("memory_error: only used with oom_risk; give oom_risk too")
-        if self.oom_risk is not None and self.memory_error is None:
-            raise ConfigError("oom_risk: give memory_error too (a relative error such as 0.02, or residuals)")
-        if self.oom_risk is not None:
-            object.__setattr__(self, "oom_risk", checks.number(self.oom_risk, "oom_risk", error=ConfigError,
-                                                               above=0.0, high=0.5))
+        """The levers, as :mod:`sapptk.levers` describes them: one ``choose`` cannot bound is
+        refused with the reason; the others are checked against their limits."""
+        values = {f.name: getattr(self, f.name) for item in LEVERS for f in item.fields if hasattr(self, f.name)}
+        for name, value in choose_levers(values).items():
+            object.__setattr__(self, name, value)
 
     def _check_source(self) -> None:
         set_ = object.__setattr__
