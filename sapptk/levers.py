@@ -96,8 +96,8 @@ class Control:
     """One Explorer control of a lever: ``kind`` ``"checkbox"`` or ``"number"`` (a box, 0 = off
     unless ``offered``), the ``field`` it sets, its ``label`` (the checkbox's text, or the
     typed box's name), a ``note`` beside it, a ``tooltip``, the number's ``low`` / ``high`` /
-    ``step`` and the value ``offered`` when the lever is off, and ``enabled_by`` (a field whose
-    control must be on for this one to be enabled)."""
+    ``step`` and the value ``offered`` when the lever is off, ``enabled_by`` (a field whose
+    control must be on for this one to be enabled), and ``width`` (its, or its typed box's)."""
 
     kind: str
     field: str
@@ -127,7 +127,9 @@ class Refusal:
 class Lever:
     """One lever (module docstring). ``uses(plan)``: whether a plan uses it; ``message(plan,
     what, why)``: why ``what`` refuses such a plan; ``on(values)``: whether the request's
-    values (field name → value) turn it on; ``shown(values)``: how a message names it."""
+    values (field name → value) turn it on; ``shown(values)``: how a message names it;
+    ``label``: the Explorer row's label; ``notes``: format → how it expresses the lever in part;
+    ``summary(values)``: a status line's words (:meth:`describe`)."""
 
     name: str
     title: str
@@ -143,6 +145,11 @@ class Lever:
     controls: tuple[Control, ...] = ()
     label: str = ""
     notes: Mapping[str, str] = field(default_factory=dict)
+    summary: Callable[[Mapping[str, Any]], str] | None = None
+
+    def describe(self, values: Mapping[str, Any]) -> str:
+        """A few words for a status line when the lever is on (its title unless it has a ``summary``)."""
+        return self.title if self.summary is None else self.summary(values)
 
     def refusal(self, fmt: str) -> Refusal | None:
         """How export ``fmt`` refuses a plan using this lever (None: it expresses it)."""
@@ -204,7 +211,7 @@ OFFLOAD = Lever(
         Refusal("mindformers", "MindFormers' offset and recompute lists"),
     ),
     controls=(
-        Control("checkbox", "offload", "offload activations",
+        Control("checkbox", "offload", "offload activations", width="150px",
                 tooltip="let mode-'none' layers send their activations to host memory"),
         Control("number", "host_bandwidth", "host bandwidth", note="MB/ms host link", low=1e-3,
                 high=checks.MAX_BANDWIDTH, step=1.0, offered=25.0, enabled_by="offload", width="70px"),
@@ -296,13 +303,24 @@ PER_MICRO_BATCH = Lever(
         Refusal("mindformers", "a MindFormers config", "its recompute lists are per (chunk, stage), for every "
                 "micro-batch"),
     ),
-    controls=(Control("checkbox", "per_micro_batch", "recompute per micro-batch",
+    controls=(Control("checkbox", "per_micro_batch", "recompute per micro-batch", width="200px",
                       tooltip="let chosen micro-batches of a stage recompute less"),),
     label="",
 )
 
 
 # ---------------------------------------------------------------------- memory safety
+def _margin_summary(values: Mapping[str, Any]) -> str:
+    margin = values["memory_margin"]
+    unit = "of the budget" if margin < 1 else "MB"
+    amount = f"{100 * margin:g} %" if margin < 1 else f"{margin:,g}"
+    return f"margin {amount} {unit}"
+
+
+def _risk_summary(values: Mapping[str, Any]) -> str:
+    return f"OOM risk {values['oom_risk']:g} at {100 * (values.get('memory_error') or 0):g} % error"
+
+
 def _never(plan: Any) -> bool:
     return False
 
@@ -325,6 +343,7 @@ MEMORY_MARGIN = Lever(
     controls=(Control("number", "memory_margin", "memory margin", note="MB, or a fraction if < 1 (0: none)",
                       high=checks.MAX_BUDGET_MB, step=0.01),),
     label="memory margin",
+    summary=_margin_summary,
 )
 
 OOM_RISK = Lever(
@@ -341,7 +360,7 @@ OOM_RISK = Lever(
     bound="the safe budget: a bound under it is a bound of every plan that keeps the risk",
     uses=_never,
     message=_no_message,
-    on=lambda values: values.get("oom_risk") is not None or values.get("memory_error") is not None,
+    on=lambda values: values.get("oom_risk") is not None,
     shown=lambda values: f"oom_risk = {values.get('oom_risk')!r}",
     controls=(
         Control("number", "oom_risk", "OOM risk", note="at a memory error of", high=0.499, step=0.001,
@@ -350,6 +369,7 @@ OOM_RISK = Lever(
                 enabled_by="oom_risk", width="60px"),
     ),
     label="OOM risk",
+    summary=_risk_summary,
 )
 
 LEVERS: tuple[Lever, ...] = (OFFLOAD, SLICES, PER_MICRO_BATCH, MEMORY_MARGIN, OOM_RISK)

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import ipywidgets as w
 
 from sapptk.checks import (
-    MAX_BANDWIDTH,
-    MAX_BUDGET_MB,
     MAX_EXPLORER_CHUNKS,
     MAX_EXPLORER_MICRO_BATCHES,
     MAX_EXPLORER_SPLITS,
@@ -27,15 +24,17 @@ from sapptk.checks import (
 )
 from sapptk.config import OFFLOAD, PipelineConfig
 from sapptk.explorer.inputs import checked_entry
+from sapptk.levers import LEVERS, Control, lever
 from sapptk.profile import MODES
 from sapptk.schedules import get, names
 
-__all__ = ["DEFAULT_HOST_BANDWIDTH", "DEFAULT_MEMORY_ERROR", "Controls", "Levers"]
+__all__ = ["DEFAULT_HOST_BANDWIDTH", "DEFAULT_MEMORY_ERROR", "LEVER_CONTROLS", "REQUEST_LEVERS", "Controls", "Levers"]
 
-DEFAULT_HOST_BANDWIDTH = 25.0
-"""MB per ms of the host link offered when the config has none (25 GB/s, a PCIe 4.0 x16 link)."""
-DEFAULT_MEMORY_ERROR = 0.05
-"""Relative error of the memory figures offered with an OOM risk (5 %)."""
+DEFAULT_HOST_BANDWIDTH: float = lever("offload").controls[1].offered or 0.0
+"""MB per ms of the host link offered when the config has none (25 GB/s, a PCIe 4.0 x16 link;
+the host-bandwidth control's ``offered`` in :mod:`sapptk.levers`)."""
+DEFAULT_MEMORY_ERROR: float = lever("oom_risk").controls[1].offered or 0.0
+"""Relative error of the memory figures offered with an OOM risk (5 %; :mod:`sapptk.levers`)."""
 
 _DESC = {"description_width": "120px"}
 _SLIDER = w.Layout(width="340px")
@@ -43,33 +42,53 @@ _LABEL = w.Layout(width="104px")
 _COLUMN = w.Layout(width="440px")
 
 
-@dataclass(frozen=True)
-class Levers:
-    """The solver's levers beyond the config (``sapptk.balance`` keywords of the same names;
-    offload and its host bandwidth live in the config: ``"offload"`` in ``recompute``)."""
+REQUEST_LEVERS: dict[str, Any] = {f.name: f.default for item in LEVERS for c in item.controls
+                                  for f in item.fields if f.home == "request" and f.name == c.field}
+"""The request fields the Explorer's lever controls set, with their defaults (off)."""
+LEVER_CONTROLS: tuple[str, ...] = tuple(c.field for item in LEVERS for c in item.controls)
+"""Every lever control's name (a :class:`Controls` attribute each)."""
 
-    per_micro_batch: bool = False
-    memory_margin: float | None = None
-    oom_risk: float | None = None
-    memory_error: float | None = None
+
+class Levers:
+    """The solver's levers beyond the config (``sapptk.balance`` keywords of the same names: the
+    request fields of :mod:`sapptk.levers` with an Explorer control, :data:`REQUEST_LEVERS`);
+    offload and its host bandwidth live in the config (``"offload"`` in ``recompute``).
+    Immutable; ``Levers(per_micro_batch=True)`` leaves the others off."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, **values: Any) -> None:
+        unknown = sorted(set(values) - set(REQUEST_LEVERS))
+        if unknown:
+            raise TypeError(f"Levers: unknown lever {unknown[0]!r}: expected some of {', '.join(REQUEST_LEVERS)}")
+        object.__setattr__(self, "_values", {name: values.get(name, off) for name, off in REQUEST_LEVERS.items()})
+
+    def __getattr__(self, name: str) -> Any:
+        values = object.__getattribute__(self, "_values")
+        if name in values:
+            return values[name]
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Levers is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Levers) and self._values == other._values
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._values.items()))
+
+    def __repr__(self) -> str:
+        return "Levers(" + ", ".join(f"{k}={v!r}" for k, v in self._values.items()) + ")"
 
     def keywords(self) -> dict[str, Any]:
         """The levers as keyword arguments of a solve."""
-        return {"per_micro_batch": self.per_micro_batch, "memory_margin": self.memory_margin,
-                "oom_risk": self.oom_risk, "memory_error": self.memory_error}
+        return dict(self._values)
 
     def text(self) -> str:
         """A short description for the status line ("" when no lever is on)."""
-        parts = []
-        if self.per_micro_batch:
-            parts.append("recompute per micro-batch")
-        if self.memory_margin is not None:
-            unit = "of the budget" if self.memory_margin < 1 else "MB"
-            amount = f"{100 * self.memory_margin:g} %" if self.memory_margin < 1 else f"{self.memory_margin:,g}"
-            parts.append(f"margin {amount} {unit}")
-        if self.oom_risk is not None:
-            parts.append(f"OOM risk {self.oom_risk:g} at {100 * (self.memory_error or 0):g} % error")
-        return ", ".join(parts)
+        return ", ".join(item.describe(self._values) for item in LEVERS
+                         if any(f.name in self._values for f in item.fields) and item.on(self._values))
 
 
 class Controls:
@@ -110,19 +129,9 @@ class Controls:
         self.recompute_note = w.HTML(
             f"<small>greyed: {', '.join(missing)} (the profile has no figures for "
             f"{'it' if len(missing) == 1 else 'them'})</small>" if missing else "")
-        self.offload = w.Checkbox(value=OFFLOAD in cfg.recompute, description="offload activations", indent=False,
-                                  layout=w.Layout(width="150px"),
-                                  tooltip="let mode-'none' layers send their activations to host memory")
-        self.host_bandwidth = w.BoundedFloatText(value=float(cfg.host_bandwidth or DEFAULT_HOST_BANDWIDTH),
-                                                 min=1e-3, max=MAX_BANDWIDTH, step=1.0)
-        self.per_micro_batch = w.Checkbox(value=levers.per_micro_batch, description="recompute per micro-batch",
-                                          indent=False, layout=w.Layout(width="200px"),
-                                          tooltip="let chosen micro-batches of a stage recompute less")
-        self.memory_margin = w.BoundedFloatText(value=float(levers.memory_margin or 0.0), min=0.0,
-                                                max=MAX_BUDGET_MB, step=0.01)
-        self.oom_risk = w.BoundedFloatText(value=float(levers.oom_risk or 0.0), min=0.0, max=0.499, step=0.001)
-        self.memory_error = w.BoundedFloatText(value=float(levers.memory_error or DEFAULT_MEMORY_ERROR), min=0.0,
-                                               max=1.0, step=0.01)
+        for item in LEVERS:  # every lever's controls, from its description (sapptk.levers)
+            for control in item.controls:
+                setattr(self, control.field, self._lever_widget(control, cfg, levers))
         self.solve_button = w.Button(description="Solve", button_style="primary", icon="play")
         self.cancel_button = w.Button(description="Cancel", icon="stop", disabled=True,
                                       tooltip="stop the search and show the best plan found so far")
@@ -147,26 +156,51 @@ class Controls:
             w.HBox([self.chunks, typed(self.chunks, "chunks")]),
             w.HBox([self.splits, typed(self.splits, "splits")]),
         ], layout=_COLUMN)
-        self._bandwidth_box = typed(self.host_bandwidth, "host bandwidth", "70px")
-        self._error_box = typed(self.memory_error, "memory error", "60px")
+        lever_rows = []
+        for item in LEVERS:
+            if not item.controls:
+                continue
+            row: list[w.Widget] = [label(item.label)]
+            for control in item.controls:
+                widget = getattr(self, control.field)
+                if control.kind == "checkbox":
+                    row.append(widget)
+                else:
+                    row.append(typed(widget, control.label, control.width))
+                if control.note:
+                    row.append(small(control.note))
+            lever_rows.append(w.HBox(row))
         levers_box = w.VBox([
             w.HBox([label("memory budget"), typed(self.budget, "memory budget", "100px"),
                     small("MB per device (0: no limit)")]),
             w.HBox([label("recompute"), *self.recompute.values()]),
             self.recompute_note,
-            w.HBox([label("levers"), self.offload, self._bandwidth_box, small("MB/ms host link")]),
-            w.HBox([label(""), self.per_micro_batch]),
-            w.HBox([label("memory margin"), typed(self.memory_margin, "memory margin"),
-                    small("MB, or a fraction if < 1 (0: none)")]),
-            w.HBox([label("OOM risk"), typed(self.oom_risk, "OOM risk", "60px"), small("at a memory error of"),
-                    self._error_box, small("(0: none)")]),
+            *lever_rows,
             w.HBox([self.time_limit, typed(self.time_limit, "time limit")]),
         ], layout=_COLUMN)
         self.widget = w.VBox([w.HBox([setup, levers_box]),
                               w.HBox([self.solve_button, self.cancel_button, self.input_note])])
-        self.offload.observe(self._on_lever, names="value")
-        self.oom_risk.observe(self._on_lever, names="value")
+        self._dependent = [(self.entries[c.label], c.enabled_by) for item in LEVERS for c in item.controls
+                           if c.enabled_by is not None]
+        for enabler in {by for _, by in self._dependent}:
+            getattr(self, enabler).observe(self._on_lever, names="value")
         self._on_lever()
+
+    @staticmethod
+    def _lever_widget(control: Control, config: PipelineConfig, levers: Levers) -> w.ValueWidget:
+        """The widget of one lever control, set from the config (offload, host bandwidth) or the levers."""
+        if control.field == "offload":
+            value: Any = OFFLOAD in config.recompute
+        elif control.field in REQUEST_LEVERS:
+            value = getattr(levers, control.field)
+        else:
+            value = getattr(config, control.field)
+        if control.kind == "checkbox":
+            return w.Checkbox(value=bool(value), description=control.label, indent=False,
+                              layout=w.Layout(width=control.width),
+                              tooltip=control.tooltip)
+        shown = value if value is not None else (control.offered if control.offered is not None else 0.0)
+        return w.BoundedFloatText(value=float(shown), min=control.low, max=control.high, step=control.step)
 
     @staticmethod
     def _slider(value: int, high: int, description: str) -> w.IntSlider:
@@ -177,12 +211,11 @@ class Controls:
     def value_controls(self) -> tuple[w.ValueWidget, ...]:
         """Every control whose change may change the setup or the levers."""
         return (self.stages, self.chunks, self.micro_batches, self.splits, self.budget, self.time_limit,
-                *self.recompute.values(), self.offload, self.host_bandwidth, self.per_micro_batch,
-                self.memory_margin, self.oom_risk, self.memory_error)
+                *self.recompute.values(), *(getattr(self, name) for name in LEVER_CONTROLS))
 
     def _on_lever(self, _change: Any = None) -> None:
-        self._bandwidth_box.disabled = not self.offload.value
-        self._error_box.disabled = not self.oom_risk.value
+        for box, enabler in self._dependent:  # a lever input that does not apply is disabled
+            box.disabled = not getattr(self, enabler).value
 
     def on_schedule(self) -> None:
         """Fit the chunks and splits controls to the chosen schedule, and describe it."""
@@ -229,9 +262,17 @@ class Controls:
         )
 
     def levers(self) -> Levers:
-        """The levers the controls describe (0 in a number box means the lever is off)."""
-        margin = float(self.memory_margin.value)
-        risk = float(self.oom_risk.value)
-        return Levers(per_micro_batch=bool(self.per_micro_batch.value), memory_margin=margin if margin > 0 else None,
-                      oom_risk=risk if risk > 0 else None,
-                      memory_error=float(self.memory_error.value) if risk > 0 else None)
+        """The levers the controls describe (0 in a number box means the lever is off, as does an
+        input whose enabling control is off)."""
+        values: dict[str, Any] = {}
+        for item in LEVERS:
+            for control in item.controls:
+                if control.field not in REQUEST_LEVERS:
+                    continue
+                value = getattr(self, control.field).value
+                enabled = control.enabled_by is None or bool(getattr(self, control.enabled_by).value)
+                if control.kind == "checkbox":
+                    values[control.field] = bool(value)
+                else:
+                    values[control.field] = float(value) if enabled and float(value) > 0 else None
+        return Levers(**values)
