@@ -36,6 +36,7 @@ import pandas as pd
 from sapptk import checks
 from sapptk.errors import ConfigError, FileError, SapptkError
 from sapptk.files import writable_dir, write_text
+from sapptk.levers import SWEPT, cli_fields
 from sapptk.profile import MODES, Profile, resolve_profile
 
 __all__ = ["add_pipeline_args", "build_parser", "main", "pipeline_config"]
@@ -108,6 +109,31 @@ def _optional(parse: Callable[[str], float]) -> Callable[[str], float | None]:
 
     parse_optional.__name__ = getattr(parse, "__name__", "value")
     return parse_optional
+
+
+def _add_lever_args(group: Any, command: str) -> None:
+    """The lever flags of ``sapptk COMMAND``, from :mod:`sapptk.levers` (a sweep takes lists: every
+    value is a grid axis)."""
+    for f in cli_fields(command):
+        if f.kind == "flag" and command == "sweep":
+            group.add_argument(f.cli, nargs="+", choices=("off", "on"), default=["off"],
+                               help=f"{f.help}: off, on, or 'off on' to sweep both (off)")
+        elif f.kind == "flag":
+            group.add_argument(f.cli, action="store_true", help=f.help)
+        elif command == "sweep":
+            group.add_argument(f.cli, type=_optional(_finite_nonnegative), nargs="+", default=[None],
+                               metavar=f.metavar, help=f"{f.help} ('none', the default)")
+        else:
+            group.add_argument(f.cli, type=_finite_nonnegative, default=None, metavar=f.metavar, help=f.help)
+
+
+def _lever_values(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The lever flags of ``sapptk COMMAND`` as keywords (for a sweep: grid axes)."""
+    values: dict[str, Any] = {}
+    for f in cli_fields(command):
+        value = getattr(args, f.name)
+        values[f.name] = [v == "on" for v in value] if command == "sweep" and f.kind == "flag" else value
+    return values
 
 
 def _budget(text: str) -> float | None:
@@ -216,20 +242,10 @@ def _add_balance(commands: argparse._SubParsersAction) -> None:
                         help="solver time limit, s (30)")
     parser.add_argument("--workers", type=_workers, default=2, help="solver worker threads (2)")
     parser.add_argument("--seed", type=_seed, default=0, help="solver random seed (0)")
-    levers = parser.add_argument_group("levers (docs/micro_batch_recompute.md, docs/offload.md)")
-    levers.add_argument("--choose-splits", action="store_true",
-                        help="long context: choose the slice lengths for the plan (docs/schedules.md)")
-    levers.add_argument("--per-micro-batch", action="store_true",
-                        help="let a stage recompute less for the micro-batches not alive at its memory peaks")
+    levers = parser.add_argument_group("levers (docs/levers.md)")
     levers.add_argument("--host-bandwidth", type=_positive_bandwidth, default=None, metavar="MB_PER_MS",
                         help="host link per device, MB/ms (25 is about PCIe 4.0 x16); allows activation offload")
-    safety = parser.add_argument_group("safety (docs/robustness.md)")
-    safety.add_argument("--memory-margin", type=_finite_nonnegative, default=None, metavar="MB",
-                        help="keep this many MB free on every device (a value < 1 is a fraction of the budget)")
-    safety.add_argument("--oom-risk", type=_finite_nonnegative, default=None, metavar="P",
-                        help="largest accepted chance that a device exceeds its budget (with --memory-error)")
-    safety.add_argument("--memory-error", type=_finite_nonnegative, default=None, metavar="E",
-                        help="relative error of the memory figures, e.g. 0.02")
+    _add_lever_args(levers, "balance")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="write sapptk_plan.yaml (the plan; `sapptk export` reads it), plan.yaml (MindFormers) "
                         "and layout.csv there")
@@ -248,8 +264,7 @@ def _balance(args: argparse.Namespace) -> int:
 
     # checked before the setup line is printed; OR-Tools loads only with the solve
     request = SolveRequest(profile, config, time_limit=args.time_limit, workers=args.workers, seed=args.seed,
-                           per_micro_batch=args.per_micro_batch, choose_splits=args.choose_splits,
-                           memory_margin=args.memory_margin, oom_risk=args.oom_risk, memory_error=args.memory_error)
+                           **_lever_values(args, "balance"))
     print(_setup_line(profile, config))
     from sapptk.balancer import solve
 
@@ -514,15 +529,7 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
                        "'offload' allows activation offload, with --host-bandwidth)")
     group.add_argument("--host-bandwidth", type=_positive_bandwidth, nargs="+", default=[None], metavar="MB_PER_MS",
                        help="host links per device, MB/ms (default none)")
-    group.add_argument("--per-micro-batch", nargs="+", choices=("off", "on"), default=["off"],
-                       help="recompute per micro-batch: off, on, or 'off on' to sweep both (off)")
-    group.add_argument("--memory-margin", type=_optional(_finite_nonnegative), nargs="+", default=[None], metavar="MB",
-                       help="MB kept free per device (< 1: a fraction of the budget; 'none', the default)")
-    group.add_argument("--oom-risk", type=_optional(_finite_nonnegative), nargs="+", default=[None], metavar="P",
-                       help="largest accepted chance of exceeding the budget ('none', the default; with "
-                       "--memory-error)")
-    group.add_argument("--memory-error", type=_optional(_finite_nonnegative), nargs="+", default=[None],
-                       metavar="E", help="relative error of the memory figures, e.g. 0.02 ('none', the default)")
+    _add_lever_args(group, "sweep")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR",
                         help="Parquet dataset directory (also the cache: finished points are skipped)")
     parser.add_argument("--executor", default="serial",
@@ -548,8 +555,7 @@ def _sweep(args: argparse.Namespace) -> int:
         "stages": args.stages, "micro_batches": args.micro_batches, "chunks": args.chunks,
         "schedule": args.schedule, "splits": args.splits, "memory_budget": args.memory,
         "constant_memory": args.constant, "comm": args.comm, "recompute": tuple(args.recompute),
-        "host_bandwidth": args.host_bandwidth, "per_micro_batch": [v == "on" for v in args.per_micro_batch],
-        "memory_margin": args.memory_margin, "oom_risk": args.oom_risk, "memory_error": args.memory_error,
+        "host_bandwidth": args.host_bandwidth, **_lever_values(args, "sweep"),
     }
     frame = sweep(profile, grid, executor=args.executor, time_limit=args.time_limit,
                   point_time_limit=args.point_time_limit, workers=args.workers,
@@ -561,7 +567,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if top.empty:
         print("no plan for any point")
         return 1
-    swept = [c for c in ("host_bandwidth_mb_per_ms", "per_micro_batch", "memory_margin", "oom_risk", "memory_error")
+    swept = [c for c in ("host_bandwidth_mb_per_ms", *(f.frame_column for f in SWEPT))
              if frame[c].nunique(dropna=False) > 1]  # the levers that differ between points
     cols = ["memory_budget_mb", "schedule", "stages", "micro_batches", "chunks", "splits", *swept, "step_time_ms",
             "bubble_of_compute", "peak_mb_max", "status", "gap"]
@@ -648,9 +654,8 @@ def _add_choose(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--dp-bandwidth", type=_positive_bandwidth, default=None, metavar="MB_PER_MS",
                         help="link per device for the DP gradient all-reduce, MB/ms (default: the GPU's inter-node "
                         "link with --model, else not counted)")
-    parser.add_argument("--memory-margin", type=_finite_nonnegative, default=None, metavar="MB",
-                        help="keep this many MB free on every device of every plan (a value < 1 is a fraction of "
-                        "the budget)")
+    _add_lever_args(parser.add_argument_group("levers (docs/levers.md; every plan of the choice keeps them)"),
+                    "choose")
     parser.add_argument("--time-limit", type=_positive_seconds, default=None, metavar="S",
                         help="seconds for the whole choice (default: until every setup is decided); setups not "
                         "decided by then are 'undecided' rows")
@@ -717,7 +722,7 @@ def _choose(args: argparse.Namespace) -> int:
     choice = choose(source, devices=args.devices, global_batch=args.global_batch,
                     micro_batch_size=args.micro_batch_size, memory_budget=args.memory, schedules=args.schedule,
                     stages=args.stages, chunks=args.chunks, recompute=args.recompute, dp_bandwidth=args.dp_bandwidth,
-                    memory_margin=args.memory_margin, time_limit=args.time_limit,
+                    time_limit=args.time_limit, **_lever_values(args, "choose"),
                     setup_time_limit=args.setup_time_limit, executor=args.executor, cache=args.cache,
                     progress=not args.no_progress, deterministic=args.deterministic, prove=not args.no_prove,
                     tighten=not args.no_tighten, **extra)

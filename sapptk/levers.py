@@ -54,8 +54,9 @@ class Field:
     ``kind`` ``"flag"`` or ``"number"``; ``default`` the value that means off; ``low`` /
     ``above`` / ``high`` the limits of :func:`sapptk.checks.number`; ``swept``: a sweep axis
     and a frame column of the same name (``column``: another column name); ``cli``: the
-    flag of ``sapptk sweep`` and ``sapptk choose`` (None: none); ``needs``: a field that must be
-    on for this one to mean anything; ``help``: one line for ``--help`` and docs.
+    flag of ``sapptk balance``, ``sapptk sweep`` and ``sapptk choose`` (None: none) and its
+    ``metavar``; ``needs``: a field that must be on for this one to mean anything; ``choose``:
+    whether :func:`sapptk.choose` takes the field; ``help``: one line for ``--help`` and docs.
     """
 
     name: str
@@ -70,6 +71,8 @@ class Field:
     cli: str | None = None
     needs: str | None = None
     help: str = ""
+    metavar: str = "X"
+    choose: bool = True
 
     @property
     def frame_column(self) -> str:
@@ -241,8 +244,8 @@ SLICES = Lever(
     fields=(
         Field("splits", "integer", default=1, home="config", swept=True, cli="--splits",
               help="sequence slices per micro-batch, k (a schedule that takes them)"),
-        Field("choose_splits", "flag", default=False, swept=False,
-              help="with k > 1 slices of a long-context profile, also choose the slice lengths"),
+        Field("choose_splits", "flag", default=False, swept=False, cli="--choose-splits", choose=False,
+              help="long context: choose the slice lengths for the plan (docs/schedules.md)"),
     ),
     phase="the slice search (sapptk.solver.slices: slice lengths chosen after the layout, with choose_splits)",
     bound="choose does not vary k: its setups have one slice per micro-batch",
@@ -280,7 +283,7 @@ PER_MICRO_BATCH = Lever(
     name="per_micro_batch",
     title="recompute per micro-batch",
     fields=(Field("per_micro_batch", "flag", default=False, cli="--per-micro-batch",
-                  help="let chosen micro-batches of a virtual stage recompute less"),),
+                  help="let a stage recompute less for the micro-batches not alive at its memory peaks"),),
     phase="the per-micro-batch phase (sapptk.solver: after the per-stage plan, an alternative layout for "
           "chosen (virtual stage, micro-batch) cells)",
     bound="none valid: a plan that recomputes less in some micro-batches mixes modes within a virtual stage, "
@@ -333,7 +336,8 @@ MEMORY_MARGIN = Lever(
     name="memory_margin",
     title="memory margin",
     fields=(Field("memory_margin", "number", low=0.0, high=checks.MAX_BUDGET_MB, cli="--memory-margin",
-                  help="MB kept free on every device (< 1: a fraction of the budget)"),),
+                  metavar="MB", help="keep this many MB free on every device (a value < 1 is a fraction of the "
+                  "budget)"),),
     phase="the request (sapptk.request: every phase solves for the safe budget, budget minus margin)",
     bound="the safe budget: a bound under budget minus margin is a bound of every plan that keeps the margin",
     uses=_never,
@@ -350,10 +354,10 @@ OOM_RISK = Lever(
     name="oom_risk",
     title="OOM risk",
     fields=(
-        Field("oom_risk", "number", above=0.0, high=0.5, cli="--oom-risk", needs="memory_error",
-              help="largest accepted chance that a device exceeds its budget (with memory_error)"),
-        Field("memory_error", "number", low=0.0, high=1.0, cli="--memory-error", needs="oom_risk",
-              help="relative error of the memory figures, e.g. 0.02 (or residuals, outside a sweep)"),
+        Field("oom_risk", "number", above=0.0, high=0.5, cli="--oom-risk", needs="memory_error", metavar="P",
+              help="largest accepted chance that a device exceeds its budget (with --memory-error)"),
+        Field("memory_error", "number", low=0.0, high=1.0, cli="--memory-error", needs="oom_risk", metavar="E",
+              help="relative error of the memory figures, e.g. 0.02"),
     ),
     phase="the request (sapptk.request: every phase solves for the safe budget of sapptk.sensitivity."
           "robust_budget)",
@@ -393,9 +397,12 @@ SWEPT: tuple[Field, ...] = swept_fields()
 """The levers' request fields a grid may sweep (a column each), in order."""
 
 
-def cli_fields() -> tuple[Field, ...]:
-    """The levers' request fields with a command-line flag."""
-    return tuple(f for f in SWEPT if f.cli is not None)
+def cli_fields(command: str) -> tuple[Field, ...]:
+    """The levers' request fields with a flag of ``sapptk COMMAND`` (``"balance"``: every one;
+    ``"sweep"``: the swept ones; ``"choose"``: those of levers ``choose`` takes)."""
+    fields = [f for item in LEVERS for f in item.fields if f.home == "request" and f.cli is not None
+              and (command != "choose" or (item.choose_refusal is None and f.choose))]
+    return tuple(f for f in fields if command != "sweep" or f.swept)
 
 
 def choose_levers(values: Mapping[str, Any]) -> dict[str, Any]:
