@@ -39,8 +39,8 @@ from typing import Any
 from sapptk import checks
 from sapptk.errors import ConfigError
 
-__all__ = ["LEVERS", "SWEPT", "Control", "Field", "Lever", "Refusal", "choose_levers", "cli_fields", "lever",
-           "swept_fields"]
+__all__ = ["LEVERS", "SWEPT", "Control", "Field", "Lever", "Refusal", "check_exclusions", "choose_levers",
+           "cli_fields", "lever", "swept_fields"]
 
 OFFLOAD_MODE = "offload"  # the recompute "mode" that lets a plan offload (sapptk.config.OFFLOAD)
 
@@ -132,7 +132,9 @@ class Lever:
     what, why)``: why ``what`` refuses such a plan; ``on(values)``: whether the request's
     values (field name → value) turn it on; ``shown(values)``: how a message names it;
     ``label``: the Explorer row's label; ``notes``: format → how it expresses the lever in part;
-    ``summary(values)``: a status line's words (:meth:`describe`)."""
+    ``summary(values)``: a status line's words (:meth:`describe`); ``excludes``: another lever's
+    name → the message refusing the two together (a template of ``{this}``, ``{other}`` (how
+    each is shown) and the request's values, :func:`check_exclusions`)."""
 
     name: str
     title: str
@@ -149,6 +151,7 @@ class Lever:
     label: str = ""
     notes: Mapping[str, str] = field(default_factory=dict)
     summary: Callable[[Mapping[str, Any]], str] | None = None
+    excludes: Mapping[str, str] = field(default_factory=dict)
 
     def describe(self, values: Mapping[str, Any]) -> str:
         """A few words for a status line when the lever is on (its title unless it has a ``summary``)."""
@@ -201,7 +204,7 @@ OFFLOAD = Lever(
     uses=_offload_uses,
     message=_offload_message,
     on=_offload_on,
-    shown=lambda values: "recompute = ...'offload'...",
+    shown=lambda values: f"{OFFLOAD_MODE!r} in {values.get('recompute_name', 'recompute')}",
     choose_refusal=("its bounds (sapptk.choosing.bounds) prove a step time from each device's memory, which "
                     "offload changes plan by plan, so no bound valid for offloading plans exists here; choose "
                     "without it, then balance the winner's setup with offload (sapptk.balance)"),
@@ -262,6 +265,9 @@ SLICES = Lever(
         Refusal("torch-csv", "PyTorch's schedule CSV", "its actions name a stage and a micro-batch, no slice"),
     ),
     notes={"mindformers": "equal slices only (parallel_config.seq_split_num); unequal lengths are refused there"},
+    excludes={name: "{other}: not modelled with the sequence slices of a long-context profile (seq_length = "
+                    "{seq_length}); expected per-stage recompute without offload"
+              for name in ("per_micro_batch", "offload")},
 )
 
 
@@ -306,6 +312,8 @@ PER_MICRO_BATCH = Lever(
         Refusal("mindformers", "a MindFormers config", "its recompute lists are per (chunk, stage), for every "
                 "micro-batch"),
     ),
+    excludes={"offload": "{this} with {other}: expected one of the two (a plan either offloads activations or "
+                         "varies its recompute per micro-batch)"},
     controls=(Control("checkbox", "per_micro_batch", "recompute per micro-batch", width="200px",
                       tooltip="let chosen micro-batches of a stage recompute less"),),
     label="",
@@ -427,6 +435,22 @@ def choose_levers(values: Mapping[str, Any]) -> dict[str, Any]:
         if item.choose_refusal is not None and item.on(out):
             raise ConfigError(f"{item.shown(out)}: {item.title} is not offered by choose: {item.choose_refusal}")
     return out
+
+
+def check_exclusions(values: Mapping[str, Any]) -> None:
+    """Refuse two levers that cannot go together (a lever's ``excludes``), with its message.
+
+    ``values``: the request's fields by name (``recompute``, ``per_micro_batch``, ...); ``splits``
+    counts only for a profile that slices (its ``seq_length`` also given); ``recompute_name``:
+    how messages name the recompute set (``"config.recompute"`` for a solve)."""
+    for item in LEVERS:
+        if not item.excludes or not item.on(values):
+            continue
+        for name, template in item.excludes.items():
+            other = lever(name)
+            if other.on(values):
+                raise ConfigError(template.format(**{**values, "this": item.shown(values),
+                                                     "other": other.shown(values)}))
 
 
 def _needs_message(f: Field) -> str:

@@ -24,6 +24,7 @@ import numpy as np
 from sapptk import checks
 from sapptk.config import OFFLOAD, PipelineConfig
 from sapptk.errors import ConfigError
+from sapptk.levers import check_exclusions
 from sapptk.profile import Profile
 from sapptk.seq import is_sliced
 from sapptk.solver.settings import SearchOptions
@@ -120,20 +121,16 @@ class SolveRequest:
         object.__setattr__(self, "start_counts", counts)
 
     def _check_levers(self) -> None:
-        """The levers that cannot go together, refused by name."""
+        """The levers that cannot go together, refused by name (:func:`sapptk.levers.check_exclusions`)."""
         sliced = is_sliced(self.profile, self.config)
         if self.choose_splits and not sliced:
             raise ConfigError(f"choose_splits = True: splits = {self.config.splits} on profile "
                               f"{self.profile.name!r} (seq_length = {self.profile.seq_length}): expected k > 1 "
                               "sequence slices and a profile with seq_length")
-        if sliced and (self.per_micro_batch or self.offload):
-            lever = "per_micro_batch = True" if self.per_micro_batch else f"{OFFLOAD!r} in config.recompute"
-            raise ConfigError(f"{lever}: not modelled with the sequence slices of a long-context profile "
-                              f"(seq_length = {self.profile.seq_length}); expected per-stage recompute without "
-                              "offload")
-        if self.per_micro_batch and self.offload:
-            raise ConfigError(f"per_micro_batch = True with {OFFLOAD!r} in config.recompute: expected one of the "
-                              "two (a plan either offloads activations or varies its recompute per micro-batch)")
+        check_exclusions({"recompute": self.config.recompute, "recompute_name": "config.recompute",
+                          "per_micro_batch": self.per_micro_batch, "choose_splits": False,
+                          "splits": self.config.splits if sliced else 1,  # slices of a long-context profile only
+                          "seq_length": self.profile.seq_length})
 
     # ------------------------------------------------------------------ derived
     @property

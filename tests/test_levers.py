@@ -80,6 +80,20 @@ def test_a_new_lever_reaches_the_exports_and_choose(monkeypatch: pytest.MonkeyPa
     assert choose_levers({"made_up": False}) == {"made_up": False}
 
 
+def test_which_levers_exclude_which_is_the_registry() -> None:
+    from sapptk.levers import check_exclusions
+
+    pairs = {(item.name, other) for item in LEVERS for other in item.excludes}
+    assert pairs == {("slices", "per_micro_batch"), ("slices", "offload"), ("per_micro_batch", "offload")}
+    with pytest.raises(ConfigError, match=r"^per_micro_batch = True with 'offload' in recompute: expected one"):
+        check_exclusions({"per_micro_batch": True, "recompute": ("none", "offload")})
+    with pytest.raises(ConfigError, match=r"^'offload' in config.recompute: not modelled with the sequence slices "
+                                          r"of a long-context profile \(seq_length = 4096\)"):
+        check_exclusions({"splits": 2, "seq_length": 4096, "recompute": ("offload",),
+                          "recompute_name": "config.recompute"})
+    check_exclusions({"splits": 2, "seq_length": 4096, "recompute": ("none",), "per_micro_batch": False})
+
+
 def test_choose_checks_the_levers_as_described() -> None:
     from sapptk.choosing.request import ChooseRequest
 
