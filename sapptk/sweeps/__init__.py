@@ -27,7 +27,16 @@ from sapptk.checks import MAX_ATTEMPTS, MAX_POINTS, MAX_SOLVER_WORKERS
 from sapptk.sweeps.cache import read_cache
 from sapptk.sweeps.driver import sweep
 from sapptk.sweeps.executors import DASK_CONNECT_SECONDS, default_workers
-from sapptk.sweeps.frame import COLUMNS, INPUT_COLUMNS, LEVER_COLUMNS, RESULT_COLUMNS, SOLVED, STATUSES, best
+from sapptk.sweeps.frame import (
+    COLUMNS,
+    INPUT_COLUMNS,
+    LEVER_COLUMNS,
+    NOT_STARTED,
+    RESULT_COLUMNS,
+    SOLVED,
+    STATUSES,
+    best,
+)
 from sapptk.sweeps.grid import (
     CONFIG_FIELDS,
     GRID_FIELDS,
@@ -50,6 +59,7 @@ __all__ = [
     "MAX_ATTEMPTS",
     "MAX_POINTS",
     "MAX_SOLVER_WORKERS",
+    "NOT_STARTED",
     "RESULT_COLUMNS",
     "SOLVED",
     "STATUSES",
