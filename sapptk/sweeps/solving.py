@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from sapptk.plan import Plan
     from sapptk.profile import Profile
 
-__all__ = ["MIN_SECONDS", "Layout", "PointResult", "Solve", "SweepTask", "not_started", "plan_row", "portable",
-           "solve_point", "timed"]
+__all__ = ["MIN_SECONDS", "Layout", "PointResult", "Solve", "SweepTask", "capped", "not_started", "plan_row",
+           "portable", "solve_point", "timed"]
 
 FINAL = ("optimal", "infeasible", "invalid")
 """Statuses a longer time limit cannot change."""
@@ -241,14 +241,16 @@ def solve_point(task: SweepTask) -> PointResult:
     from sapptk.balancer import solve  # the solver stack loads in the worker only
 
     try:
-        request = task.request
+        late, cut = capped(task)  # the import may have taken seconds of the sweep's time limit
+        request = task.request.replace(time_limit=MIN_SECONDS) if late is None else late.request
+        cut = cut or late is None
         if task.start is not None:
             start = task.start.start(request.profile, request.safe_config)
             if start is not None:
                 with contextlib.suppress(SapptkError):  # not a start of this point after all: search without it
                     request = request.replace(start=start)
         plan = solve(request)
-        return PointResult(key=task.key, layout=Layout.of_plan(plan), **plan_row(plan))
+        return PointResult(key=task.key, layout=Layout.of_plan(plan), cut=cut, **plan_row(plan))
     except SapptkError as exc:
         return no_plan(task.key, "invalid", str(exc))
     except Exception as exc:  # a row, not a lost sweep; the traceback's last line helps
@@ -280,25 +282,36 @@ def portable(solve: Solve) -> Solve:
     return _ByValue(cloudpickle.dumps(solve))
 
 
+def capped(task: SweepTask) -> tuple[SweepTask | None, bool]:
+    """The task with its solve's time limit capped at what is left of the sweep's (and whether
+    it was capped); None when too little is left to start."""
+    if task.deadline is None:
+        return task, False
+    left = task.deadline - time.time()
+    if left <= MIN_SECONDS:
+        return None, False
+    if left < task.request.time_limit:
+        return dataclasses.replace(task, request=task.request.replace(time_limit=left)), True
+    return task, False
+
+
 def timed(solve: Solve, task: SweepTask) -> PointResult:
     """Run ``solve`` on a task; its result with the key and wall time; never raise (but interrupts).
 
     Past the task's deadline the point is ``not_started``; nearer to it than the point's time
     limit, the solve gets only the time left and the result is ``cut``."""
+    key, sweep_limit = task.key, task.sweep_limit
     t0 = time.perf_counter()
-    cut = False
-    if task.deadline is not None:
-        left = task.deadline - time.time()
-        if left <= MIN_SECONDS:
-            return not_started(task.key, task.sweep_limit)
-        if left < task.request.time_limit:
-            task, cut = dataclasses.replace(task, request=task.request.replace(time_limit=left)), True
+    task, cut = capped(task)
+    if task is None:
+        return not_started(key, sweep_limit)
     try:
         result = PointResult.of(task.key, solve(task))
     except Exception as exc:
         result = no_plan(task.key, "error", f"{type(exc).__name__}: {exc}")
-    if cut and result.status not in FINAL:  # a proven answer holds whatever the limit: cached as any other
-        result = dataclasses.replace(result, cut=True)
+    cut = (cut or result.cut) and result.status not in FINAL  # a proven answer holds whatever the limit
+    if cut != result.cut:
+        result = dataclasses.replace(result, cut=cut)
     if result.solve_seconds is None:
         result = dataclasses.replace(result, solve_seconds=time.perf_counter() - t0)
     return result
