@@ -420,12 +420,14 @@ def test_a_cache_written_before_levers_is_read_with_the_levers_off(tmp_path: Pat
 
 
 def test_a_cache_with_the_old_host_bandwidth_column_resumes(tmp_path: Path) -> None:
-    """Parts and journals written when the column was ``host_bandwidth`` (no unit) are read
-    under ``host_bandwidth_mb_per_ms``: nothing is recomputed."""
+    """Parts and journals written when the columns were ``host_bandwidth`` (no unit) and
+    ``time_limit_s`` (before the whole sweep's limit) are read under ``host_bandwidth_mb_per_ms``
+    and ``point_time_limit_s``: nothing is recomputed (the keys did not change)."""
     cache = tmp_path / "c"
     first = sweep(DEMO, GRID, solve=fake_solve, cache=cache, progress=False)
     (part,) = cache.glob("part-*.parquet")
-    old = pd.read_parquet(part).rename(columns={"host_bandwidth_mb_per_ms": "host_bandwidth"})
+    old = pd.read_parquet(part).rename(columns={"host_bandwidth_mb_per_ms": "host_bandwidth",
+                                                "point_time_limit_s": "time_limit_s"})
     part.unlink()
     _write_part(cache / "part-0-old.parquet", old.iloc[:40])
     journal = cache / "_journal-1-old.jsonl"
@@ -438,6 +440,7 @@ def test_a_cache_with_the_old_host_bandwidth_column_resumes(tmp_path: Path) -> N
     df = sweep(DEMO, GRID, solve=fake_solve, cache=cache, progress=False)
     assert not CALLS
     assert "host_bandwidth" not in df.columns and df["host_bandwidth_mb_per_ms"].isna().all()
+    assert "time_limit_s" not in df.columns and (read_cache(cache)["point_time_limit_s"] == 30).all()
     pd.testing.assert_frame_equal(_outputs(df), _outputs(first))
 
 
