@@ -209,3 +209,5 @@ def test_row_framework_turns_on_what_the_run_did() -> None:
     assert not row_framework(measured_row(_row(layout=fsdp))).fsdp_once_per_step  # Megatron: per micro-batch
     assert row_framework(measured_row(_row(deepep=True))).moe_dedup_dispatch
     assert not row_framework(measured_row(_row())).moe_dedup_dispatch
+    assert row_framework(measured_row(_row(a2a_overlap=True))).moe_a2a_overlap  # 1F1B all-to-all overlap
+    assert not row_framework(measured_row(_row())).moe_a2a_overlap

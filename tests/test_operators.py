@@ -399,3 +399,54 @@ def test_fsdp_once_per_step_moves_the_gathers_to_the_step() -> None:
     per_mb = estimate_profile(model, par, h100, framework="torchtitan").body[0]
     kept = estimate_profile(model, par, h100, framework=once).body[0]
     assert kept.forward <= per_mb.forward and kept.modes["none"].backward <= per_mb.modes["none"].backward
+
+
+def test_moe_a2a_overlap_hides_each_all_to_all_under_its_paired_step_by_hand() -> None:
+    """Megatron's combined 1F1B (``--overlap-moe-expert-parallel-comm``): the layer cut at the
+    dispatch into A (attention, router, permute) and M (experts, combine, shared); the steps
+    A_fwd ‖ combine_bwd, M_bwd ‖ dispatch_fwd, M_fwd ‖ dispatch_bwd, A_bwd ‖ combine_fwd. Each
+    all-to-all keeps max(0, its time − its step's compute); compute rows are untouched."""
+    model, h100 = card("qwen3-235b-a22b"), hardware("h100")
+    par = Parallel(tp=2, ep=32, dp=16, etp=1)
+    plain = operators(model, par, h100)
+    paired = operators(model, par, h100, framework=dataclasses.replace(framework("megatron"), moe_a2a_overlap=True))
+    layer = plain[(plain["group"] == "moe") & plain["phase"].isin(["fwd", "bwd"])]
+
+    def compute(phase: str, before: bool) -> float:
+        rows = layer[layer["phase"] == phase].reset_index(drop=True)
+        cut = rows.index[rows["op"].str.startswith("dispatch_all_to_all")][0]
+        part = rows.iloc[:cut] if before else rows.iloc[cut:]
+        return float(part.loc[part["kind"] != "collective", "exposed_ms"].sum())
+
+    a_f, m_f, a_b, m_b = compute("fwd", True), compute("fwd", False), compute("bwd", True), compute("bwd", False)
+    under = {("fwd", "dispatch_all_to_all"): m_b, ("fwd", "combine_all_to_all"): a_b,
+             ("bwd", "dispatch_all_to_all_bwd"): m_f, ("bwd", "combine_all_to_all_bwd"): a_f}
+    for (phase, op), window in under.items():
+        before = layer[(layer["phase"] == phase) & (layer["op"] == op)].iloc[0]
+        after = paired[(paired["group"] == "moe") & (paired["phase"] == phase) & (paired["op"] == op)].iloc[0]
+        assert after["time_ms"] == before["time_ms"]
+        assert after["exposed_ms"] == pytest.approx(max(0.0, before["exposed_ms"] - window), abs=1e-12)
+        assert after["overlapped_with"] == "paired_microbatch"
+    others = ~plain["op"].str.contains("all_to_all")
+    assert (paired.loc[others, "exposed_ms"].to_numpy() == plain.loc[others, "exposed_ms"].to_numpy()).all()
+    dense = operators(card("llama2-7b"), Parallel(dp=8), h100,
+                      framework=dataclasses.replace(framework("megatron"), moe_a2a_overlap=True))
+    assert (dense["exposed_ms"].to_numpy() == operators(card("llama2-7b"), Parallel(dp=8), h100)[
+        "exposed_ms"].to_numpy()).all()  # no all-to-all, nothing changes
+
+
+def test_full_recompute_under_fsdp_does_not_gather_the_layer_again() -> None:
+    """The recomputed forward runs inside the backward on the parameters the backward's gather
+    brought: the forward's FSDP all-gather is not rerun (two gathers a micro-batch, not three)."""
+    model = card("llama2-7b")
+    par = Parallel(dp=16, sharding="fsdp", seq_length=4096)  # 16 ranks: across two nodes
+    table = operators(model, par, "h100")
+    rerun = table[(table["phase"] == "recompute") & (table["mode"] == "full")]
+    assert not rerun["op"].str.startswith("fsdp_").any()
+    assert (rerun["op"] == "qkv").any()  # the compute is rerun
+    profile = estimate_profile(model, par, "h100")
+    layer = table[(table["group"] == "layers") & (table["phase"] == "fwd")]
+    again = float(layer.loc[layer["kind"] != "collective", "exposed_ms"].sum()) + float(
+        layer.loc[~layer["op"].str.startswith("fsdp_") & (layer["kind"] == "collective"), "exposed_ms"].sum())
+    body = profile.body[0]
+    assert body.modes["full"].backward == pytest.approx(body.modes["none"].backward + again, abs=1e-5)

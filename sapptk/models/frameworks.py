@@ -40,7 +40,10 @@ class Framework:
     reduce-scattering the gradients once after the last backward (torchtitan with pipeline
     parallelism: ``reshard_after_forward`` off, and ``torch.distributed.pipelining`` defers
     gradient sync and resharding to the last backward); off: every micro-batch gathers and
-    reduce-scatters."""
+    reduce-scatters; ``moe_a2a_overlap``: the expert all-to-alls of one micro-batch run under
+    the compute of another in the pipeline's steady state (Megatron
+    ``--overlap-moe-expert-parallel-comm``, the combined 1F1B schedule; off in the presets, a
+    measured row turns it on with ``a2a_overlap: true``; :func:`sapptk.models.ops.pair_a2a`)."""
 
     name: str
     tp_comm_overlap: bool
@@ -54,6 +57,7 @@ class Framework:
     expert_tp_follows_tp: bool = False
     moe_dedup_dispatch: bool = False
     fsdp_once_per_step: bool = False
+    moe_a2a_overlap: bool = False
 
     def __post_init__(self) -> None:
         f = self.elementwise_factor

@@ -97,7 +97,8 @@ def row_framework(row: MeasuredRow) -> Framework:
     """The framework preset a row ran under (``megatron`` when it names none), with what the
     row says it turned on: ``compile`` fuses the elementwise ops (``elementwise_factor`` 1),
     ``async_tp`` overlaps the tensor-parallel collectives with the GEMMs, ``deepep`` dispatches
-    experts' tokens once per remote node (``moe_dedup_dispatch``)."""
+    experts' tokens once per remote node (``moe_dedup_dispatch``), ``a2a_overlap`` hides the
+    expert all-to-alls of one micro-batch under another's compute (``moe_a2a_overlap``)."""
     fw = framework(row.framework or "megatron")
     changes: dict[str, Any] = {}
     if row.options.get("compile"):
@@ -108,6 +109,8 @@ def row_framework(row: MeasuredRow) -> Framework:
         changes["fsdp_once_per_step"] = True
     if row.options.get("deepep"):
         changes["moe_dedup_dispatch"] = True
+    if row.options.get("a2a_overlap"):
+        changes["moe_a2a_overlap"] = True
     return replace(fw, **changes) if changes else fw
 
 

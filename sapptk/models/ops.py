@@ -37,7 +37,8 @@ from sapptk.models.frameworks import Framework
 from sapptk.models.layout import DTYPE_BYTES, Hardware, Parallel
 from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement, remote_node_share
 
-__all__ = ["COLUMNS", "KINDS", "PHASES", "Operator", "check_fp8", "layer_ops", "step_ops", "to_frame"]
+__all__ = ["COLUMNS", "KINDS", "PAIRED", "PHASES", "Operator", "check_fp8", "layer_ops", "pair_a2a", "step_ops",
+           "to_frame"]
 
 KINDS: tuple[str, ...] = ("gemm", "attention", "elementwise", "collective")
 PHASES: tuple[str, ...] = ("fwd", "bwd", "recompute", "step")
@@ -331,7 +332,10 @@ def _body(b: _Builder, card: ModelCard, par: Parallel, moe: bool) -> None:
 def _fsdp(b: _Builder, card: ModelCard, par: Parallel, moe: bool) -> None:
     """ZeRO-3 / FSDP: every micro-batch gathers the layer's parameters in the forward and
     again in the backward and reduce-scatters its gradients (prefetched under the layer's
-    compute when the framework does); ZeRO-2 reduce-scatters the gradients per micro-batch."""
+    compute when the framework does); ZeRO-2 reduce-scatters the gradients per micro-batch.
+    A recompute reruns the layer's forward inside its backward, on the parameters the
+    backward's gather brought (FSDP's pre-backward hook unshards them before the checkpointed
+    region reruns): the forward's gather is not rerun."""
     if par.sharding not in ("fsdp", "zero2") or (par.sharding == "fsdp" and b.fw.fsdp_once_per_step):
         return
     dense, experts = layer_param_split(card, par, moe)
@@ -343,7 +347,9 @@ def _fsdp(b: _Builder, card: ModelCard, par: Parallel, moe: bool) -> None:
             continue
         where = placement(b.hw, size, stride)[0]
         if par.sharding == "fsdp":  # gathered for the forward, freed, gathered again for the backward
-            b.collective(f"fsdp_{name}all_gather", "all_gather", b.e * count, size, stride, overlap=over, backward=0.0)
+            # not rerun by a recompute: the backward's own gather serves the recomputed forward
+            b.collective(f"fsdp_{name}all_gather", "all_gather", b.e * count, size, stride, overlap=over, backward=0.0,
+                         recompute=_NONE)
             again = collective_ms(b.hw, "all_gather", b.e * count, size, stride)
             b._row("bwd", f"fsdp_{name}all_gather_bwd", "collective", 1.0, 0.0, b.e * count, again, overlap=over,
                    collective="all_gather", size=size, where=where)
@@ -426,7 +432,48 @@ def layer_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gr
         _tail(b, card, par)
     else:
         _body(b, card, par, moe)
-    return _resolve(b.fwd), _resolve(b.bwd)
+    fwd, bwd = _resolve(b.fwd), _resolve(b.bwd)
+    if fw.moe_a2a_overlap and kind == "body" and moe:
+        fwd, bwd = pair_a2a(fwd, bwd)
+    return fwd, bwd
+
+
+PAIRED = "paired_microbatch"
+"""``overlapped_with`` of an expert all-to-all hidden under another micro-batch's compute."""
+
+
+def _split_compute(rows: list[Operator], at: str) -> tuple[float, float]:
+    """Exposed compute (every op but the collectives) listed before the op ``at`` and from it on."""
+    names = [r.op for r in rows]
+    cut = names.index(at) if at in names else len(rows)
+    before = sum(r.exposed_ms for r in rows[:cut] if r.kind != "collective")
+    after = sum(r.exposed_ms for r in rows[cut:] if r.kind != "collective")
+    return before, after
+
+
+def pair_a2a(fwd: list[Operator], bwd: list[Operator]) -> tuple[list[Operator], list[Operator]]:
+    """A MoE layer's forward of one micro-batch beside the backward of another, as Megatron's
+    combined 1F1B schedule runs them (``--overlap-moe-expert-parallel-comm``; DeepSeek-V3 report
+    §3.2.1): the layer is cut at the dispatch into an attention part A (attention, router,
+    permute) and an MLP part M (experts, combine, shared experts), and four steps run a compute
+    stream beside a communication stream:
+    ``A_fwd ‖ combine_bwd``, ``M_bwd ‖ dispatch_fwd``, ``M_fwd ‖ dispatch_bwd``,
+    ``A_bwd ‖ combine_fwd``. Each all-to-all keeps exposed only what its step's compute does not
+    cover: ``max(0, all-to-all − compute)``; the compute stays exposed in full."""
+    a_f, m_f = _split_compute(fwd, "dispatch_all_to_all")
+    a_b, m_b = _split_compute(bwd, "dispatch_all_to_all_bwd")
+    under = {"dispatch_all_to_all": m_b, "combine_all_to_all": a_b,
+             "dispatch_all_to_all_bwd": m_f, "combine_all_to_all_bwd": a_f}
+
+    def hide(rows: list[Operator]) -> list[Operator]:
+        out = []
+        for r in rows:
+            if r.op in under:
+                r = r._replace(exposed_ms=max(0.0, r.exposed_ms - under[r.op]), overlapped_with=PAIRED)
+            out.append(r)
+        return out
+
+    return hide(fwd), hide(bwd)
 
 
 def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, group: str, moe: bool,
