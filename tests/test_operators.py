@@ -450,3 +450,25 @@ def test_full_recompute_under_fsdp_does_not_gather_the_layer_again() -> None:
         layer.loc[~layer["op"].str.startswith("fsdp_") & (layer["kind"] == "collective"), "exposed_ms"].sum())
     body = profile.body[0]
     assert body.modes["full"].backward == pytest.approx(body.modes["none"].backward + again, abs=1e-5)
+
+
+def test_a_prefetched_gather_across_nodes_hides_under_the_nodes_own_collectives_too() -> None:
+    """FSDP's prefetched gathers run on the NIC while the layer computes and while its expert
+    all-to-all (inside the node, NVLink) runs: the ``layer`` window is the compute plus the
+    exposed collectives on the other link. Qwen3-235B, TP 2 × EP 8 inside a node, FSDP over
+    the 32 nodes (dense over 128 ranks, experts over 32, both across nodes)."""
+    model, h100 = card("qwen3-235b-a22b"), hardware("h100")
+    par = Parallel(tp=2, ep=8, dp=128, etp=1, sharding="fsdp", micro_batch_size=4)
+    table = operators(model, par, h100)
+    fwd = table[(table["group"] == "moe") & (table["phase"] == "fwd")].set_index("op")
+    dense, expert = fwd.loc["fsdp_all_gather"], fwd.loc["fsdp_expert_all_gather"]
+    assert dense["placement"] == expert["placement"] == "inter"
+    compute = float(fwd.loc[fwd["kind"] != "collective", "time_ms"].sum())
+    nvlink = fwd[(fwd["kind"] == "collective") & (fwd["placement"] == "intra")]
+    assert set(nvlink.index) >= {"dispatch_all_to_all", "combine_all_to_all"}
+    window = compute + float(nvlink["exposed_ms"].sum()) - float((nvlink["time_ms"] - nvlink["exposed_ms"]).sum())
+    # the TP collectives hide under their GEMMs (megatron): what they hide is taken from the compute
+    first = min(window, dense["time_ms"])
+    assert dense["exposed_ms"] == pytest.approx(dense["time_ms"] - first, abs=1e-9)
+    assert expert["exposed_ms"] == pytest.approx(max(0.0, expert["time_ms"] - (window - first)), abs=1e-9)
+    assert expert["exposed_ms"] < expert["time_ms"] - (compute - first)  # more hidden than the compute alone allows

@@ -400,24 +400,37 @@ def _tail(b: _Builder, card: ModelCard, par: Parallel) -> None:
 # --- overlap -------------------------------------------------------------------------------
 def _resolve(rows: list[Operator]) -> list[Operator]:
     """``exposed_ms`` of each collective after hiding under its window (an op of the same
-    phase, or ``layer``: every compute op of it); compute ops stay exposed in full."""
+    phase, or ``layer``); compute ops stay exposed in full. The ``layer`` window is every
+    compute op of the phase not already covering a collective, plus the exposed time of the
+    phase's collectives on the other link (a collective across nodes runs on the NIC while
+    one inside the node waits on NVLink, and the other way round: FSDP's prefetched gather
+    over the NIC beside a node's expert all-to-all)."""
     window: dict[str, float] = {}
     compute = 0.0
     for r in rows:
         if r.kind != "collective":
             window[r.op] = window.get(r.op, 0.0) + r.time_ms
             compute += r.time_ms
-    window["layer"] = compute
     out = []
-    for r in rows:
-        if r.kind == "collective" and r.overlapped_with:
+    for r in rows:  # first the collectives hidden under one op (or not at all)
+        if r.kind == "collective" and r.overlapped_with and r.overlapped_with != "layer":
             avail = window.get(r.overlapped_with, 0.0)
             hidden = min(avail, r.time_ms)
             window[r.overlapped_with] = avail - hidden
-            if r.overlapped_with != "layer":
-                window["layer"] -= hidden
+            compute -= hidden
             r = r._replace(exposed_ms=r.time_ms - hidden)
         out.append(r)
+    other = {}
+    for where in ("intra", "inter"):
+        other[where] = sum(r.exposed_ms for r in out if r.kind == "collective" and r.overlapped_with != "layer"
+                           and r.placement and r.placement != where)
+    used = 0.0
+    for i, r in enumerate(out):  # then the ones hidden under the layer
+        if r.kind == "collective" and r.overlapped_with == "layer":
+            avail = max(0.0, compute + other.get(r.placement, 0.0) - used)
+            hidden = min(avail, r.time_ms)
+            used += hidden
+            out[i] = r._replace(exposed_ms=r.time_ms - hidden)
     return out
 
 
