@@ -472,3 +472,28 @@ def test_a_prefetched_gather_across_nodes_hides_under_the_nodes_own_collectives_
     assert dense["exposed_ms"] == pytest.approx(dense["time_ms"] - first, abs=1e-9)
     assert expert["exposed_ms"] == pytest.approx(max(0.0, expert["time_ms"] - (window - first)), abs=1e-9)
     assert expert["exposed_ms"] < expert["time_ms"] - (compute - first)  # more hidden than the compute alone allows
+
+
+def test_eager_elementwise_moves_the_bytes_of_torchtitans_unfused_kernels_by_hand() -> None:
+    """torchtitan without torch.compile: RMSNorm moves 36 bytes an element (float() 2+4, pow
+    4+4, mean 4, x·rsqrt 4+4, type_as 4+2, ·weight 2+2) against the fused 4: × 9; rotary 20
+    against 4: × 5; SwiGLU 10 against 6: × 5/3; a residual add is one kernel either way."""
+    from sapptk.models.ops import EAGER_BYTES
+
+    assert EAGER_BYTES == {"norm": (6 + 8 + 4 + 8 + 6 + 4) / 4, "rope": (6 + 8 + 6) / 4, "swiglu": 10 / 6}
+    model, h100, par = card("llama3.1-8b"), hardware("h100"), Parallel(dp=8, seq_length=8192)
+    fused = dataclasses.replace(framework("torchtitan"), eager_elementwise=False)
+    eager = operators(model, par, h100, framework="torchtitan").set_index(["group", "phase", "op"])
+    plain = operators(model, par, h100, framework=fused).set_index(["group", "phase", "op"])
+    launch = h100.launch_us / 1e3
+    for op, mult in (("attention_norm", 9.0), ("rope", 5.0), ("swiglu", 10 / 6), ("attention_residual", 1.0)):
+        for phase, name in (("fwd", op), ("bwd", op + "_bwd")):
+            if ("layers", phase, name) not in plain.index:
+                continue
+            nbytes = plain.loc[("layers", phase, name), "bytes"]
+            assert eager.loc[("layers", phase, name), "bytes"] == nbytes  # the table keeps the fused bytes
+            by_hand = launch + mult * nbytes / (h100.hbm_tbps * 1e9 * h100.hbm_efficiency)
+            assert eager.loc[("layers", phase, name), "time_ms"] == pytest.approx(by_hand, rel=1e-12)
+    gemms = plain.reset_index()["kind"] == "gemm"
+    assert (eager.reset_index().loc[gemms, "time_ms"].to_numpy() == plain.reset_index().loc[gemms, "time_ms"]
+            .to_numpy()).all()

@@ -58,6 +58,7 @@ class Framework:
     moe_dedup_dispatch: bool = False
     fsdp_once_per_step: bool = False
     moe_a2a_overlap: bool = False
+    eager_elementwise: bool = False
 
     def __post_init__(self) -> None:
         f = self.elementwise_factor
@@ -81,10 +82,13 @@ FRAMEWORKS: Mapping[str, Framework] = MappingProxyType({
                "defaults to --tensor-model-parallel-size (megatron/training/arguments.py, validate_args)"),
     "torchtitan": Framework(
         "torchtitan", tp_comm_overlap=False, cp_comm_overlap=True, overlap_grad_reduce=True,
-        overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.2, attention_kernel="fa2",
+        overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.0, attention_kernel="fa2",
+        eager_elementwise=True,
         source="torchtitan: FSDP2 (fully_shard) prefetches the next layer's all-gather and overlaps the "
                "reduce-scatter with the backward; async TP is opt-in (not assumed); PyTorch context-parallel "
-               "ring attention; eager elementwise ops unless torch.compile; attention through PyTorch SDPA, "
+               "ring attention; eager elementwise ops unless torch.compile (torchtitan/models/norms.py RMSNorm, "
+               "torchtitan/models/llama/model.py apply_rotary_emb and FeedForward: ops.EAGER_BYTES); attention "
+               "through PyTorch SDPA, "
                "whose flash backend is FlashAttention-2; expert tensor parallel degree 1 unless set"),
     "deepspeed": Framework(
         "deepspeed", tp_comm_overlap=False, cp_comm_overlap=False, overlap_grad_reduce=True,

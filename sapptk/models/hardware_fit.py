@@ -95,7 +95,8 @@ def _hardware(base: Hardware | str) -> Hardware:
 
 def row_framework(row: MeasuredRow) -> Framework:
     """The framework preset a row ran under (``megatron`` when it names none), with what the
-    row says it turned on: ``compile`` fuses the elementwise ops (``elementwise_factor`` 1),
+    row says it turned on: ``compile`` fuses the elementwise ops (``elementwise_factor`` 1, no
+    ``eager_elementwise``),
     ``async_tp`` overlaps the tensor-parallel collectives with the GEMMs, ``deepep`` dispatches
     experts' tokens once per remote node (``moe_dedup_dispatch``), ``a2a_overlap`` hides the
     expert all-to-alls of one micro-batch under another's compute (``moe_a2a_overlap``)."""
@@ -103,6 +104,7 @@ def row_framework(row: MeasuredRow) -> Framework:
     changes: dict[str, Any] = {}
     if row.options.get("compile"):
         changes["elementwise_factor"] = 1.0
+        changes["eager_elementwise"] = False
     if row.options.get("async_tp"):
         changes["tp_comm_overlap"] = True
     if fw.name == "torchtitan" and row.pp > 1 and row.sharding == "fsdp":

@@ -37,14 +37,26 @@ from sapptk.models.frameworks import Framework
 from sapptk.models.layout import DTYPE_BYTES, Hardware, Parallel
 from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement, remote_node_share
 
-__all__ = ["COLUMNS", "KINDS", "PAIRED", "PHASES", "Operator", "check_fp8", "layer_ops", "pair_a2a", "step_ops",
-           "to_frame"]
+__all__ = ["COLUMNS", "EAGER_BYTES", "KINDS", "PAIRED", "PHASES", "Operator", "check_fp8", "layer_ops", "pair_a2a",
+           "step_ops", "to_frame"]
 
 KINDS: tuple[str, ...] = ("gemm", "attention", "elementwise", "collective")
 PHASES: tuple[str, ...] = ("fwd", "bwd", "recompute", "step")
 FP32_PEAK_SHARE = 0.5
 """fp32 GEMMs run as TF32 on tensor cores: half the dense 16-bit peak on A100 (156 of 312
 TFLOPS) and H100 (494.7 of 989) per NVIDIA's datasheets (PyTorch needs ``allow_tf32``)."""
+
+EAGER_BYTES: dict[str, float] = {"norm": 9.0, "rope": 5.0, "swiglu": 10.0 / 6.0}
+"""Bytes an eager PyTorch implementation moves per byte of the fused kernel the operator list
+names, by op (a name ending in the key; per element, bf16 2 bytes, fp32 4), from torchtitan's
+model code. RMSNorm ``self._norm(x.float()).type_as(x) * self.weight`` with ``_norm`` =
+``x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``: float() 2 + 4, pow 4 + 4, mean 4,
+x · rsqrt 4 + 4, type_as 4 + 2, · weight 2 + 2 = 36 against the fused 2 + 2: 9. Rotary
+``view_as_complex(x.float().reshape(...)) * freqs_cis`` then ``view_as_real(...).type_as(x)``:
+float() 2 + 4, the complex product 4 + 4 per real element, type_as 4 + 2 = 20 against 4: 5.
+SwiGLU ``F.silu(w1(x)) * w3(x)``: silu 2 + 2, the product 2 + 2 + 2 = 10 against the fused
+6: 5/3. Residual adds are one kernel either way; their backward kernels take the same
+multiples."""
 
 _FULL = frozenset({"full"})
 _SELECT = frozenset({"select", "both", "full"})  # the attention core (and the CP ring it needs)
@@ -105,6 +117,14 @@ def attention_widths(card: ModelCard) -> tuple[int, int, int]:
     return card.head_dim, card.head_dim, card.num_kv_heads
 
 
+def _eager(op: str) -> float:
+    """:data:`EAGER_BYTES` of an op by the end of its name (1: one kernel either way)."""
+    for key, mult in EAGER_BYTES.items():
+        if op.endswith(key):
+            return mult
+    return 1.0
+
+
 class _Builder:
     """Lists one group's forward ops, with the hardware timing each as it is added."""
 
@@ -149,8 +169,10 @@ class _Builder:
             self._row("bwd", op + "_fp8_cast_bwd", "elementwise", count, 0.0, count * (self.e + 1) * m * n,
                       count * self._elem_time((self.e + 1) * m * n))
 
-    def _elem_time(self, nbytes: float) -> float:
+    def _elem_time(self, nbytes: float, op: str = "") -> float:
         f = self.fw.elementwise_factor
+        if self.fw.eager_elementwise:
+            nbytes *= _eager(op)
         return f * elementwise_ms(self.hw, nbytes)
 
     def elementwise(self, op: str, nbytes: float, *, recompute: frozenset[str] = _FULL, backward: float = 2.0,
@@ -159,11 +181,11 @@ class _Builder:
         kernel moves ``backward`` × as many (0: no backward kernel)."""
         if nbytes <= 0:
             return
-        self._row("fwd", op, "elementwise", count, 0.0, nbytes, count * self._elem_time(nbytes / count),
+        self._row("fwd", op, "elementwise", count, 0.0, nbytes, count * self._elem_time(nbytes / count, op),
                   recompute=recompute)
         if backward:
             b = backward * nbytes
-            self._row("bwd", op + "_bwd", "elementwise", count, 0.0, b, count * self._elem_time(b / count))
+            self._row("bwd", op + "_bwd", "elementwise", count, 0.0, b, count * self._elem_time(b / count, op))
 
     def attention(self, flops: float, queries: float, heads: float, keys: float, *, flash: bool,
                   recompute: frozenset[str] = _SELECT) -> None:
