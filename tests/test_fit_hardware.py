@@ -211,3 +211,5 @@ def test_row_framework_turns_on_what_the_run_did() -> None:
     assert not row_framework(measured_row(_row())).moe_dedup_dispatch
     assert row_framework(measured_row(_row(a2a_overlap=True))).moe_a2a_overlap  # 1F1B all-to-all overlap
     assert not row_framework(measured_row(_row())).moe_a2a_overlap
+    with pytest.raises(ConfigError, match="'a2a_overlap' = 'yes': expected true or false"):
+        measured_row(_row(a2a_overlap="yes"))
