@@ -42,6 +42,7 @@ from sapptk.models.ops import (
     dims,
     layer_ops,
     layer_param_split,
+    recompute_hiding,
     step_ops,
     to_frame,
 )
@@ -326,7 +327,7 @@ def _mode_times(fwd: list[Operator], bwd: list[Operator]) -> tuple[float, dict[s
     for r in fwd:
         for mode in r.recompute:
             extra[mode] += r.exposed_ms
-    return forward, {m: back + extra[m] for m in MODES}
+    return forward, {m: back + extra[m] - recompute_hiding(fwd, bwd, m) for m in MODES}
 
 
 def _head_tail_kept(card: ModelCard, par: Parallel, kind: str) -> float:

@@ -37,8 +37,8 @@ from sapptk.models.frameworks import Framework
 from sapptk.models.layout import DTYPE_BYTES, Hardware, Parallel
 from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement, remote_node_share
 
-__all__ = ["COLUMNS", "EAGER_BYTES", "KINDS", "PAIRED", "PHASES", "Operator", "check_fp8", "layer_ops", "pair_a2a",
-           "step_ops", "to_frame"]
+__all__ = ["COLUMNS", "EAGER_BYTES", "KINDS", "PAIRED", "PHASES", "RERUN_HIDES", "Operator", "check_fp8", "layer_ops",
+           "pair_a2a", "recompute_hiding", "step_ops", "to_frame"]
 
 KINDS: tuple[str, ...] = ("gemm", "attention", "elementwise", "collective")
 PHASES: tuple[str, ...] = ("fwd", "bwd", "recompute", "step")
@@ -547,11 +547,28 @@ def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gro
     return rows
 
 
+RERUN_HIDES = "recompute_hides_backward_collectives"
+"""The operator-table row (phase ``recompute``) of what a mode's rerun forward hides of the
+backward's collectives: its ``exposed_ms`` is minus that time."""
+
+
+def recompute_hiding(fwd: list[Operator], bwd: list[Operator], mode: str) -> float:
+    """ms of the backward's collectives hidden under the layer (FSDP's gather and gradient
+    reduce-scatter, ZeRO-2's reduce-scatter) that a recompute mode's rerun forward hides
+    besides: the rerun compute runs inside the backward (FSDP2 unshards the layer before its
+    checkpointed region reruns and reduce-scatters after its backward), so it widens their
+    window: ``min(their exposed time, the mode's rerun compute)``."""
+    rerun = sum(r.exposed_ms for r in fwd if mode in r.recompute and r.kind != "collective")
+    waiting = sum(r.exposed_ms for r in bwd if r.kind == "collective" and r.overlapped_with == "layer")
+    return min(rerun, waiting)
+
+
 # --- the table -----------------------------------------------------------------------------
 def to_frame(groups: Iterable[tuple[list[Operator], list[Operator], list[Operator]]]) -> pd.DataFrame:
     """The tidy table of (forward, backward, step) operator lists: one row per op and phase;
     a forward op rerun by a recompute mode appears again with phase ``recompute`` and that
-    ``mode``."""
+    ``mode``, and what that rerun hides of the backward's collectives as one row
+    (:data:`RERUN_HIDES`, negative ``exposed_ms``: :func:`recompute_hiding`)."""
     rows: list[tuple] = []
     for fwd, bwd, step in groups:
         for r in fwd:
@@ -562,6 +579,10 @@ def to_frame(groups: Iterable[tuple[list[Operator], list[Operator], list[Operato
             for r in fwd:
                 if mode in r.recompute:
                     rows.append(_as_row(r, "recompute", mode))
+            hidden = recompute_hiding(fwd, bwd, mode)
+            if hidden > 0 and fwd:
+                rows.append((fwd[0].group, RERUN_HIDES, "recompute", mode, "collective", 1.0, 0.0, 0.0, 0.0, -hidden,
+                             "layer", 0.0, 0.0, 0.0, "", "", 0, ""))
         for r in step:
             rows.append(_as_row(r, "step", ""))
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
