@@ -59,12 +59,17 @@ class Framework:
     fsdp_once_per_step: bool = False
     moe_a2a_overlap: bool = False
     eager_elementwise: bool = False
+    a2a_overlap_sms: int = 20
 
     def __post_init__(self) -> None:
         f = self.elementwise_factor
         if isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0.1 <= float(f) <= 10:
             raise ConfigError(f"framework {self.name!r}: field 'elementwise_factor' = {f!r}: expected a number "
                               "in [0.1, 10]")
+        n = self.a2a_overlap_sms
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 0 <= n <= 1000:
+            raise ConfigError(f"framework {self.name!r}: field 'a2a_overlap_sms' = {n!r}: expected an integer "
+                              "in [0, 1000]")
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise ConfigError(f"framework {self.name!r}: field 'attention_kernel' = {self.attention_kernel!r}: "
                               f"expected one of {', '.join(ATTENTION_KERNELS)}")

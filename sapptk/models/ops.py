@@ -469,7 +469,7 @@ def layer_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gr
         _body(b, card, par, moe)
     fwd, bwd = _resolve(b.fwd), _resolve(b.bwd)
     if fw.moe_a2a_overlap and kind == "body" and moe:
-        fwd, bwd = pair_a2a(fwd, bwd)
+        fwd, bwd = pair_a2a(fwd, bwd, contention=_sm_contention(hw, fw))
     return fwd, bwd
 
 
@@ -486,7 +486,15 @@ def _split_compute(rows: list[Operator], at: str) -> tuple[float, float]:
     return before, after
 
 
-def pair_a2a(fwd: list[Operator], bwd: list[Operator]) -> tuple[list[Operator], list[Operator]]:
+def _sm_contention(hw: Hardware, fw: Framework) -> float:
+    """Extra compute time per ms of compute that runs beside the all-to-all's kernels: they
+    hold ``a2a_overlap_sms`` of the card's ``sms``, the compute gets the rest."""
+    held = min(fw.a2a_overlap_sms, hw.sms - 1)
+    return held / (hw.sms - held)
+
+
+def pair_a2a(fwd: list[Operator], bwd: list[Operator], *,
+             contention: float = 0.0) -> tuple[list[Operator], list[Operator]]:
     """A MoE layer's forward of one micro-batch beside the backward of another, as Megatron's
     combined 1F1B schedule runs them (``--overlap-moe-expert-parallel-comm``; DeepSeek-V3 report
     §3.2.1): the layer is cut at the dispatch into an attention part A (attention, router,
@@ -494,7 +502,10 @@ def pair_a2a(fwd: list[Operator], bwd: list[Operator]) -> tuple[list[Operator], 
     stream beside a communication stream:
     ``A_fwd ‖ combine_bwd``, ``M_bwd ‖ dispatch_fwd``, ``M_fwd ‖ dispatch_bwd``,
     ``A_bwd ‖ combine_fwd``. Each all-to-all keeps exposed only what its step's compute does not
-    cover: ``max(0, all-to-all − compute)``; the compute stays exposed in full."""
+    cover: ``max(0, all-to-all − compute)``; the compute stays exposed in full. While an
+    all-to-all runs beside compute its kernels hold SMs, and the compute beside it is slowed:
+    ``contention`` × the hidden time is added to the all-to-all's exposed time
+    (``a2a_overlap_sms / (sms − a2a_overlap_sms)``, :class:`~sapptk.models.Framework`)."""
     a_f, m_f = _split_compute(fwd, "dispatch_all_to_all")
     a_b, m_b = _split_compute(bwd, "dispatch_all_to_all_bwd")
     under = {"dispatch_all_to_all": m_b, "combine_all_to_all": a_b,
@@ -504,7 +515,8 @@ def pair_a2a(fwd: list[Operator], bwd: list[Operator]) -> tuple[list[Operator], 
         out = []
         for r in rows:
             if r.op in under:
-                r = r._replace(exposed_ms=max(0.0, r.exposed_ms - under[r.op]), overlapped_with=PAIRED)
+                left = max(0.0, r.exposed_ms - under[r.op])
+                r = r._replace(exposed_ms=left + contention * (r.exposed_ms - left), overlapped_with=PAIRED)
             out.append(r)
         return out
 
