@@ -19,6 +19,10 @@ Everything is an operator-level account written down in ``docs/estimation.md``:
   in the constant; memory ``allocated`` or ``reserved`` (the caching allocator's reserve).
 
 Memory is in MB (10⁶ bytes), times in ms, per layer per micro-batch, as profiles are.
+
+Over 500 lines because the four accounts above are one estimate: they share the resolved
+inputs, the layer's tensors and its operator lists, and a profile is assembled from all four
+in one pass (the operators themselves live in :mod:`sapptk.models.ops`).
 """
 
 from __future__ import annotations

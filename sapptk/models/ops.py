@@ -22,6 +22,11 @@ stride and size give its placement (:func:`sapptk.models.timing.placement`).
 
 Times come from :mod:`sapptk.models.timing`; which collectives hide under which compute
 comes from the framework preset (:mod:`sapptk.models.frameworks`).
+
+Over 500 lines because the families' operator lists, the overlap that resolves their
+exposed times (within a phase, across the paired micro-batches of the 1F1B all-to-all
+overlap, under a recompute) and the table all read and write the same :class:`Operator`
+records built by one builder; split, each part would import the others' private helpers.
 """
 
 from __future__ import annotations
