@@ -79,10 +79,13 @@ NOT_MODELLED: tuple[str, ...] = (
     "norm statistics (4-8 bytes per token) and integer routing indices",
     "load imbalance between experts (routing is taken as balanced) and node-limited routing",
     "vocabulary padding (the card's vocabulary is used as is)",
-    "slowdown of compute that runs beside overlapped communication (SM and memory contention)",
+    "slowdown of compute that runs beside overlapped communication (SM and memory contention), except the SMs "
+    "the expert all-to-all holds under the 1F1B all-to-all overlap",
     "the optimizer step's own time (the data-parallel collectives of a step are in provenance)",
     "FP8 copies of activations kept for the backward (kept in the compute dtype)",
-    "the MoE all-to-all hidden under another micro-batch's compute (DualPipe pairs: provenance only)",
+    "the MoE all-to-all hidden under another micro-batch's compute in the simulator (DualPipe pairs: provenance "
+    "only; Megatron's 1F1B all-to-all overlap, moe_a2a_overlap, is in the layer times)",
+    "host (CPU) time: kernel launches and the all-to-all dispatcher's token-count synchronisation",
 )
 """What the estimate leaves out (also in ``docs/estimation.md`` and on every profile)."""
 
