@@ -209,3 +209,35 @@ def test_row_framework_turns_on_what_the_run_did() -> None:
     assert not row_framework(measured_row(_row(layout=fsdp))).fsdp_once_per_step  # Megatron: per micro-batch
     assert row_framework(measured_row(_row(deepep=True))).moe_dedup_dispatch
     assert not row_framework(measured_row(_row())).moe_dedup_dispatch
+    assert row_framework(measured_row(_row(a2a_overlap=True))).moe_a2a_overlap  # 1F1B all-to-all overlap
+    assert not row_framework(measured_row(_row())).moe_a2a_overlap
+    with pytest.raises(ConfigError, match="'a2a_overlap' = 'yes': expected true or false"):
+        measured_row(_row(a2a_overlap="yes"))
+
+
+def test_unpaired_warm_up_chunks_expose_their_all_to_alls_by_hand() -> None:
+    """Under the 1F1B all-to-all overlap the warm-up forwards and cool-down backwards have no
+    partner: device d's 2·(pp − d − 1) + (vp − 1)·pp chunks (1F1B: pp − d − 1) expose what
+    pairing hid. Qwen3-235B, one body group; the worst device decides."""
+    import dataclasses
+
+    import numpy as np
+
+    from sapptk.config import PipelineConfig
+    from sapptk.models import Parallel, estimate_profile, framework
+    from sapptk.models.hardware_fit import unpaired_a2a_ms
+
+    fw = dataclasses.replace(framework("megatron"), moe_a2a_overlap=True)
+    profile = estimate_profile("qwen3-235b-a22b", Parallel(tp=2, ep=32, dp=16, etp=1), "h100", framework=fw)
+    table = profile.provenance["operators"]
+    at = {c: i for i, c in enumerate(table["columns"])}
+    hidden = sum(r[at["time_ms"]] - r[at["exposed_ms"]] for r in table["rows"]
+                 if r[at["overlapped_with"]] == "paired_microbatch")
+    assert hidden > 0 and len(profile.body) == 1
+    one = PipelineConfig(stages=2, micro_batches=4, chunks=1, schedule="1f1b")
+    assert unpaired_a2a_ms(profile, np.array([[3, 2]]), one) == pytest.approx(1 * 3 * hidden, rel=1e-12)
+    inter = PipelineConfig(stages=2, micro_batches=4, chunks=2, schedule="interleaved")
+    # device 0 holds virtual stages 0 and 2: 2·1 + 1·2 = 4 warm-up chunks of (3 + 1)/2 layers
+    assert unpaired_a2a_ms(profile, np.array([[3, 2, 1, 2]]), inter) == pytest.approx(4 * 2 * hidden, rel=1e-12)
+    plain = estimate_profile("qwen3-235b-a22b", Parallel(tp=2, ep=32, dp=16, etp=1), "h100")
+    assert unpaired_a2a_ms(plain, np.array([[3, 2]]), one) == 0.0  # no overlap, nothing unpaired

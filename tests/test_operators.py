@@ -399,3 +399,119 @@ def test_fsdp_once_per_step_moves_the_gathers_to_the_step() -> None:
     per_mb = estimate_profile(model, par, h100, framework="torchtitan").body[0]
     kept = estimate_profile(model, par, h100, framework=once).body[0]
     assert kept.forward <= per_mb.forward and kept.modes["none"].backward <= per_mb.modes["none"].backward
+
+
+def test_moe_a2a_overlap_hides_each_all_to_all_under_its_paired_step_by_hand() -> None:
+    """Megatron's combined 1F1B (``--overlap-moe-expert-parallel-comm``): the layer cut at the
+    dispatch into A (attention, router, permute) and M (experts, combine, shared); the steps
+    A_fwd ‖ combine_bwd, M_bwd ‖ dispatch_fwd, M_fwd ‖ dispatch_bwd, A_bwd ‖ combine_fwd. Each
+    all-to-all keeps max(0, its time − its step's compute), plus 20/(132 − 20) of what it hid
+    (DeepEP's 20 SMs taken from H100's 132 slow the compute beside it); compute rows are
+    untouched."""
+    model, h100 = card("qwen3-235b-a22b"), hardware("h100")
+    par = Parallel(tp=2, ep=32, dp=16, etp=1)
+    plain = operators(model, par, h100)
+    paired = operators(model, par, h100, framework=dataclasses.replace(framework("megatron"), moe_a2a_overlap=True))
+    layer = plain[(plain["group"] == "moe") & plain["phase"].isin(["fwd", "bwd"])]
+
+    def compute(phase: str, before: bool) -> float:
+        rows = layer[layer["phase"] == phase].reset_index(drop=True)
+        cut = rows.index[rows["op"].str.startswith("dispatch_all_to_all")][0]
+        part = rows.iloc[:cut] if before else rows.iloc[cut:]
+        return float(part.loc[part["kind"] != "collective", "exposed_ms"].sum())
+
+    a_f, m_f, a_b, m_b = compute("fwd", True), compute("fwd", False), compute("bwd", True), compute("bwd", False)
+    under = {("fwd", "dispatch_all_to_all"): m_b, ("fwd", "combine_all_to_all"): a_b,
+             ("bwd", "dispatch_all_to_all_bwd"): m_f, ("bwd", "combine_all_to_all_bwd"): a_f}
+    for (phase, op), window in under.items():
+        before = layer[(layer["phase"] == phase) & (layer["op"] == op)].iloc[0]
+        after = paired[(paired["group"] == "moe") & (paired["phase"] == phase) & (paired["op"] == op)].iloc[0]
+        assert after["time_ms"] == before["time_ms"]
+        left = max(0.0, before["exposed_ms"] - window)
+        # the compute beside it runs on 132 - 20 SMs: 20/112 of the hidden time comes back
+        assert after["exposed_ms"] == pytest.approx(left + 20 / 112 * (before["exposed_ms"] - left), abs=1e-12)
+        assert after["overlapped_with"] == "paired_microbatch"
+    others = ~plain["op"].str.contains("all_to_all")
+    assert (paired.loc[others, "exposed_ms"].to_numpy() == plain.loc[others, "exposed_ms"].to_numpy()).all()
+    dense = operators(card("llama2-7b"), Parallel(dp=8), h100,
+                      framework=dataclasses.replace(framework("megatron"), moe_a2a_overlap=True))
+    assert (dense["exposed_ms"].to_numpy() == operators(card("llama2-7b"), Parallel(dp=8), h100)[
+        "exposed_ms"].to_numpy()).all()  # no all-to-all, nothing changes
+
+
+def test_full_recompute_under_fsdp_does_not_gather_the_layer_again() -> None:
+    """The recomputed forward runs inside the backward on the parameters the backward's gather
+    brought: the forward's FSDP all-gather is not rerun (two gathers a micro-batch, not three);
+    the rerun compute hides the backward's gather and reduce-scatter besides the backward's:
+    min(their exposed time, the rerun compute) less."""
+    model = card("llama2-7b")
+    par = Parallel(dp=16, sharding="fsdp", seq_length=4096)  # 16 ranks: across two nodes
+    table = operators(model, par, "h100")
+    rerun = table[(table["phase"] == "recompute") & (table["mode"] == "full")]
+    assert not rerun["op"].str.startswith("fsdp_").any()  # no gather rerun (one row says what the rerun hides)
+    assert (rerun["op"] == "qkv").any()  # the compute is rerun
+    profile = estimate_profile(model, par, "h100")
+    layer = table[(table["group"] == "layers") & (table["phase"] == "fwd")]
+    again = float(layer.loc[layer["kind"] != "collective", "exposed_ms"].sum()) + float(
+        layer.loc[~layer["op"].str.startswith("fsdp_") & (layer["kind"] == "collective"), "exposed_ms"].sum())
+    # the rerun compute also widens the window of the backward's gather and reduce-scatter (across nodes here)
+    bwd = table[(table["group"] == "layers") & (table["phase"] == "bwd")]
+    waiting = float(bwd.loc[bwd["op"].str.startswith("fsdp_"), "exposed_ms"].sum())
+    rerun_compute = float(layer.loc[layer["kind"] != "collective", "exposed_ms"].sum())
+    hidden = min(waiting, rerun_compute)
+    assert hidden > 0
+    hides = rerun[rerun["op"] == "recompute_hides_backward_collectives"]
+    assert len(hides) == 1 and float(hides["exposed_ms"].iloc[0]) == pytest.approx(-hidden, abs=1e-12)
+    body = profile.body[0]
+    assert body.modes["full"].backward == pytest.approx(body.modes["none"].backward + again - hidden, abs=1e-5)
+    rows = table[table["group"] == "layers"]  # the table still sums to the profile's backward
+    full = rows.loc[(rows["phase"] == "bwd") | ((rows["phase"] == "recompute") & (rows["mode"] == "full")),
+                    "exposed_ms"].sum()
+    assert body.modes["full"].backward == pytest.approx(full, abs=1e-5)
+
+
+def test_a_prefetched_gather_across_nodes_hides_under_the_nodes_own_collectives_too() -> None:
+    """FSDP's prefetched gathers run on the NIC while the layer computes and while its expert
+    all-to-all (inside the node, NVLink) runs: the ``layer`` window is the compute plus the
+    exposed collectives on the other link. Qwen3-235B, TP 2 × EP 8 inside a node, FSDP over
+    the 32 nodes (dense over 128 ranks, experts over 32, both across nodes)."""
+    model, h100 = card("qwen3-235b-a22b"), hardware("h100")
+    par = Parallel(tp=2, ep=8, dp=128, etp=1, sharding="fsdp", micro_batch_size=4)
+    table = operators(model, par, h100)
+    fwd = table[(table["group"] == "moe") & (table["phase"] == "fwd")].set_index("op")
+    dense, expert = fwd.loc["fsdp_all_gather"], fwd.loc["fsdp_expert_all_gather"]
+    assert dense["placement"] == expert["placement"] == "inter"
+    compute = float(fwd.loc[fwd["kind"] != "collective", "time_ms"].sum())
+    nvlink = fwd[(fwd["kind"] == "collective") & (fwd["placement"] == "intra")]
+    assert set(nvlink.index) >= {"dispatch_all_to_all", "combine_all_to_all"}
+    window = compute + float(nvlink["exposed_ms"].sum()) - float((nvlink["time_ms"] - nvlink["exposed_ms"]).sum())
+    # the TP collectives hide under their GEMMs (megatron): what they hide is taken from the compute
+    first = min(window, dense["time_ms"])
+    assert dense["exposed_ms"] == pytest.approx(dense["time_ms"] - first, abs=1e-9)
+    assert expert["exposed_ms"] == pytest.approx(max(0.0, expert["time_ms"] - (window - first)), abs=1e-9)
+    assert expert["exposed_ms"] < expert["time_ms"] - (compute - first)  # more hidden than the compute alone allows
+
+
+def test_eager_elementwise_moves_the_bytes_of_torchtitans_unfused_kernels_by_hand() -> None:
+    """torchtitan without torch.compile: RMSNorm moves 36 bytes an element (float() 2+4, pow
+    4+4, mean 4, x·rsqrt 4+4, type_as 4+2, ·weight 2+2) against the fused 4: × 9; rotary 20
+    against 4: × 5; SwiGLU 10 against 6: × 5/3; a residual add is one kernel either way."""
+    from sapptk.models.ops import EAGER_BYTES
+
+    assert EAGER_BYTES == {"norm": (6 + 8 + 4 + 8 + 6 + 4) / 4, "rope": (6 + 8 + 6) / 4, "swiglu": 10 / 6}
+    model, h100, par = card("llama3.1-8b"), hardware("h100"), Parallel(dp=8, seq_length=8192)
+    fused = dataclasses.replace(framework("torchtitan"), eager_elementwise=False)
+    eager = operators(model, par, h100, framework="torchtitan").set_index(["group", "phase", "op"])
+    plain = operators(model, par, h100, framework=fused).set_index(["group", "phase", "op"])
+    launch = h100.launch_us / 1e3
+    for op, mult in (("attention_norm", 9.0), ("rope", 5.0), ("swiglu", 10 / 6), ("attention_residual", 1.0)):
+        for phase, name in (("fwd", op), ("bwd", op + "_bwd")):
+            if ("layers", phase, name) not in plain.index:
+                continue
+            nbytes = plain.loc[("layers", phase, name), "bytes"]
+            assert eager.loc[("layers", phase, name), "bytes"] == nbytes  # the table keeps the fused bytes
+            by_hand = launch + mult * nbytes / (h100.hbm_tbps * 1e9 * h100.hbm_efficiency)
+            assert eager.loc[("layers", phase, name), "time_ms"] == pytest.approx(by_hand, rel=1e-12)
+    gemms = plain.reset_index()["kind"] == "gemm"
+    assert (eager.reset_index().loc[gemms, "time_ms"].to_numpy() == plain.reset_index().loc[gemms, "time_ms"]
+            .to_numpy()).all()

@@ -19,6 +19,10 @@ Everything is an operator-level account written down in ``docs/estimation.md``:
   in the constant; memory ``allocated`` or ``reserved`` (the caching allocator's reserve).
 
 Memory is in MB (10⁶ bytes), times in ms, per layer per micro-batch, as profiles are.
+
+Over 500 lines because the four accounts above are one estimate: they share the resolved
+inputs, the layer's tensors and its operator lists, and a profile is assembled from all four
+in one pass (the operators themselves live in :mod:`sapptk.models.ops`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from sapptk.models.ops import (
     dims,
     layer_ops,
     layer_param_split,
+    recompute_hiding,
     step_ops,
     to_frame,
 )
@@ -74,10 +79,13 @@ NOT_MODELLED: tuple[str, ...] = (
     "norm statistics (4-8 bytes per token) and integer routing indices",
     "load imbalance between experts (routing is taken as balanced) and node-limited routing",
     "vocabulary padding (the card's vocabulary is used as is)",
-    "slowdown of compute that runs beside overlapped communication (SM and memory contention)",
+    "slowdown of compute that runs beside overlapped communication (SM and memory contention), except the SMs "
+    "the expert all-to-all holds under the 1F1B all-to-all overlap",
     "the optimizer step's own time (the data-parallel collectives of a step are in provenance)",
     "FP8 copies of activations kept for the backward (kept in the compute dtype)",
-    "the MoE all-to-all hidden under another micro-batch's compute (DualPipe pairs: provenance only)",
+    "the MoE all-to-all hidden under another micro-batch's compute in the simulator (DualPipe pairs: provenance "
+    "only; Megatron's 1F1B all-to-all overlap, moe_a2a_overlap, is in the layer times)",
+    "host (CPU) time: kernel launches and the all-to-all dispatcher's token-count synchronisation",
 )
 """What the estimate leaves out (also in ``docs/estimation.md`` and on every profile)."""
 
@@ -326,7 +334,7 @@ def _mode_times(fwd: list[Operator], bwd: list[Operator]) -> tuple[float, dict[s
     for r in fwd:
         for mode in r.recompute:
             extra[mode] += r.exposed_ms
-    return forward, {m: back + extra[m] for m in MODES}
+    return forward, {m: back + extra[m] - recompute_hiding(fwd, bwd, m) for m in MODES}
 
 
 def _head_tail_kept(card: ModelCard, par: Parallel, kind: str) -> float:

@@ -40,7 +40,10 @@ class Framework:
     reduce-scattering the gradients once after the last backward (torchtitan with pipeline
     parallelism: ``reshard_after_forward`` off, and ``torch.distributed.pipelining`` defers
     gradient sync and resharding to the last backward); off: every micro-batch gathers and
-    reduce-scatters."""
+    reduce-scatters; ``moe_a2a_overlap``: the expert all-to-alls of one micro-batch run under
+    the compute of another in the pipeline's steady state (Megatron
+    ``--overlap-moe-expert-parallel-comm``, the combined 1F1B schedule; off in the presets, a
+    measured row turns it on with ``a2a_overlap: true``; :func:`sapptk.models.ops.pair_a2a`)."""
 
     name: str
     tp_comm_overlap: bool
@@ -54,12 +57,19 @@ class Framework:
     expert_tp_follows_tp: bool = False
     moe_dedup_dispatch: bool = False
     fsdp_once_per_step: bool = False
+    moe_a2a_overlap: bool = False
+    eager_elementwise: bool = False
+    a2a_overlap_sms: int = 20
 
     def __post_init__(self) -> None:
         f = self.elementwise_factor
         if isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0.1 <= float(f) <= 10:
             raise ConfigError(f"framework {self.name!r}: field 'elementwise_factor' = {f!r}: expected a number "
                               "in [0.1, 10]")
+        n = self.a2a_overlap_sms
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 0 <= n <= 1000:
+            raise ConfigError(f"framework {self.name!r}: field 'a2a_overlap_sms' = {n!r}: expected an integer "
+                              "in [0, 1000]")
         if self.attention_kernel not in ATTENTION_KERNELS:
             raise ConfigError(f"framework {self.name!r}: field 'attention_kernel' = {self.attention_kernel!r}: "
                               f"expected one of {', '.join(ATTENTION_KERNELS)}")
@@ -77,10 +87,13 @@ FRAMEWORKS: Mapping[str, Framework] = MappingProxyType({
                "defaults to --tensor-model-parallel-size (megatron/training/arguments.py, validate_args)"),
     "torchtitan": Framework(
         "torchtitan", tp_comm_overlap=False, cp_comm_overlap=True, overlap_grad_reduce=True,
-        overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.2, attention_kernel="fa2",
+        overlap_param_gather=True, fsdp_prefetch=True, elementwise_factor=1.0, attention_kernel="fa2",
+        eager_elementwise=True,
         source="torchtitan: FSDP2 (fully_shard) prefetches the next layer's all-gather and overlaps the "
                "reduce-scatter with the backward; async TP is opt-in (not assumed); PyTorch context-parallel "
-               "ring attention; eager elementwise ops unless torch.compile; attention through PyTorch SDPA, "
+               "ring attention; eager elementwise ops unless torch.compile (torchtitan/models/norms.py RMSNorm, "
+               "torchtitan/models/llama/model.py apply_rotary_emb and FeedForward: ops.EAGER_BYTES); attention "
+               "through PyTorch SDPA, "
                "whose flash backend is FlashAttention-2; expert tensor parallel degree 1 unless set"),
     "deepspeed": Framework(
         "deepspeed", tp_comm_overlap=False, cp_comm_overlap=False, overlap_grad_reduce=True,

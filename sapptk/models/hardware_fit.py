@@ -45,7 +45,7 @@ from sapptk.models.layout import DTYPE_BYTES, HARDWARE, Hardware
 from sapptk.models.measured import MeasuredRow, measured_row
 
 __all__ = ["FitResult", "RowPrediction", "fittable", "fit_hardware", "pipeline_outputs_mb", "predict_row",
-           "predict_rows", "row_framework"]
+           "predict_rows", "row_framework", "unpaired_a2a_ms"]
 
 _SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved", "interleaved-1f1b": "interleaved",
               "zb-h1": "zb-h1", "zb-v": "zb-v", "dualpipe-v": "dualpipe-v"}
@@ -95,19 +95,24 @@ def _hardware(base: Hardware | str) -> Hardware:
 
 def row_framework(row: MeasuredRow) -> Framework:
     """The framework preset a row ran under (``megatron`` when it names none), with what the
-    row says it turned on: ``compile`` fuses the elementwise ops (``elementwise_factor`` 1),
+    row says it turned on: ``compile`` fuses the elementwise ops (``elementwise_factor`` 1, no
+    ``eager_elementwise``),
     ``async_tp`` overlaps the tensor-parallel collectives with the GEMMs, ``deepep`` dispatches
-    experts' tokens once per remote node (``moe_dedup_dispatch``)."""
+    experts' tokens once per remote node (``moe_dedup_dispatch``), ``a2a_overlap`` hides the
+    expert all-to-alls of one micro-batch under another's compute (``moe_a2a_overlap``)."""
     fw = framework(row.framework or "megatron")
     changes: dict[str, Any] = {}
     if row.options.get("compile"):
         changes["elementwise_factor"] = 1.0
+        changes["eager_elementwise"] = False
     if row.options.get("async_tp"):
         changes["tp_comm_overlap"] = True
     if fw.name == "torchtitan" and row.pp > 1 and row.sharding == "fsdp":
         changes["fsdp_once_per_step"] = True
     if row.options.get("deepep"):
         changes["moe_dedup_dispatch"] = True
+    if row.options.get("a2a_overlap"):
+        changes["moe_a2a_overlap"] = True
     return replace(fw, **changes) if changes else fw
 
 
@@ -143,19 +148,57 @@ def predict_row(row: MeasuredRow | Mapping[str, Any], hardware: Hardware | str |
     except SapptkError as exc:
         raise ConfigError(f"{where}: field 'layout' (pp {r.pp}, vp {r.vp}, schedule {schedule}): {exc}") from None
     sim = plan.simulation
+    unpaired = unpaired_a2a_ms(profile, np.asarray(plan.counts).sum(axis=1), config)
     # the once-per-step data-parallel collectives' exposed time per layer (estimate_profile's operators),
     # times the layers each device holds; the device with the most decides
     per_layer = profile.provenance.get("dp_step_exposed_ms_per_layer", {})
     layers = np.asarray(plan.counts).sum(axis=1)  # (body groups, virtual stages)
     step = np.array([per_layer.get(g.name, 0.0) for g in profile.body])
     sync = max(float(step @ layers[:, list(st)].sum(axis=1)) for st in config.program().device_stages)
-    pipeline = float(sim.step_time)
+    pipeline = float(sim.step_time) + unpaired
     total = pipeline + sync
     peaks = np.asarray(sim.peak_memory, dtype=float).copy()
     if titan and r.pp > 1:
         peaks[_tail_device(config)] += pipeline_outputs_mb(r, hw)
     return RowPrediction(row=r.id, pipeline_ms=pipeline, sync_ms=sync, step_ms=total,
                          tokens_per_s_per_gpu=r.tokens_per_s_per_gpu_at(total), peak_mb=float(peaks.max()))
+
+
+def unpaired_a2a_ms(profile: Any, counts: np.ndarray, config: Any) -> float:
+    """What the 1F1B all-to-all overlap (``moe_a2a_overlap``) cannot hide: a device's warm-up
+    forwards and cool-down backwards have no partner micro-batch, so their expert all-to-alls
+    run exposed. The profile's layer times assume every chunk paired; this adds, on the device
+    where it is largest, its unpaired chunks × their layers × what pairing hid per layer
+    (``time_ms − exposed_ms`` of the ``paired_microbatch`` rows, forward and backward). Warm-up
+    chunks of device ``d`` in Megatron's interleaved schedule: ``2·(pp − d − 1) + (vp − 1)·pp``
+    (1F1B: ``pp − d − 1``; no pipeline: one), at most ``m·vp``; as many cool-down backwards.
+    ``counts``: the plan's layers per body group and virtual stage (its modes summed)."""
+    table = profile.provenance.get("operators", {})
+    cols = table.get("columns", [])
+    if "overlapped_with" not in cols:
+        return 0.0
+    at = {c: i for i, c in enumerate(cols)}
+    hidden: dict[str, float] = {}
+    for row in table.get("rows", []):
+        if row[at["overlapped_with"]] == "paired_microbatch":
+            g = row[at["group"]]
+            hidden[g] = hidden.get(g, 0.0) + row[at["time_ms"]] - row[at["exposed_ms"]]
+    if not hidden:
+        return 0.0
+    per_layer = np.array([hidden.get(g.name, 0.0) for g in profile.body])
+    pp, vp, m = config.stages, config.chunks, config.micro_batches
+    worst = 0.0
+    for d, stages in enumerate(config.program().device_stages):
+        if pp == 1:
+            warm = 1
+        elif vp == 1:
+            warm = pp - d - 1
+        else:
+            warm = 2 * (pp - d - 1) + (vp - 1) * pp
+        warm = min(warm, m * vp)
+        layers = counts[:, list(stages)].sum(axis=1) / vp  # per chunk, each body group
+        worst = max(worst, warm * float(per_layer @ layers))
+    return worst
 
 
 def _tail_device(config: Any) -> int:

@@ -78,7 +78,7 @@ class MeasuredRow:
     memory_mb: float | None = None
     memory_kind: str | None = None
     hardware_overrides: Mapping[str, Any] = field(default_factory=dict)
-    options: Mapping[str, Any] = field(default_factory=dict)  # compile, async_tp, deepep: switches of the run
+    options: Mapping[str, Any] = field(default_factory=dict)  # compile, async_tp, deepep, a2a_overlap: switches
     notes: str = ""
 
     @property
@@ -133,6 +133,16 @@ def _choice(value: Any, where: str, name: str, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ConfigError(f"{where}: field {name!r} = {value!r}: expected one of {', '.join(choices)}")
     return str(value)
+
+
+_OPTIONS = ("compile", "async_tp", "compile_loss", "deepep", "a2a_overlap")
+"""A row's switches of the run (true or false)."""
+
+
+def _switch(value: Any, where: str, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: field {name!r} = {value!r}: expected true or false")
+    return value
 
 
 def _mapping(value: Any, where: str, name: str) -> Mapping[str, Any]:
@@ -247,8 +257,7 @@ def measured_row(row: Mapping[str, Any] | MeasuredRow, *, index: int | None = No
         micro_batch_size=mbs, global_batch=batch, seq_length=seq, recompute=recompute, dtype=dtype,
         framework=fw, etp=etp, step_time_ms=step, tokens_per_s_per_gpu=tokens,
         memory_mb=memory_mb, memory_kind=kind, hardware_overrides=MappingProxyType(overrides),
-        options=MappingProxyType({k: row[k] for k in ("compile", "async_tp", "compile_loss", "deepep")
-                                  if k in row}),
+        options=MappingProxyType({k: _switch(row[k], where, k) for k in _OPTIONS if k in row}),
         notes=" ".join(str(row.get(k) or "") for k in ("assumed", "notes")).strip(), **sizes,
     )
     try:

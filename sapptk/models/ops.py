@@ -22,6 +22,11 @@ stride and size give its placement (:func:`sapptk.models.timing.placement`).
 
 Times come from :mod:`sapptk.models.timing`; which collectives hide under which compute
 comes from the framework preset (:mod:`sapptk.models.frameworks`).
+
+Over 500 lines because the families' operator lists, the overlap that resolves their
+exposed times (within a phase, across the paired micro-batches of the 1F1B all-to-all
+overlap, under a recompute) and the table all read and write the same :class:`Operator`
+records built by one builder; split, each part would import the others' private helpers.
 """
 
 from __future__ import annotations
@@ -37,13 +42,26 @@ from sapptk.models.frameworks import Framework
 from sapptk.models.layout import DTYPE_BYTES, Hardware, Parallel
 from sapptk.models.timing import attention_ms, collective_ms, elementwise_ms, gemm_ms, placement, remote_node_share
 
-__all__ = ["COLUMNS", "KINDS", "PHASES", "Operator", "check_fp8", "layer_ops", "step_ops", "to_frame"]
+__all__ = ["COLUMNS", "EAGER_BYTES", "KINDS", "PAIRED", "PHASES", "RERUN_HIDES", "Operator", "check_fp8", "layer_ops",
+           "pair_a2a", "recompute_hiding", "step_ops", "to_frame"]
 
 KINDS: tuple[str, ...] = ("gemm", "attention", "elementwise", "collective")
 PHASES: tuple[str, ...] = ("fwd", "bwd", "recompute", "step")
 FP32_PEAK_SHARE = 0.5
 """fp32 GEMMs run as TF32 on tensor cores: half the dense 16-bit peak on A100 (156 of 312
 TFLOPS) and H100 (494.7 of 989) per NVIDIA's datasheets (PyTorch needs ``allow_tf32``)."""
+
+EAGER_BYTES: dict[str, float] = {"norm": 9.0, "rope": 5.0, "swiglu": 10.0 / 6.0}
+"""Bytes an eager PyTorch implementation moves per byte of the fused kernel the operator list
+names, by op (a name ending in the key; per element, bf16 2 bytes, fp32 4), from torchtitan's
+model code. RMSNorm ``self._norm(x.float()).type_as(x) * self.weight`` with ``_norm`` =
+``x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``: float() 2 + 4, pow 4 + 4, mean 4,
+x · rsqrt 4 + 4, type_as 4 + 2, · weight 2 + 2 = 36 against the fused 2 + 2: 9. Rotary
+``view_as_complex(x.float().reshape(...)) * freqs_cis`` then ``view_as_real(...).type_as(x)``:
+float() 2 + 4, the complex product 4 + 4 per real element, type_as 4 + 2 = 20 against 4: 5.
+SwiGLU ``F.silu(w1(x)) * w3(x)``: silu 2 + 2, the product 2 + 2 + 2 = 10 against the fused
+6: 5/3. Residual adds are one kernel either way; their backward kernels take the same
+multiples."""
 
 _FULL = frozenset({"full"})
 _SELECT = frozenset({"select", "both", "full"})  # the attention core (and the CP ring it needs)
@@ -104,6 +122,14 @@ def attention_widths(card: ModelCard) -> tuple[int, int, int]:
     return card.head_dim, card.head_dim, card.num_kv_heads
 
 
+def _eager(op: str) -> float:
+    """:data:`EAGER_BYTES` of an op by the end of its name (1: one kernel either way)."""
+    for key, mult in EAGER_BYTES.items():
+        if op.endswith(key):
+            return mult
+    return 1.0
+
+
 class _Builder:
     """Lists one group's forward ops, with the hardware timing each as it is added."""
 
@@ -148,8 +174,10 @@ class _Builder:
             self._row("bwd", op + "_fp8_cast_bwd", "elementwise", count, 0.0, count * (self.e + 1) * m * n,
                       count * self._elem_time((self.e + 1) * m * n))
 
-    def _elem_time(self, nbytes: float) -> float:
+    def _elem_time(self, nbytes: float, op: str = "") -> float:
         f = self.fw.elementwise_factor
+        if self.fw.eager_elementwise:
+            nbytes *= _eager(op)
         return f * elementwise_ms(self.hw, nbytes)
 
     def elementwise(self, op: str, nbytes: float, *, recompute: frozenset[str] = _FULL, backward: float = 2.0,
@@ -158,11 +186,11 @@ class _Builder:
         kernel moves ``backward`` × as many (0: no backward kernel)."""
         if nbytes <= 0:
             return
-        self._row("fwd", op, "elementwise", count, 0.0, nbytes, count * self._elem_time(nbytes / count),
+        self._row("fwd", op, "elementwise", count, 0.0, nbytes, count * self._elem_time(nbytes / count, op),
                   recompute=recompute)
         if backward:
             b = backward * nbytes
-            self._row("bwd", op + "_bwd", "elementwise", count, 0.0, b, count * self._elem_time(b / count))
+            self._row("bwd", op + "_bwd", "elementwise", count, 0.0, b, count * self._elem_time(b / count, op))
 
     def attention(self, flops: float, queries: float, heads: float, keys: float, *, flash: bool,
                   recompute: frozenset[str] = _SELECT) -> None:
@@ -331,7 +359,10 @@ def _body(b: _Builder, card: ModelCard, par: Parallel, moe: bool) -> None:
 def _fsdp(b: _Builder, card: ModelCard, par: Parallel, moe: bool) -> None:
     """ZeRO-3 / FSDP: every micro-batch gathers the layer's parameters in the forward and
     again in the backward and reduce-scatters its gradients (prefetched under the layer's
-    compute when the framework does); ZeRO-2 reduce-scatters the gradients per micro-batch."""
+    compute when the framework does); ZeRO-2 reduce-scatters the gradients per micro-batch.
+    A recompute reruns the layer's forward inside its backward, on the parameters the
+    backward's gather brought (FSDP's pre-backward hook unshards them before the checkpointed
+    region reruns): the forward's gather is not rerun."""
     if par.sharding not in ("fsdp", "zero2") or (par.sharding == "fsdp" and b.fw.fsdp_once_per_step):
         return
     dense, experts = layer_param_split(card, par, moe)
@@ -343,7 +374,9 @@ def _fsdp(b: _Builder, card: ModelCard, par: Parallel, moe: bool) -> None:
             continue
         where = placement(b.hw, size, stride)[0]
         if par.sharding == "fsdp":  # gathered for the forward, freed, gathered again for the backward
-            b.collective(f"fsdp_{name}all_gather", "all_gather", b.e * count, size, stride, overlap=over, backward=0.0)
+            # not rerun by a recompute: the backward's own gather serves the recomputed forward
+            b.collective(f"fsdp_{name}all_gather", "all_gather", b.e * count, size, stride, overlap=over, backward=0.0,
+                         recompute=_NONE)
             again = collective_ms(b.hw, "all_gather", b.e * count, size, stride)
             b._row("bwd", f"fsdp_{name}all_gather_bwd", "collective", 1.0, 0.0, b.e * count, again, overlap=over,
                    collective="all_gather", size=size, where=where)
@@ -394,24 +427,37 @@ def _tail(b: _Builder, card: ModelCard, par: Parallel) -> None:
 # --- overlap -------------------------------------------------------------------------------
 def _resolve(rows: list[Operator]) -> list[Operator]:
     """``exposed_ms`` of each collective after hiding under its window (an op of the same
-    phase, or ``layer``: every compute op of it); compute ops stay exposed in full."""
+    phase, or ``layer``); compute ops stay exposed in full. The ``layer`` window is every
+    compute op of the phase not already covering a collective, plus the exposed time of the
+    phase's collectives on the other link (a collective across nodes runs on the NIC while
+    one inside the node waits on NVLink, and the other way round: FSDP's prefetched gather
+    over the NIC beside a node's expert all-to-all)."""
     window: dict[str, float] = {}
     compute = 0.0
     for r in rows:
         if r.kind != "collective":
             window[r.op] = window.get(r.op, 0.0) + r.time_ms
             compute += r.time_ms
-    window["layer"] = compute
     out = []
-    for r in rows:
-        if r.kind == "collective" and r.overlapped_with:
+    for r in rows:  # first the collectives hidden under one op (or not at all)
+        if r.kind == "collective" and r.overlapped_with and r.overlapped_with != "layer":
             avail = window.get(r.overlapped_with, 0.0)
             hidden = min(avail, r.time_ms)
             window[r.overlapped_with] = avail - hidden
-            if r.overlapped_with != "layer":
-                window["layer"] -= hidden
+            compute -= hidden
             r = r._replace(exposed_ms=r.time_ms - hidden)
         out.append(r)
+    other = {}
+    for where in ("intra", "inter"):
+        other[where] = sum(r.exposed_ms for r in out if r.kind == "collective" and r.overlapped_with != "layer"
+                           and r.placement and r.placement != where)
+    used = 0.0
+    for i, r in enumerate(out):  # then the ones hidden under the layer
+        if r.kind == "collective" and r.overlapped_with == "layer":
+            avail = max(0.0, compute + other.get(r.placement, 0.0) - used)
+            hidden = min(avail, r.time_ms)
+            used += hidden
+            out[i] = r._replace(exposed_ms=r.time_ms - hidden)
     return out
 
 
@@ -426,7 +472,60 @@ def layer_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gr
         _tail(b, card, par)
     else:
         _body(b, card, par, moe)
-    return _resolve(b.fwd), _resolve(b.bwd)
+    fwd, bwd = _resolve(b.fwd), _resolve(b.bwd)
+    if fw.moe_a2a_overlap and kind == "body" and moe:
+        fwd, bwd = pair_a2a(fwd, bwd, contention=_sm_contention(hw, fw))
+    return fwd, bwd
+
+
+PAIRED = "paired_microbatch"
+"""``overlapped_with`` of an expert all-to-all hidden under another micro-batch's compute."""
+
+
+def _split_compute(rows: list[Operator], at: str) -> tuple[float, float]:
+    """Exposed compute (every op but the collectives) listed before the op ``at`` and from it on."""
+    names = [r.op for r in rows]
+    cut = names.index(at) if at in names else len(rows)
+    before = sum(r.exposed_ms for r in rows[:cut] if r.kind != "collective")
+    after = sum(r.exposed_ms for r in rows[cut:] if r.kind != "collective")
+    return before, after
+
+
+def _sm_contention(hw: Hardware, fw: Framework) -> float:
+    """Extra compute time per ms of compute that runs beside the all-to-all's kernels: they
+    hold ``a2a_overlap_sms`` of the card's ``sms``, the compute gets the rest."""
+    held = min(fw.a2a_overlap_sms, hw.sms - 1)
+    return held / (hw.sms - held)
+
+
+def pair_a2a(fwd: list[Operator], bwd: list[Operator], *,
+             contention: float = 0.0) -> tuple[list[Operator], list[Operator]]:
+    """A MoE layer's forward of one micro-batch beside the backward of another, as Megatron's
+    combined 1F1B schedule runs them (``--overlap-moe-expert-parallel-comm``; DeepSeek-V3 report
+    §3.2.1): the layer is cut at the dispatch into an attention part A (attention, router,
+    permute) and an MLP part M (experts, combine, shared experts), and four steps run a compute
+    stream beside a communication stream:
+    ``A_fwd ‖ combine_bwd``, ``M_bwd ‖ dispatch_fwd``, ``M_fwd ‖ dispatch_bwd``,
+    ``A_bwd ‖ combine_fwd``. Each all-to-all keeps exposed only what its step's compute does not
+    cover: ``max(0, all-to-all − compute)``; the compute stays exposed in full. While an
+    all-to-all runs beside compute its kernels hold SMs, and the compute beside it is slowed:
+    ``contention`` × the hidden time is added to the all-to-all's exposed time
+    (``a2a_overlap_sms / (sms − a2a_overlap_sms)``, :class:`~sapptk.models.Framework`)."""
+    a_f, m_f = _split_compute(fwd, "dispatch_all_to_all")
+    a_b, m_b = _split_compute(bwd, "dispatch_all_to_all_bwd")
+    under = {"dispatch_all_to_all": m_b, "combine_all_to_all": a_b,
+             "dispatch_all_to_all_bwd": m_f, "combine_all_to_all_bwd": a_f}
+
+    def hide(rows: list[Operator]) -> list[Operator]:
+        out = []
+        for r in rows:
+            if r.op in under:
+                left = max(0.0, r.exposed_ms - under[r.op])
+                r = r._replace(exposed_ms=left + contention * (r.exposed_ms - left), overlapped_with=PAIRED)
+            out.append(r)
+        return out
+
+    return hide(fwd), hide(bwd)
 
 
 def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, group: str, moe: bool,
@@ -465,11 +564,28 @@ def step_ops(card: ModelCard, par: Parallel, hw: Hardware, fw: Framework, *, gro
     return rows
 
 
+RERUN_HIDES = "recompute_hides_backward_collectives"
+"""The operator-table row (phase ``recompute``) of what a mode's rerun forward hides of the
+backward's collectives: its ``exposed_ms`` is minus that time."""
+
+
+def recompute_hiding(fwd: list[Operator], bwd: list[Operator], mode: str) -> float:
+    """ms of the backward's collectives hidden under the layer (FSDP's gather and gradient
+    reduce-scatter, ZeRO-2's reduce-scatter) that a recompute mode's rerun forward hides
+    besides: the rerun compute runs inside the backward (FSDP2 unshards the layer before its
+    checkpointed region reruns and reduce-scatters after its backward), so it widens their
+    window: ``min(their exposed time, the mode's rerun compute)``."""
+    rerun = sum(r.exposed_ms for r in fwd if mode in r.recompute and r.kind != "collective")
+    waiting = sum(r.exposed_ms for r in bwd if r.kind == "collective" and r.overlapped_with == "layer")
+    return min(rerun, waiting)
+
+
 # --- the table -----------------------------------------------------------------------------
 def to_frame(groups: Iterable[tuple[list[Operator], list[Operator], list[Operator]]]) -> pd.DataFrame:
     """The tidy table of (forward, backward, step) operator lists: one row per op and phase;
     a forward op rerun by a recompute mode appears again with phase ``recompute`` and that
-    ``mode``."""
+    ``mode``, and what that rerun hides of the backward's collectives as one row
+    (:data:`RERUN_HIDES`, negative ``exposed_ms``: :func:`recompute_hiding`)."""
     rows: list[tuple] = []
     for fwd, bwd, step in groups:
         for r in fwd:
@@ -480,6 +596,10 @@ def to_frame(groups: Iterable[tuple[list[Operator], list[Operator], list[Operato
             for r in fwd:
                 if mode in r.recompute:
                     rows.append(_as_row(r, "recompute", mode))
+            hidden = recompute_hiding(fwd, bwd, mode)
+            if hidden > 0 and fwd:
+                rows.append((fwd[0].group, RERUN_HIDES, "recompute", mode, "collective", 1.0, 0.0, 0.0, 0.0, -hidden,
+                             "layer", 0.0, 0.0, 0.0, "", "", 0, ""))
         for r in step:
             rows.append(_as_row(r, "step", ""))
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
