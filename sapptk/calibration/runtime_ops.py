@@ -212,7 +212,8 @@ def unit_gaps(program: Program, ops: pd.DataFrame, *, comm: float = 0.0) -> pd.D
     same device was the last to be ready; "neighbour": a dependency on another device was,
     counting ``comm`` ms of lag after its end; "first": the device's first unit, nothing to
     wait for; "inside": a gap between the ops of an overlapped unit), ``after`` (kind of the
-    op whose end the gap starts from), ``gap_ms`` (from that end to the unit's first op).
+    op whose end the gap starts from), ``after_stage`` (that op's virtual stage, −1 for "first"),
+    ``gap_ms`` (from that end to the unit's first op).
     A unit's end is its last op's: the runtime sends an overlapped unit's outputs after all
     of its ops.
     """
@@ -223,22 +224,23 @@ def unit_gaps(program: Program, ops: pd.DataFrame, *, comm: float = 0.0) -> pd.D
     rows = []
     for step in sorted(int(s) for s in ops["step"].unique()):
         table = _step_table(program, ops, step)
-        starts, ends, last = np.zeros(n), np.zeros(n), [""] * n
+        starts, ends, last, last_vs = np.zeros(n), np.zeros(n), [""] * n, [-1] * n
         first = [""] * n
         for u in range(n):
             seq = sorted(table[(KINDS[g.op_kind[i]], int(g.op_virtual_stage[i]), int(g.op_micro_batch[i]))]
-                         + (KINDS[g.op_kind[i]],) for i in range(int(g.unit_op_ptr[u]), int(g.unit_op_ptr[u + 1])))
+                         + (KINDS[g.op_kind[i]], int(g.op_virtual_stage[i]))
+                         for i in range(int(g.unit_op_ptr[u]), int(g.unit_op_ptr[u + 1])))
             starts[u], first[u] = seq[0][0], seq[0][2]
             end_op = max(seq, key=lambda x: x[0] + x[1])
-            ends[u], last[u] = end_op[0] + end_op[1], end_op[2]
-            for (s0, d0, k0), (s1, _d1, _k1) in zip(seq[:-1], seq[1:], strict=True):
-                rows.append((step, int(g.unit_device[u]), u, first[u], "inside", k0, s1 - (s0 + d0)))
+            ends[u], last[u], last_vs[u] = end_op[0] + end_op[1], end_op[2], end_op[3]
+            for (s0, d0, k0, v0), (s1, *_rest) in zip(seq[:-1], seq[1:], strict=True):
+                rows.append((step, int(g.unit_device[u]), u, first[u], "inside", k0, v0, s1 - (s0 + d0)))
         for u in range(n):
             device = int(g.unit_device[u])
             here = [int(q) for q, c in zip(g.unit_preds[u], g.unit_cross[u], strict=True) if q < n and not c]
             there = [int(q) for q, c in zip(g.unit_preds[u], g.unit_cross[u], strict=True) if q < n and c]
             if not here and not there:
-                rows.append((step, device, u, first[u], "first", "", np.nan))
+                rows.append((step, device, u, first[u], "first", "", -1, np.nan))
                 continue
             local = max(here, key=lambda q: ends[q]) if here else None
             remote = max(there, key=lambda q: ends[q]) if there else None
@@ -246,8 +248,8 @@ def unit_gaps(program: Program, ops: pd.DataFrame, *, comm: float = 0.0) -> pd.D
                 bound, q = "neighbour", remote
             else:
                 bound, q = "device", local
-            rows.append((step, device, u, first[u], bound, last[q], starts[u] - ends[q]))
-    frame = pd.DataFrame(rows, columns=["step", "device", "unit", "kind", "bound", "after", "gap_ms"])
+            rows.append((step, device, u, first[u], bound, last[q], last_vs[q], starts[u] - ends[q]))
+    frame = pd.DataFrame(rows, columns=["step", "device", "unit", "kind", "bound", "after", "after_stage", "gap_ms"])
     for col, cats in (("kind", list(KINDS)), ("after", ["", *KINDS]),
                       ("bound", ["first", "device", "neighbour", "inside"])):
         frame[col] = pd.Categorical(frame[col], categories=cats)
