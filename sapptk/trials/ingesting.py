@@ -85,7 +85,11 @@ class Calibrated:
     ``runs``: one row per run (module docstring), with ``fitted_ms`` (the setup simulated with
     the pooled fit, plus ``step_ms``) and ``fitted_error`` beside ``measured_ms``.
     ``costs``: per op kind, ``per_layer_ms``, ``per_op_ms``, ``ops`` (samples).
-    ``overhead_ms``, ``comm_ms``, ``step_ms``: the runtime's terms. ``notes``: what was assumed.
+    ``overhead_ms``, ``comm_ms``, ``step_ms``: the runtime's terms; ``send_ms``, ``recv_ms``:
+    what posting a send after a unit whose output crosses to another device, and a receive
+    before one whose input does, adds on the compute thread
+    (:func:`~sapptk.calibration.runtime_ops.fit_messages`: ``overhead_ms`` is then the base
+    per op and ``comm_ms`` the lag beyond it). ``notes``: what was assumed.
     """
 
     runs: pd.DataFrame
@@ -96,6 +100,8 @@ class Calibrated:
     folder: Path
     dp_sync_per_layer_ms: float = float("nan")
     notes: list[str] = field(default_factory=list)
+    send_ms: float = 0.0
+    recv_ms: float = 0.0
 
     @classmethod
     def from_fits(cls, samples: list[pd.DataFrame], fits: list[Any], *, step_outside: list[float] | None = None,
@@ -125,13 +131,17 @@ class Calibrated:
                                                             ops=("ops", "sum")).reset_index()
             costs = costs.set_index("kind").loc[[k for k in KIND_ORDER if k in set(costs["kind"])]].reset_index()
             return cls(runs=runs if runs is not None else pd.DataFrame(), costs=costs, folder=folder or Path("."),
-                       overhead_ms=float(np.median([f.overhead for f in fits])),
-                       comm_ms=float(np.median([f.comm for f in fits])), step_ms=float(np.median(outside)),
+                       overhead_ms=float(np.median([f.base_ms for f in fits])),
+                       send_ms=float(np.median([f.send_ms for f in fits])),
+                       recv_ms=float(np.median([f.recv_ms for f in fits])),
+                       comm_ms=float(np.median([f.message_comm for f in fits])), step_ms=float(np.median(outside)),
                        dp_sync_per_layer_ms=float(np.median(dp_sync)) if dp_sync else np.nan)
         return cls(runs=runs if runs is not None else pd.DataFrame(), costs=_fit_kinds(pooled),
                    folder=folder or Path("."),
-                   overhead_ms=float(np.average([f.overhead for f in fits], weights=weights)),
-                   comm_ms=float(np.average([f.comm for f in fits], weights=weights)),
+                   overhead_ms=float(np.average([f.base_ms for f in fits], weights=weights)),
+                   send_ms=float(np.average([f.send_ms for f in fits], weights=weights)),
+                   recv_ms=float(np.average([f.recv_ms for f in fits], weights=weights)),
+                   comm_ms=float(np.average([f.message_comm for f in fits], weights=weights)),
                    step_ms=float(np.average(outside, weights=weights)),
                    dp_sync_per_layer_ms=float(np.mean(dp_sync)) if dp_sync else np.nan)
 
@@ -152,6 +162,7 @@ class Calibrated:
         """The step time (ms) of a setup with the fitted costs: simulated, plus ``step_ms``, plus
         with dp > 1 the gradient all-reduce (``dp_sync_per_layer_ms`` per layer of the fullest
         device; a ConfigError when no trial had dp > 1)."""
+        from sapptk.calibration.runtime_ops import unit_messages
         from sapptk.schedules import KINDS, build
         from sapptk.simulation import simulate
 
@@ -164,9 +175,14 @@ class Calibrated:
         out = {name: np.zeros(shape) for name in ("forward", "backward", "weight")}
         target = {"F": "forward", "B": "backward", "I": "backward", "W": "weight"}
         g = program.graph
-        for i in range(g.n_ops):
-            kind, vs = KINDS[g.op_kind[i]], int(g.op_virtual_stage[i])
-            out[target[kind]][vs, int(g.op_micro_batch[i])] = self._op_ms(kind, layers[vs], vs == 0) + self.overhead_ms
+        sends, receives = unit_messages(program)
+        for u in range(g.n_units):
+            last = int(g.unit_op_ptr[u + 1]) - 1
+            for i in range(int(g.unit_op_ptr[u]), last + 1):
+                kind, vs = KINDS[g.op_kind[i]], int(g.op_virtual_stage[i])
+                messages = self.send_ms * sends[u] + self.recv_ms * receives[u] if i == last else 0.0
+                out[target[kind]][vs, int(g.op_micro_batch[i])] = (self._op_ms(kind, layers[vs], vs == 0)
+                                                                   + self.overhead_ms + messages)
         step = float(simulate(program, **out, comm=self.comm_ms).step_time) + self.step_ms
         if dp > 1:
             if not np.isfinite(self.dp_sync_per_layer_ms):
@@ -183,7 +199,8 @@ class Calibrated:
                  "per layer: " + ", ".join(f"{r.kind} {r.per_layer_ms:.3f} ms (+{r.per_op_ms:.3f} per op"
                                            + (f", {r.first_ms:+.3f} on the first stage)" if r.first_ms else ")")
                                            for r in self.costs.itertuples()),
-                 f"runtime: overhead {self.overhead_ms:.3f} ms per op, comm {self.comm_ms:.3f} ms, "
+                 f"runtime: overhead {self.overhead_ms:.3f} ms per op (+{self.send_ms:.3f} per send, "
+                 f"+{self.recv_ms:.3f} per receive), comm {self.comm_ms:.3f} ms, "
                  f"step outside ops {self.step_ms:.2f} ms"]
         for r in self.runs.itertuples():
             if np.isfinite(r.fitted_ms) and np.isfinite(r.measured_ms):
@@ -393,7 +410,8 @@ def ingest(folder: str | os.PathLike[str]) -> Calibrated:
     frame.to_csv(work / "runs.csv", index=False)
     calibrated.costs.to_csv(work / "costs.csv", index=False)
     (work / "calibration.json").write_text(json.dumps(
-        {"overhead_ms": calibrated.overhead_ms, "comm_ms": calibrated.comm_ms, "step_ms": calibrated.step_ms,
+        {"overhead_ms": calibrated.overhead_ms, "send_ms": calibrated.send_ms, "recv_ms": calibrated.recv_ms,
+         "comm_ms": calibrated.comm_ms, "step_ms": calibrated.step_ms,
          "dp_sync_per_layer_ms": None if np.isnan(calibrated.dp_sync_per_layer_ms) else calibrated.dp_sync_per_layer_ms,
          "costs": calibrated.costs.to_dict("records")}, indent=1), encoding="utf-8")
     return calibrated
