@@ -172,10 +172,10 @@ def _run(out: Path, cases: list[dict], args: argparse.Namespace) -> None:
         env.update(MALLOC_MMAP_THRESHOLD_=MMAP_THRESHOLD, MALLOC_TRIM_THRESHOLD_=TRIM_THRESHOLD)
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(out / "cases.json"), str(out), str(r),
                                str(port), str(args.warmup), str(args.steps)], env=env,
-                              start_new_session=args.priority is not None) for r in range(STAGES)]
+                              start_new_session=getattr(args, "priority", None) is not None) for r in range(STAGES)]
     deadline = time.monotonic() + args.timeout
     try:
-        if args.priority is not None:
+        if getattr(args, "priority", None) is not None:
             for p in procs:
                 _set_autogroup_nice(p.pid, args.priority)
         while any(p.poll() is None for p in procs):
