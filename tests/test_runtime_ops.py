@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sapptk.calibration.runtime_ops import op_overhead, op_samples, stage_costs
@@ -206,3 +207,23 @@ def test_a_trace_of_another_schedule_is_refused(tmp_path):
         fit_runtime("zb-h1", ops)
     with pytest.raises(TraceError, match="program: expected"):
         op_costs(None, ops)
+
+
+def test_fit_messages_splits_the_gaps_by_sends_and_receives():
+    """Gaps laid out as base + send + recv exactly give the three terms back."""
+    from sapptk.calibration.runtime_ops import fit_messages, unit_messages
+
+    program = build("interleaved", stages=2, micro_batches=4, chunks=2)
+    sends, receives = unit_messages(program)
+    assert sends.any() and receives.any() and not sends.all()
+    rows = []
+    n = program.graph.n_units
+    for u in range(1, n):
+        q = u - 1
+        rows.append({"bound": "device", "unit": u, "after_unit": q,
+                     "gap_ms": 0.2 + 0.5 * sends[q] + 0.25 * receives[u]})
+    rows.append({"bound": "neighbour", "unit": 0, "after_unit": 0, "gap_ms": 0.2 + 0.5 + 0.3})
+    base, send, recv, comm = fit_messages(program, pd.DataFrame(rows))
+    assert (base, send, recv, comm) == pytest.approx((0.2, 0.5, 0.25, 0.3))
+    with pytest.raises(TraceError, match="per-op overhead"):
+        fit_messages(program, pd.DataFrame(rows[-1:]))

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import sapptk
@@ -239,3 +240,40 @@ def test_benchmark_predict_gives_back_runs_that_follow_the_time_model(tmp_path):
     for across in ("median",):
         cross, loso = bench.predict(tmp_path, [("1f1b", 8), ("zb-h1", 8)], across)
         assert max(abs(r["error"]) for r in cross) < 1e-9
+
+
+def test_the_first_virtual_stage_has_costs_of_its_own():
+    """The first stage's input needs no gradient: its I is nearly free and its B about half.
+    Pooled per kind without a term of its own, every stage's I would cost the mean of the two;
+    from runs of one schedule the fit must predict another exactly."""
+    from sapptk.calibration.runtime_ops import RuntimeFit
+
+    truth = {("F", False): 1.0, ("F", True): 1.0, ("I", False): 1.2, ("I", True): 0.02, ("W", False): 1.1,
+             ("W", True): 1.1, ("B", False): 2.3, ("B", True): 1.12}
+
+    def run(schedule: str, v: int) -> tuple:
+        program = build(schedule, stages=2, micro_batches=4, chunks=v)
+        g = program.graph
+        from sapptk.schedules import KINDS
+
+        rows = [(0, 0, KINDS[g.op_kind[i]], int(g.op_virtual_stage[i]), int(g.op_micro_batch[i]), 0.0,
+                 truth[(KINDS[g.op_kind[i]], int(g.op_virtual_stage[i]) == 0)]) for i in range(g.n_ops)]
+        ops = pd.DataFrame(rows, columns=["device", "step", "kind", "virtual_stage", "micro_batch", "start_ms",
+                                          "duration_ms"]).assign(layers=1)
+        return ops, RuntimeFit(overhead=0.0, comm=0.0, step_ms=0.0, overhead_by_kind={}, gaps=pd.DataFrame())
+
+    fitted = [run("1f1b", 1), run("zb-h1", 1)]
+    cal = Calibrated.from_fits([o for o, _ in fitted], [f for _, f in fitted])
+    costs = cal.costs.set_index("kind")
+    assert costs.at["I", "per_layer_ms"] == pytest.approx(1.2) and costs.at["I", "first_ms"] == pytest.approx(-1.18)
+    assert costs.at["B", "first_ms"] == pytest.approx(1.12 - 2.3) and costs.at["F", "first_ms"] == pytest.approx(0)
+    for schedule, v in (("interleaved-zb", 2), ("zb-v", 2), ("gpipe", 1)):
+        program = build(schedule, stages=2, micro_batches=8, chunks=v)
+        n = program.num_virtual_stages
+        split = schedule != "gpipe"
+        first = np.arange(n) == 0
+        expected = simulate(program, forward=np.full(n, 1.0),
+                            backward=np.where(first, truth[("I" if split else "B", True)],
+                                              truth[("I" if split else "B", False)]),
+                            weight=1.1 if split else 0.0).step_time
+        assert cal.predict(schedule, 2, v, 8, [1] * n) == pytest.approx(expected)

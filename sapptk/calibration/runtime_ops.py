@@ -27,6 +27,13 @@ measures it from the run's own trace, where each op and each wait is a range:
   and ``step_ms``, the step's own work outside its ops (splitting the batch, scaling the
   gradients, waiting for the last sends: the median of the longest device step range less
   the span of the ops).
+* :func:`fit_messages` — the same gaps split by what the runtime does around an op: a base
+  per op, the posting of a send after a unit whose output crosses to another device and the
+  posting of a receive before a unit whose input comes from one (gloo on CPU does both on the
+  compute thread, about 0.2-0.5 ms each here), by least squares; ``comm`` is then the lag
+  beyond the base and the send. A schedule with more crossings per op (interleaved: 0.75 a
+  op at p = 2, v = 2; ZB-H1 0.33) pays more per op, which one overhead per op cannot carry
+  from one schedule to another.
 * :func:`op_costs` — like :func:`stage_costs`, per (virtual stage, micro-batch) from the
   program's own ops: right where a schedule runs some backwards whole and others split.
 * :func:`step_costs` — every op's own duration in one step, as (virtual stage,
@@ -48,8 +55,8 @@ import pandas as pd
 from sapptk.errors import TraceError
 from sapptk.schedules import KINDS, Program
 
-__all__ = ["OP_PATTERN", "WAIT_PATTERN", "RuntimeFit", "fit_runtime", "op_costs", "op_overhead", "op_samples",
-           "stage_costs", "step_costs", "unit_gaps"]
+__all__ = ["OP_PATTERN", "WAIT_PATTERN", "RuntimeFit", "fit_messages", "fit_runtime", "op_costs", "op_overhead",
+           "op_samples", "stage_costs", "step_costs", "unit_gaps", "unit_messages"]
 
 OP_PATTERN = r"sapptk:(?P<kind>[FBIW]):(?P<stage>\d+):(?P<micro_batch>\d+)"
 """The op ranges ``benchmarks/runtime_fidelity.py`` records around PyTorch's stage calls."""
@@ -212,7 +219,9 @@ def unit_gaps(program: Program, ops: pd.DataFrame, *, comm: float = 0.0) -> pd.D
     same device was the last to be ready; "neighbour": a dependency on another device was,
     counting ``comm`` ms of lag after its end; "first": the device's first unit, nothing to
     wait for; "inside": a gap between the ops of an overlapped unit), ``after`` (kind of the
-    op whose end the gap starts from), ``gap_ms`` (from that end to the unit's first op).
+    op whose end the gap starts from), ``after_stage`` and ``after_unit`` (that op's virtual
+    stage and unit, −1 for "first"),
+    ``gap_ms`` (from that end to the unit's first op).
     A unit's end is its last op's: the runtime sends an overlapped unit's outputs after all
     of its ops.
     """
@@ -223,22 +232,23 @@ def unit_gaps(program: Program, ops: pd.DataFrame, *, comm: float = 0.0) -> pd.D
     rows = []
     for step in sorted(int(s) for s in ops["step"].unique()):
         table = _step_table(program, ops, step)
-        starts, ends, last = np.zeros(n), np.zeros(n), [""] * n
+        starts, ends, last, last_vs = np.zeros(n), np.zeros(n), [""] * n, [-1] * n
         first = [""] * n
         for u in range(n):
             seq = sorted(table[(KINDS[g.op_kind[i]], int(g.op_virtual_stage[i]), int(g.op_micro_batch[i]))]
-                         + (KINDS[g.op_kind[i]],) for i in range(int(g.unit_op_ptr[u]), int(g.unit_op_ptr[u + 1])))
+                         + (KINDS[g.op_kind[i]], int(g.op_virtual_stage[i]))
+                         for i in range(int(g.unit_op_ptr[u]), int(g.unit_op_ptr[u + 1])))
             starts[u], first[u] = seq[0][0], seq[0][2]
             end_op = max(seq, key=lambda x: x[0] + x[1])
-            ends[u], last[u] = end_op[0] + end_op[1], end_op[2]
-            for (s0, d0, k0), (s1, _d1, _k1) in zip(seq[:-1], seq[1:], strict=True):
-                rows.append((step, int(g.unit_device[u]), u, first[u], "inside", k0, s1 - (s0 + d0)))
+            ends[u], last[u], last_vs[u] = end_op[0] + end_op[1], end_op[2], end_op[3]
+            for (s0, d0, k0, v0), (s1, *_rest) in zip(seq[:-1], seq[1:], strict=True):
+                rows.append((step, int(g.unit_device[u]), u, first[u], "inside", k0, v0, u, s1 - (s0 + d0)))
         for u in range(n):
             device = int(g.unit_device[u])
             here = [int(q) for q, c in zip(g.unit_preds[u], g.unit_cross[u], strict=True) if q < n and not c]
             there = [int(q) for q, c in zip(g.unit_preds[u], g.unit_cross[u], strict=True) if q < n and c]
             if not here and not there:
-                rows.append((step, device, u, first[u], "first", "", np.nan))
+                rows.append((step, device, u, first[u], "first", "", -1, -1, np.nan))
                 continue
             local = max(here, key=lambda q: ends[q]) if here else None
             remote = max(there, key=lambda q: ends[q]) if there else None
@@ -246,8 +256,9 @@ def unit_gaps(program: Program, ops: pd.DataFrame, *, comm: float = 0.0) -> pd.D
                 bound, q = "neighbour", remote
             else:
                 bound, q = "device", local
-            rows.append((step, device, u, first[u], bound, last[q], starts[u] - ends[q]))
-    frame = pd.DataFrame(rows, columns=["step", "device", "unit", "kind", "bound", "after", "gap_ms"])
+            rows.append((step, device, u, first[u], bound, last[q], last_vs[q], q, starts[u] - ends[q]))
+    frame = pd.DataFrame(rows, columns=["step", "device", "unit", "kind", "bound", "after", "after_stage", "after_unit",
+                                        "gap_ms"])
     for col, cats in (("kind", list(KINDS)), ("after", ["", *KINDS]),
                       ("bound", ["first", "device", "neighbour", "inside"])):
         frame[col] = pd.Categorical(frame[col], categories=cats)
@@ -263,6 +274,8 @@ class RuntimeFit:
     ``step_ms``: the step's work outside its ops, to add to a simulated step time.
     ``overhead_by_kind``: the mean gap after each kind of op (F, B, I, W), for reading.
     ``gaps``: the :func:`unit_gaps` frame it came from.
+    ``base_ms``, ``send_ms``, ``recv_ms``, ``message_comm``: the same gaps split by
+    :func:`fit_messages` (0 where not fitted).
     """
 
     overhead: float
@@ -270,6 +283,10 @@ class RuntimeFit:
     step_ms: float
     overhead_by_kind: dict[str, float]
     gaps: pd.DataFrame
+    base_ms: float = 0.0
+    send_ms: float = 0.0
+    recv_ms: float = 0.0
+    message_comm: float = 0.0
 
 
 def _fit_gaps(gaps: pd.DataFrame) -> tuple[float, float]:
@@ -316,4 +333,55 @@ def fit_runtime(program: Program, ops: pd.DataFrame, trace: Any = None, *,
             span = float((own_ops["start_ms"] + own_ops["duration_ms"]).max() - own_ops["start_ms"].min())
             outside.append(longest - span)
         step_ms = max(float(np.median(outside)), 0.0)
-    return RuntimeFit(overhead=overhead, comm=comm, step_ms=step_ms, overhead_by_kind=by_kind, gaps=gaps)
+    base, send, recv, message_comm = fit_messages(program, gaps)
+    return RuntimeFit(overhead=overhead, comm=comm, step_ms=step_ms, overhead_by_kind=by_kind, gaps=gaps,
+                      base_ms=base, send_ms=send, recv_ms=recv, message_comm=message_comm)
+
+
+def unit_messages(program: Program) -> tuple[np.ndarray, np.ndarray]:
+    """``(sends, receives)``: per unit of ``program.graph``, whether its output goes to a unit
+    on another device, and whether its input comes from one."""
+    _check_program(program)
+    g = program.graph
+    n = g.n_units
+    sends, receives = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    for u in range(n):
+        for q, cross in zip(g.unit_preds[u], g.unit_cross[u], strict=True):
+            if q < n and cross:
+                receives[u] = sends[int(q)] = True
+    return sends, receives
+
+
+def fit_messages(program: Program, gaps: pd.DataFrame) -> tuple[float, float, float, float]:
+    """``(base, send, recv, comm)`` ms from :func:`unit_gaps` of a run of ``program``.
+
+    Each gap a device left itself (rows "device" and "inside") is ``base`` + ``send`` when
+    the unit it follows sends its output to another device + ``recv`` when the unit it
+    precedes receives its input from one (an "inside" gap: ``base`` only), by least squares;
+    a term that comes out negative is left out and the rest fitted again. ``comm``: the
+    mean lag of the "neighbour" rows less ``base`` and ``send``, at least 0. Simulated, a
+    unit costs its ops plus ``base`` per op, plus ``send`` and ``recv`` on its last op
+    where it sends or receives. A TraceError when no gap was a device's own."""
+    sends, receives = unit_messages(program)
+    own = gaps[gaps["bound"].isin(["device", "inside"])]
+    if own.empty:
+        raise TraceError("no op started right after its own device's previous op: cannot fit the per-op overhead")
+    inside = (own["bound"] == "inside").to_numpy()
+    after = own["after_unit"].to_numpy().clip(min=0)
+    columns = [np.ones(len(own)), np.where(inside, 0.0, sends[after]), np.where(inside, 0.0, receives[own["unit"]])]
+    y = own["gap_ms"].to_numpy(float)
+    keep, coef = [0, 1, 2], np.zeros(3)
+    while keep:
+        coef[:] = 0.0
+        coef[keep] = np.linalg.lstsq(np.column_stack([columns[k] for k in keep]), y, rcond=None)[0]
+        negative = [k for k in keep if coef[k] < 0]
+        if not negative:
+            break
+        terms = [k for k in negative if k != 0]  # drop a message term first, the base last
+        keep.remove(min(terms, key=lambda k: coef[k]) if terms else 0)
+    else:
+        coef[:] = 0.0
+    base, send, recv = (float(c) for c in coef)
+    lags = gaps.loc[gaps["bound"] == "neighbour", "gap_ms"].to_numpy(float)
+    comm = max(float(lags.mean()) - base - send, 0.0) if len(lags) else 0.0
+    return base, send, recv, comm

@@ -19,9 +19,11 @@ without its ``manifest.json`` is a :class:`~sapptk.errors.ConfigError`) and ever
 
 The fit pools every ``ok`` run with a readable trace
 (:mod:`sapptk.calibration.runtime_ops`): per op kind (F, B, I, W), ``duration = per_layer_ms
-· layers + per_op_ms`` by least squares over every op (through the origin when that gives a
-negative term), the runtime's per-op ``overhead_ms``, the lag across devices ``comm_ms`` and
-the step's work outside its ops ``step_ms`` (means over the runs of each run's
+· layers + per_op_ms + first_ms · [first virtual stage]`` by least squares over every op
+(through the origin when that gives a negative term; ``first_ms``: the first stage's input
+needs no gradient, so its ``I`` is nearly free and its ``B`` about half), the runtime's
+per-op ``overhead_ms``, the lag across devices ``comm_ms`` and the step's work outside its
+ops ``step_ms`` (means over the runs of each run's
 :func:`~sapptk.calibration.runtime_ops.fit_runtime`, weighted by their ops; ``step_ms`` less the
 gradient all-reduce), and ``dp_sync_per_layer_ms``: the all-reduce of runs with dp > 1 (the
 ``sapptk:dp_sync`` range of replica 0's slowest rank) per layer of the fullest device. Only
@@ -83,7 +85,11 @@ class Calibrated:
     ``runs``: one row per run (module docstring), with ``fitted_ms`` (the setup simulated with
     the pooled fit, plus ``step_ms``) and ``fitted_error`` beside ``measured_ms``.
     ``costs``: per op kind, ``per_layer_ms``, ``per_op_ms``, ``ops`` (samples).
-    ``overhead_ms``, ``comm_ms``, ``step_ms``: the runtime's terms. ``notes``: what was assumed.
+    ``overhead_ms``, ``comm_ms``, ``step_ms``: the runtime's terms; ``send_ms``, ``recv_ms``:
+    what posting a send after a unit whose output crosses to another device, and a receive
+    before one whose input does, adds on the compute thread
+    (:func:`~sapptk.calibration.runtime_ops.fit_messages`: ``overhead_ms`` is then the base
+    per op and ``comm_ms`` the lag beyond it). ``notes``: what was assumed.
     """
 
     runs: pd.DataFrame
@@ -94,6 +100,8 @@ class Calibrated:
     folder: Path
     dp_sync_per_layer_ms: float = float("nan")
     notes: list[str] = field(default_factory=list)
+    send_ms: float = 0.0
+    recv_ms: float = 0.0
 
     @classmethod
     def from_fits(cls, samples: list[pd.DataFrame], fits: list[Any], *, step_outside: list[float] | None = None,
@@ -119,27 +127,34 @@ class Calibrated:
             per_run = pd.concat([_fit_kinds(x.assign(kind=x["kind"].astype(str))) for x in samples])
             costs = per_run.groupby("kind", sort=False).agg(per_layer_ms=("per_layer_ms", "median"),
                                                             per_op_ms=("per_op_ms", "median"),
+                                                            first_ms=("first_ms", "median"),
                                                             ops=("ops", "sum")).reset_index()
             costs = costs.set_index("kind").loc[[k for k in KIND_ORDER if k in set(costs["kind"])]].reset_index()
             return cls(runs=runs if runs is not None else pd.DataFrame(), costs=costs, folder=folder or Path("."),
-                       overhead_ms=float(np.median([f.overhead for f in fits])),
-                       comm_ms=float(np.median([f.comm for f in fits])), step_ms=float(np.median(outside)),
+                       overhead_ms=float(np.median([f.base_ms for f in fits])),
+                       send_ms=float(np.median([f.send_ms for f in fits])),
+                       recv_ms=float(np.median([f.recv_ms for f in fits])),
+                       comm_ms=float(np.median([f.message_comm for f in fits])), step_ms=float(np.median(outside)),
                        dp_sync_per_layer_ms=float(np.median(dp_sync)) if dp_sync else np.nan)
         return cls(runs=runs if runs is not None else pd.DataFrame(), costs=_fit_kinds(pooled),
                    folder=folder or Path("."),
-                   overhead_ms=float(np.average([f.overhead for f in fits], weights=weights)),
-                   comm_ms=float(np.average([f.comm for f in fits], weights=weights)),
+                   overhead_ms=float(np.average([f.base_ms for f in fits], weights=weights)),
+                   send_ms=float(np.average([f.send_ms for f in fits], weights=weights)),
+                   recv_ms=float(np.average([f.recv_ms for f in fits], weights=weights)),
+                   comm_ms=float(np.average([f.message_comm for f in fits], weights=weights)),
                    step_ms=float(np.average(outside, weights=weights)),
                    dp_sync_per_layer_ms=float(np.mean(dp_sync)) if dp_sync else np.nan)
 
-    def _op_ms(self, kind: str, layers: int) -> float:
+    def _op_ms(self, kind: str, layers: int, first: bool = False) -> float:
+        """One op's ms (at least 0); ``first``: on the first virtual stage (``first_ms``)."""
         c = self.costs.set_index("kind")
         if kind in c.index:
-            return float(c.at[kind, "per_layer_ms"]) * layers + float(c.at[kind, "per_op_ms"])
+            extra = float(c.at[kind, "first_ms"]) if first and "first_ms" in c.columns else 0.0
+            return max(float(c.at[kind, "per_layer_ms"]) * layers + float(c.at[kind, "per_op_ms"]) + extra, 0.0)
         if kind in ("I", "W") and "B" in c.index:  # no split backward trialled: half each
-            return 0.5 * self._op_ms("B", layers)
+            return 0.5 * self._op_ms("B", layers, first)
         if kind == "B" and {"I", "W"} <= set(c.index):
-            return self._op_ms("I", layers) + self._op_ms("W", layers)
+            return self._op_ms("I", layers, first) + self._op_ms("W", layers, first)
         raise ConfigError(f"no {kind} op was measured in the trials: cannot cost it")
 
     def predict(self, schedule: str, stages: int, chunks: int, micro_batches: int,
@@ -147,6 +162,7 @@ class Calibrated:
         """The step time (ms) of a setup with the fitted costs: simulated, plus ``step_ms``, plus
         with dp > 1 the gradient all-reduce (``dp_sync_per_layer_ms`` per layer of the fullest
         device; a ConfigError when no trial had dp > 1)."""
+        from sapptk.calibration.runtime_ops import unit_messages
         from sapptk.schedules import KINDS, build
         from sapptk.simulation import simulate
 
@@ -159,9 +175,14 @@ class Calibrated:
         out = {name: np.zeros(shape) for name in ("forward", "backward", "weight")}
         target = {"F": "forward", "B": "backward", "I": "backward", "W": "weight"}
         g = program.graph
-        for i in range(g.n_ops):
-            kind, vs = KINDS[g.op_kind[i]], int(g.op_virtual_stage[i])
-            out[target[kind]][vs, int(g.op_micro_batch[i])] = self._op_ms(kind, layers[vs]) + self.overhead_ms
+        sends, receives = unit_messages(program)
+        for u in range(g.n_units):
+            last = int(g.unit_op_ptr[u + 1]) - 1
+            for i in range(int(g.unit_op_ptr[u]), last + 1):
+                kind, vs = KINDS[g.op_kind[i]], int(g.op_virtual_stage[i])
+                messages = self.send_ms * sends[u] + self.recv_ms * receives[u] if i == last else 0.0
+                out[target[kind]][vs, int(g.op_micro_batch[i])] = (self._op_ms(kind, layers[vs], vs == 0)
+                                                                   + self.overhead_ms + messages)
         step = float(simulate(program, **out, comm=self.comm_ms).step_time) + self.step_ms
         if dp > 1:
             if not np.isfinite(self.dp_sync_per_layer_ms):
@@ -175,9 +196,11 @@ class Calibrated:
         counts = self.runs["status"].value_counts()
         lines = [f"{len(self.runs)} runs: " + ", ".join(f"{int(counts.get(s, 0))} {s}" for s in RUN_STATUSES
                                                          if counts.get(s, 0)),
-                 "per layer: " + ", ".join(f"{r.kind} {r.per_layer_ms:.3f} ms (+{r.per_op_ms:.3f} per op)"
+                 "per layer: " + ", ".join(f"{r.kind} {r.per_layer_ms:.3f} ms (+{r.per_op_ms:.3f} per op"
+                                           + (f", {r.first_ms:+.3f} on the first stage)" if r.first_ms else ")")
                                            for r in self.costs.itertuples()),
-                 f"runtime: overhead {self.overhead_ms:.3f} ms per op, comm {self.comm_ms:.3f} ms, "
+                 f"runtime: overhead {self.overhead_ms:.3f} ms per op (+{self.send_ms:.3f} per send, "
+                 f"+{self.recv_ms:.3f} per receive), comm {self.comm_ms:.3f} ms, "
                  f"step outside ops {self.step_ms:.2f} ms"]
         for r in self.runs.itertuples():
             if np.isfinite(r.fitted_ms) and np.isfinite(r.measured_ms):
@@ -276,19 +299,36 @@ def _dp_sync_ms(trace: Any) -> float:
 
 
 def _fit_kinds(samples: pd.DataFrame) -> pd.DataFrame:
+    """Per kind, ``duration = per_layer_ms · layers + per_op_ms + first_ms · [virtual stage 0]``
+    by least squares: ``per_op_ms`` only where the layer counts vary (else through the origin,
+    as when it comes out negative), ``first_ms`` only where both the first virtual stage and
+    others were measured (0 else). The first stage's input is the data, which needs no
+    gradient: its input-gradient op (``I``) does next to nothing and its whole backward
+    (``B``) is the weights' half only, so pooling it with the other stages would cost every
+    stage's backward at the mean of the two."""
     rows = []
     for kind in KIND_ORDER:
         own = samples[samples["kind"] == kind]
         if own.empty:
             continue
         x, y = own["layers"].to_numpy(float), own["duration_ms"].to_numpy(float)
-        a, b = np.nan, np.nan
+        first = (own["virtual_stage"].to_numpy() == 0).astype(float)
+        with_first = 0 < first.sum() < len(first)
+        a, b, c = np.nan, np.nan, 0.0
         if len(np.unique(x)) > 1:
-            a, b = np.linalg.lstsq(np.column_stack([x, np.ones_like(x)]), y, rcond=None)[0]
+            cols = [x, np.ones_like(x)] + ([first] if with_first else [])
+            a, b, *rest = np.linalg.lstsq(np.column_stack(cols), y, rcond=None)[0]
+            c = rest[0] if rest else 0.0
         if not (np.isfinite(a) and a > 0 and b >= 0):
-            a, b = float(y.sum() / x.sum()), 0.0
-        rows.append({"kind": kind, "per_layer_ms": float(a), "per_op_ms": float(b), "ops": len(own)})
-    return pd.DataFrame(rows, columns=["kind", "per_layer_ms", "per_op_ms", "ops"])
+            b = 0.0
+            cols = [x] + ([first] if with_first else [])
+            a, *rest = np.linalg.lstsq(np.column_stack(cols), y, rcond=None)[0]
+            c = rest[0] if rest else 0.0
+            if not (np.isfinite(a) and a > 0):
+                a, c = float(y.sum() / x.sum()), 0.0
+        rows.append({"kind": kind, "per_layer_ms": float(a), "per_op_ms": float(b), "first_ms": float(c),
+                     "ops": len(own)})
+    return pd.DataFrame(rows, columns=["kind", "per_layer_ms", "per_op_ms", "first_ms", "ops"])
 
 
 def ingest(folder: str | os.PathLike[str]) -> Calibrated:
@@ -370,7 +410,8 @@ def ingest(folder: str | os.PathLike[str]) -> Calibrated:
     frame.to_csv(work / "runs.csv", index=False)
     calibrated.costs.to_csv(work / "costs.csv", index=False)
     (work / "calibration.json").write_text(json.dumps(
-        {"overhead_ms": calibrated.overhead_ms, "comm_ms": calibrated.comm_ms, "step_ms": calibrated.step_ms,
+        {"overhead_ms": calibrated.overhead_ms, "send_ms": calibrated.send_ms, "recv_ms": calibrated.recv_ms,
+         "comm_ms": calibrated.comm_ms, "step_ms": calibrated.step_ms,
          "dp_sync_per_layer_ms": None if np.isnan(calibrated.dp_sync_per_layer_ms) else calibrated.dp_sync_per_layer_ms,
          "costs": calibrated.costs.to_dict("records")}, indent=1), encoding="utf-8")
     return calibrated
