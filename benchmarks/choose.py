@@ -156,6 +156,41 @@ def throughput(time_limit: float, minutes: float, **levers: Any) -> None:
     print("seconds by step: " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()))
 
 
+CLUSTER = {
+    "405b": ("llama3.1-405b", dict(hardware="h100", devices=128, global_batch=32, seq_length=8192,
+                                   memory_budget=80000.0), 120.0),
+    "ds256": ("deepseek-v3", dict(hardware="h800", devices=256, global_batch=1024, memory_budget=None,
+                                  tp=[1, 2], ep=[8, 64]), 120.0),
+    "ds2048": ("deepseek-v3", dict(hardware="h800", devices=2048, global_batch=15360, seq_length=4096,
+                                   memory_budget=None), 300.0),
+}
+"""Cluster-scale cases of issue 32: (bundled card, the call, the target seconds)."""
+
+
+def cluster(case: str, **kw: Any) -> Any:
+    """One cluster-scale case from its bundled model card, the default call otherwise (``kw``
+    adds choose's levers): the wall time against its target, the winner, and when the winner
+    is not proven the gap and the setups keeping the proof open."""
+    from sapptk.models import card as model_card
+
+    name, call, target = CLUSTER[case]
+    t0 = time.perf_counter()
+    choice = sapptk.choose(model_card(name), **call, **kw)
+    wall = time.perf_counter() - t0
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    print(choice.summary())
+    print(choice.top(6).to_string(index=False))
+    print(f"{case}: {wall:.1f} s (target {target:g} s), proven {choice.proven}, status {choice.status}, "
+          f"{len(choice.frame)} setups {choice.counts}; load {load}; seconds by step: "
+          + ", ".join(f"{k} {v:.1f}" for k, v in choice.timings.items()))
+    if not choice.proven and choice.best is not None:
+        open_ = choice.open_setups
+        print(f"proof gap {100 * choice.proof_gap:.3f} %, {len(open_)} setups keep it open:")
+        print(open_.head(10).to_string(index=False))
+    return choice
+
+
 def card(time_limit: float) -> None:
     from sapptk.models import card as model_card
 
@@ -201,7 +236,8 @@ def hand_vs_plan(time_limit: float) -> pd.DataFrame:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", nargs="+", default=["winner", "throughput", "card"],
-                        choices=["winner", "choose", "sweep", "throughput", "card", "hand", "runaway"])
+                        choices=["winner", "choose", "sweep", "throughput", "card", "hand", "runaway",
+                                 *CLUSTER])
     parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per balanced setup")
     parser.add_argument("--whole", type=float, default=None, help="choose: time_limit of the whole call")
     parser.add_argument("--minutes", type=float, default=10.0, help="cap of the throughput part")
@@ -228,6 +264,8 @@ def main() -> None:
                        tighten=not args.no_tighten)
         elif part == "card":
             card(args.time_limit)
+        elif part in CLUSTER:
+            cluster(part)
         else:
             hand_vs_plan(args.time_limit)
 
