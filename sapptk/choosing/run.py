@@ -126,6 +126,9 @@ class ChoiceRun:
         if c.state is S.ENUMERATED:
             self.step_bound(c, i)
             return False
+        if self.first_bounds_near(lower):  # the goal below is then measured against their LP bounds
+            self.push(c, i)
+            return False
         twin = c.twin
         if twin.bound is not c.bound and twin.bound.bound_ms is not None:
             c.bound, c.layouts = twin.bound, twin.layouts  # a twin tightened the bound they share
@@ -144,6 +147,20 @@ class ChoiceRun:
             self.step_tighten(c, i, goal)
             return False
         return True
+
+    def first_bounds_near(self, lower: float) -> bool:
+        """Before a setup at ``lower`` is tightened: the first LP bound of every setup first in the
+        queue at a work bound within ``AHEAD`` of it (True if there was any). A tightening stops
+        at a goal past the next setup's bound; a work bound there would stop it too early."""
+        near, any_ = lower * (1 + AHEAD), False
+        while self.heap and self.heap[0][0] <= near and not self.clock.expired():
+            j = self.heap[0][1]
+            if self.candidates[j].state is not S.ENUMERATED:
+                break
+            heapq.heappop(self.heap)
+            self.step_bound(self.candidates[j], j)
+            any_ = True
+        return any_
 
     def push(self, c: Candidate, i: int, lower_ms: float | None = None) -> None:
         """Back into the queue at its bound (raised to ``lower_ms``)."""
