@@ -7,10 +7,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from support import exhaustive_cases
+from support import all_assignments, exhaustive_cases, small_profile
 
 from sapptk.choosing.bounds import pipeline_bound, work_bound
+from sapptk.choosing.records import device_sync_ms, sync_floor
 from sapptk.choosing.result import Choice, typed_choice
+from sapptk.choosing.setups import Candidate, Setup
+from sapptk.config import PipelineConfig
+from sapptk.profile import MODES
 
 
 def test_work_bound_never_exceeds_the_optimum_or_the_first_lp_bound(rng: np.random.Generator) -> None:
@@ -26,6 +30,24 @@ def test_work_bound_never_exceeds_the_optimum_or_the_first_lp_bound(rng: np.rand
         assert work <= first.bound_ms * (1 + 1e-6), (trial, free.schedule, work, first.bound_ms)
         positive += work > 0
     assert positive >= 7  # seven of the eight shapes have no slices: the bound is not a trivial zero
+
+
+def test_least_dp_sync_of_a_card_setup_is_at_most_every_plans(rng: np.random.Generator) -> None:
+    """The floor counts whole layers per device (ceil(N_g / p) of a group): at most the DP sync
+    of every assignment, and above the average where whole layers cannot spread evenly."""
+    above_average = 0
+    for schedule, p, v, layers in (("1f1b", 3, 1, (2, 5)), ("zb-v", 2, 2, (3, 4)), ("interleaved", 2, 2, (1, 6))):
+        profile = small_profile(rng, groups=2, layers=layers)
+        config = PipelineConfig(p, 4, v, schedule)
+        sync = tuple(float(x) for x in rng.uniform(1.0, 5.0, size=2))
+        c = Candidate(setup=Setup(config=config, dp=4), profile=profile, layer_sync_ms=sync)
+        floor = sync_floor(c, None)
+        least = min(device_sync_ms(c, counts, None, None)
+                    for counts in all_assignments(profile, config, (0, MODES.index("full"))))
+        assert floor <= least + 1e-9, (schedule, floor, least)
+        average = sum(n * s for n, s in zip(layers, sync, strict=True)) / p
+        above_average += floor > average + 1e-9
+    assert above_average >= 2
 
 
 def _rows() -> list[dict]:
