@@ -1,6 +1,6 @@
 """``sapptk.choose`` against a brute-force sweep of the same grid, its throughput, and a model card.
 
-Run: python benchmarks/choose.py [--part winner choose throughput card runaway] [--time-limit 10]
+Run: python benchmarks/choose.py [--part winner choose throughput card runaway 405b ds256 ds2048] [--time-limit 10]
 
 ``--time-limit`` is each balance's (``choose(setup_time_limit=)``, the sweep's per point).
 
@@ -18,6 +18,11 @@ Run: python benchmarks/choose.py [--part winner choose throughput card runaway] 
 * ``card``: DeepSeek-V3 from its model card on 256 H800s (tp, ep, stages, dp, chunks,
   schedules), then Megatron-LM's published DeepSeek-V3 layouts simulated on the bundled
   deepseek_v3 profile against the balanced plan at the same shape and budget.
+* ``405b``, ``ds256``, ``ds2048``: issue 32's cluster-scale calls from the bundled cards, the
+  default settings otherwise (:data:`CLUSTER`): Llama-3.1-405B on 128 H100 (global batch 32 x
+  8192 tokens, 80,000 MB), DeepSeek-V3 on 256 H800 (the README's call) and on 2048 H800
+  (global batch 15,360 x 4096 tokens). Prints the time against the target, the load, the
+  winner, and when it is not proven the gap and the setups keeping the proof open.
 * ``runaway``: the seconds ``choose`` takes to refuse each runaway input (devices=10**12,
   2**31 devices with global batch 2**31, max_chunks=10**9, batch=10**9, time_limit=10**400,
   a grid of more than ``sapptk.checks.MAX_SETUPS`` setups), and how long a set ``stop``
@@ -249,7 +254,8 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     for part in args.part:
-        print(f"== {part} (time limit {args.time_limit:g} s per balanced setup)")
+        print(f"== {part} (the default call: setup_time_limit 20 s)" if part in CLUSTER else
+              f"== {part} (time limit {args.time_limit:g} s per balanced setup)")
         if part == "winner":
             winner(args.time_limit)
         elif part == "choose":
