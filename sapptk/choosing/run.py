@@ -279,7 +279,8 @@ class ChoiceRun:
                     twin.set_bound(self.branch(c, twin.bound, ub))
             elif twin.level < c.state == S.INTEGER:
                 twin.set_bound(integer_bound(c.profile, c.setup.config, twin.bound, time_limit=self.bound_time,
-                                             deterministic=self.deterministic, clock=self.clock), S.INTEGER)
+                                             deterministic=self.deterministic, clock=self.clock,
+                                             enough_ms=math.inf if self.deterministic else goal), S.INTEGER)
             c.bound, c.layouts = twin.bound, twin.layouts
             c.state = max(c.state, twin.level)
         if c.bound.infeasible:
