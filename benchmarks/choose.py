@@ -1,6 +1,6 @@
 """``sapptk.choose`` against a brute-force sweep of the same grid, its throughput, and a model card.
 
-Run: python benchmarks/choose.py [--part winner choose throughput card runaway] [--time-limit 10]
+Run: python benchmarks/choose.py [--part winner choose throughput card runaway 405b ds256 ds2048] [--time-limit 10]
 
 ``--time-limit`` is each balance's (``choose(setup_time_limit=)``, the sweep's per point).
 
@@ -18,6 +18,11 @@ Run: python benchmarks/choose.py [--part winner choose throughput card runaway] 
 * ``card``: DeepSeek-V3 from its model card on 256 H800s (tp, ep, stages, dp, chunks,
   schedules), then Megatron-LM's published DeepSeek-V3 layouts simulated on the bundled
   deepseek_v3 profile against the balanced plan at the same shape and budget.
+* ``405b``, ``ds256``, ``ds2048``: issue 32's cluster-scale calls from the bundled cards, the
+  default settings otherwise (:data:`CLUSTER`): Llama-3.1-405B on 128 H100 (global batch 32 x
+  8192 tokens, 80,000 MB), DeepSeek-V3 on 256 H800 (the README's call) and on 2048 H800
+  (global batch 15,360 x 4096 tokens). Prints the time against the target, the load, the
+  winner, and when it is not proven the gap and the setups keeping the proof open.
 * ``runaway``: the seconds ``choose`` takes to refuse each runaway input (devices=10**12,
   2**31 devices with global batch 2**31, max_chunks=10**9, batch=10**9, time_limit=10**400,
   a grid of more than ``sapptk.checks.MAX_SETUPS`` setups), and how long a set ``stop``
@@ -156,6 +161,41 @@ def throughput(time_limit: float, minutes: float, **levers: Any) -> None:
     print("seconds by step: " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()))
 
 
+CLUSTER = {
+    "405b": ("llama3.1-405b", dict(hardware="h100", devices=128, global_batch=32, seq_length=8192,
+                                   memory_budget=80000.0), 120.0),
+    "ds256": ("deepseek-v3", dict(hardware="h800", devices=256, global_batch=1024, memory_budget=None,
+                                  tp=[1, 2], ep=[8, 64]), 120.0),
+    "ds2048": ("deepseek-v3", dict(hardware="h800", devices=2048, global_batch=15360, seq_length=4096,
+                                   memory_budget=None), 300.0),
+}
+"""Cluster-scale cases of issue 32: (bundled card, the call, the target seconds)."""
+
+
+def cluster(case: str, **kw: Any) -> Any:
+    """One cluster-scale case from its bundled model card, the default call otherwise (``kw``
+    adds choose's levers): the wall time against its target, the winner, and when the winner
+    is not proven the gap and the setups keeping the proof open."""
+    from sapptk.models import card as model_card
+
+    name, call, target = CLUSTER[case]
+    t0 = time.perf_counter()
+    choice = sapptk.choose(model_card(name), **call, **kw)
+    wall = time.perf_counter() - t0
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    print(choice.summary())
+    print(choice.top(6).to_string(index=False))
+    print(f"{case}: {wall:.1f} s (target {target:g} s), proven {choice.proven}, status {choice.status}, "
+          f"{len(choice.frame)} setups {choice.counts}; load {load}; seconds by step: "
+          + ", ".join(f"{k} {v:.1f}" for k, v in choice.timings.items()))
+    if not choice.proven and choice.best is not None:
+        open_ = choice.open_setups
+        print(f"proof gap {100 * choice.proof_gap:.3f} %, {len(open_)} setups keep it open:")
+        print(open_.head(10).to_string(index=False))
+    return choice
+
+
 def card(time_limit: float) -> None:
     from sapptk.models import card as model_card
 
@@ -201,7 +241,8 @@ def hand_vs_plan(time_limit: float) -> pd.DataFrame:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", nargs="+", default=["winner", "throughput", "card"],
-                        choices=["winner", "choose", "sweep", "throughput", "card", "hand", "runaway"])
+                        choices=["winner", "choose", "sweep", "throughput", "card", "hand", "runaway",
+                                 *CLUSTER])
     parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per balanced setup")
     parser.add_argument("--whole", type=float, default=None, help="choose: time_limit of the whole call")
     parser.add_argument("--minutes", type=float, default=10.0, help="cap of the throughput part")
@@ -213,7 +254,8 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     for part in args.part:
-        print(f"== {part} (time limit {args.time_limit:g} s per balanced setup)")
+        print(f"== {part} (the default call: setup_time_limit 20 s)" if part in CLUSTER else
+              f"== {part} (time limit {args.time_limit:g} s per balanced setup)")
         if part == "winner":
             winner(args.time_limit)
         elif part == "choose":
@@ -228,6 +270,8 @@ def main() -> None:
                        tighten=not args.no_tighten)
         elif part == "card":
             card(args.time_limit)
+        elif part in CLUSTER:
+            cluster(part)
         else:
             hand_vs_plan(args.time_limit)
 

@@ -46,7 +46,7 @@ from sapptk.profile import Profile
 from sapptk.solver.clock import Clock
 from sapptk.solver.paths import live_rows, path_model
 
-__all__ = ["FIRST_ROUNDS", "ROW_ROUNDS", "ROW_TIME", "RowLP", "SetupBound", "pipeline_bound"]
+__all__ = ["FIRST_ROUNDS", "ROW_ROUNDS", "ROW_TIME", "RowLP", "SetupBound", "pipeline_bound", "work_bound"]
 
 ROW_ROUNDS = 400
 ROW_TIME = 3.0
@@ -378,6 +378,29 @@ def call_over(clk: Clock) -> bool:
     """Whether the whole call of the phase ``clk`` is over: stopped, or past the call's own
     deadline (not the phase's: a ``deterministic`` search counts its work, not the phase's seconds)."""
     return clk.stopped or (clk.call_deadline is not None and Clock.now() >= clk.call_deadline)
+
+
+def work_bound(profile: Profile, config: PipelineConfig) -> float:
+    """A proven lower bound (ms) on the pipeline step time of every plan of ``config``, without
+    building its program: the average device's work, every layer in its fastest allowed mode.
+
+    Every device runs its whole op chain one op after another, and that chain is a path of
+    the program, so the step is at least the longest chain, hence at least the chains'
+    average: ``m × (Σ_g N_g · min_r (F + B + W)_{g,r} + head + tail) / p`` (each op of every
+    virtual stage runs once per micro-batch). It is the value of :func:`pipeline_bound`'s LP at
+    the multipliers ``1/p`` on the device chains and 0 on memory, so it never exceeds the LP's
+    bound (no memory rows: a setup whose memory binds gets more from the LP). Exact integer
+    sums, then one division. 0.0 (no bound) for sliced micro-batches or a carried program.
+    ``config`` must be valid for ``profile`` (:meth:`PipelineConfig.check`).
+    """
+    if config.splits != 1 or config.custom_program is not None:
+        return 0.0
+    coef = layer_coefficients(profile, config)
+    per = coef.forward[:, None] + coef.backward + coef.weight[:, None]
+    fastest = np.where(coef.allowed, per, np.iinfo(np.int64).max).min(axis=1)
+    work = int((coef.counts * fastest).sum()) + int(coef.fixed_forward.sum() + coef.fixed_backward.sum()
+                                                    + coef.fixed_weight.sum())
+    return max(0.0, config.micro_batches * work * TIME_UNIT_MS / config.stages * (1 - 1e-12))
 
 
 def pipeline_bound(profile: Profile, config: PipelineConfig, *, max_rounds: int = 40,

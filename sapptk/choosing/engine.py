@@ -226,9 +226,9 @@ def choose_request(request: ChooseRequest) -> Choice:
                         retry=request.retry, prove=request.prove, tighten=request.tighten, batch=request.batch,
                         deterministic=request.deterministic, done=done)
         run.bound_all()
-        if not run.heap and not clock.expired():
-            all_infeasible(candidates)
         run.run_queue()
+        if not clock.expired() and all(c.row.get("status") in ("infeasible", "invalid") for c in candidates):
+            all_infeasible(candidates)
         _leftovers(run, done)
         balancer.close()
     status = "stopped" if clock.stopped else "time limit" if clock.expired() and tally.get("undecided") else "complete"

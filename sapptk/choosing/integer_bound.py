@@ -23,12 +23,15 @@ __all__ = ["integer_bound"]
 
 def integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, *, time_limit: float = 2.0,
                   max_rounds: int = 12, workers: int = 1, deterministic: bool = False,
-                  clock: Clock | None = None) -> SetupBound:
+                  enough_ms: float = math.inf, clock: Clock | None = None) -> SetupBound:
     """``start`` tightened by integrality (:func:`_integer_bound`): first without the memory
     rows and every layer in its fastest allowed mode (a relaxation CP-SAT proves quickly),
     then with them in the time left; the largest proven bound. With ``deterministic``, one
     CP-SAT worker counts deterministic time instead of seconds (the same input gives the same
-    bound, whatever the machine's load). ``clock``: the caller's, as in :func:`pipeline_bound`."""
+    bound, whatever the machine's load). ``enough_ms``: a caller that only needs to know the bound
+    is at least that skips the memory rows once the first pass reaches it (the bound is then
+    that pass's, never more than the full model's). ``clock``: the caller's, as in
+    :func:`pipeline_bound`."""
     if start.infeasible or start.bound_ms is None:
         return start
     clk = phase_clock(clock, time_limit)
@@ -36,7 +39,8 @@ def integer_bound(profile: Profile, config: PipelineConfig, start: SetupBound, *
                           workers=1 if deterministic else workers, memory=False, deterministic=deterministic,
                           clock=clk)
     left = time_limit / 2 if deterministic else clk.remaining()
-    if config.memory_budget is None or left <= 0.1 or call_over(clk):
+    if config.memory_budget is None or left <= 0.1 or call_over(clk) or (
+            free.bound_ms is not None and free.bound_ms >= enough_ms):
         return free
     return _integer_bound(profile, config, free, time_limit=left, max_rounds=max_rounds,
                           workers=1 if deterministic else workers, memory=True, deterministic=deterministic,

@@ -25,11 +25,19 @@ def twin_key(c: Candidate, digest: str) -> tuple[Any, ...]:
 def sync_floor(c: Candidate, bw: float | None) -> float:
     """The least DP synchronisation any plan of the candidate has: its fullest device holds at
     least the average parameter MB (a model-card setup: its slowest device synchronises at
-    least the average of the layers' exposed step ms, every layer living on one device)."""
+    least the average of the layers' exposed step ms, every layer living on one device, and at
+    least ``ceil(N_g / p)`` layers of any group ``g``, or ``ceil(N / p)`` of all, each at least
+    the cheapest)."""
     prof, cfg = c.profile, c.setup.config
     if c.layer_sync_ms is not None:
-        total_ms = sum(g.count * ms for g, ms in zip(prof.body, c.layer_sync_ms, strict=True))
-        return total_ms / len(cfg.program().device_stages)
+        # p devices hold the body layers whole: the average, and each group's (or all groups')
+        # layers spread as evenly as whole layers go (some device holds ceil(N / p) of them)
+        p = cfg.stages
+        counts = [int(g.count) for g in prof.body]
+        total_ms = sum(n * ms for n, ms in zip(counts, c.layer_sync_ms, strict=True))
+        whole = max((ms * -(-n // p) for n, ms in zip(counts, c.layer_sync_ms, strict=True)), default=0.0)
+        least = min(c.layer_sync_ms, default=0.0) * -(-sum(counts) // p)
+        return max(total_ms / p, whole, least)
     total = sum(g.count * g.params for g in prof.body)
     total += sum(g.count * g.params for g in (prof.head, prof.tail) if g is not None)
     return dp_sync_ms(total / cfg.stages, c.setup.dp, bw, c.gradient_share)

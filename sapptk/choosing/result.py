@@ -58,7 +58,7 @@ from sapptk.pareto import pareto_front
 if TYPE_CHECKING:
     from sapptk.plan import Plan
 
-__all__ = ["CHOICE_COLUMNS", "CHOICE_STATUSES", "Choice"]
+__all__ = ["CHOICE_COLUMNS", "CHOICE_STATUSES", "TIE", "Choice"]
 
 CHOICE_STATUSES: tuple[str, ...] = ("balanced", "pruned", "infeasible", "invalid", "unsolved", "undecided")
 """Every value of ``Choice.frame["status"]``."""
@@ -71,6 +71,9 @@ CHOICE_COLUMNS: tuple[str, ...] = (
 )
 """The columns of ``Choice.frame`` in order (model-card choices add their parallel columns
 after ``dp``)."""
+
+TIE = 1e-9
+"""Relative: a bound within this of the best step time counts as reaching it."""
 
 _INT = ("rank", "stages", "chunks", "micro_batches", "dp")
 
@@ -144,6 +147,34 @@ class Choice:
         keep = pareto_front(done[["step_time_ms", "peak_mb_max"]].to_numpy(dtype=float))
         return done.iloc[keep].sort_values("step_time_ms").reset_index(drop=True)
 
+    @property
+    def open_setups(self) -> pd.DataFrame:
+        """The setups keeping the winner's proof open: every row but the winner's that is not
+        infeasible or invalid and whose proven ``bound_ms`` is below the winner's step time (or
+        has no bound), least bound first. Empty when the winner is proven."""
+        if self.best is None or self.frame.empty:
+            return self.frame.iloc[:0].copy()
+        best = float(self.frame["step_time_ms"].iloc[0])
+        rest = self.frame.iloc[1:]
+        keep = ~rest["status"].isin(["infeasible", "invalid"]) & ~(rest["bound_ms"] >= best * (1 - TIE))
+        cols = [c for c in ("rank", "schedule", "stages", "chunks", "micro_batches", "dp", "tp", "cp", "ep", "zero",
+                            "status", "step_time_ms", "bound_ms", "reason") if c in self.frame]
+        return rest.loc[keep, cols].sort_values("bound_ms", na_position="first").reset_index(drop=True)
+
+    @property
+    def proof_gap(self) -> float:
+        """How far the least bound of :attr:`open_setups` stays under the winner's step time, as a
+        share of it (0.0 when nothing keeps the proof open; 1.0 when an open setup has no bound;
+        NaN without a winner)."""
+        if self.best is None or self.frame.empty:
+            return float("nan")
+        open_ = self.open_setups
+        if open_.empty:
+            return 0.0
+        best = float(self.frame["step_time_ms"].iloc[0])
+        least = float(open_["bound_ms"].min(skipna=False))
+        return 1.0 if np.isnan(least) else max(0.0, (best - least) / best)
+
     def top(self, n: int = 10) -> pd.DataFrame:
         """The first ``n`` rows of the ranking, in a few columns."""
         cols = [c for c in ("rank", "schedule", "stages", "chunks", "micro_batches", "dp", "tp", "cp", "ep", "zero",
@@ -169,11 +200,20 @@ class Choice:
             f"{c['infeasible']} infeasible, {c['invalid']} invalid, {c['unsolved']} unsolved"
             + (f", {c['undecided']} undecided" if c["undecided"] else "") + f") in {self.seconds:.1f} s",
             "winner proven: every other setup has a bound at or above its step time" if self.proven else
-            "winner NOT proven: some balanced setup's bound is below the winner's step time (raise time_limit)",
+            self._not_proven(),
         ]
         if ended:
             lines.append(f"{ended}: the ranking is partial")
         return "\n".join(lines + self.notes)
+
+    def _not_proven(self) -> str:
+        open_ = self.open_setups
+        if open_.empty:
+            return "winner NOT proven"
+        o = open_.iloc[0]
+        return (f"winner NOT proven: {len(open_)} setup(s) keep the proof open, the least bound "
+                f"{o['schedule']} stages {o['stages']} chunks {o['chunks']} at {o['bound_ms']:,.1f} ms, "
+                f"{100 * self.proof_gap:.2f} % under the winner (raise setup_time_limit, bound_time or time_limit)")
 
     def __repr__(self) -> str:
         return f"Choice({len(self.frame)} setups, best={self.best!r}, proven={self.proven})"

@@ -32,13 +32,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sapptk.choosing.bounds import FIRST_ROUNDS, ROW_ROUNDS, ROW_TIME, SetupBound, pipeline_bound
+from sapptk.choosing.bounds import FIRST_ROUNDS, ROW_ROUNDS, ROW_TIME, SetupBound, pipeline_bound, work_bound
 from sapptk.choosing.branching import BRANCH_TIME, branch_bound
 from sapptk.choosing.integer_bound import integer_bound
 from sapptk.choosing.layout_bound import layout_bound
 from sapptk.choosing.records import sync_floor, twin_key
+from sapptk.choosing.result import TIE
 from sapptk.choosing.setups import Candidate
 from sapptk.choosing.state import SetupState, Twin
+from sapptk.config import MAX_PROGRAM_OPS, program_ops
 from sapptk.errors import SapptkError
 from sapptk.solver.clock import Clock
 from sapptk.sweeps.grid import profile_digest
@@ -46,7 +48,6 @@ from sapptk.sweeps.grid import profile_digest
 __all__ = ["AHEAD", "RETRY_WITHIN", "STEPS", "TIE", "ChoiceRun"]
 
 S = SetupState
-TIE = 1e-9  # relative: a bound within this of the best step time counts as reaching it
 STEPS: tuple[str, ...] = ("bound", "tighten", "balance", "prove", "retry", "other")
 """The steps of :attr:`Choice.timings <sapptk.choosing.result.Choice.timings>`: first bounds, bound
 tightenings before a balance (and again below a better incumbent), first balances, the longer
@@ -77,6 +78,7 @@ class ChoiceRun:
         self.spent = dict.fromkeys(STEPS, 0.0)
         self.heap: list[tuple[float, int]] = []
         self.twins: dict[tuple[Any, ...], Twin] = {}
+        self.digests: dict[int, str] = {}  # profile digests by id, for the twin keys
         self.best = math.inf
         self.leader: int | None = None  # the candidate holding the best step time
         self.parked: list[tuple[float, int]] = []  # the leader's own entry: it needs no proof against itself
@@ -121,6 +123,12 @@ class ChoiceRun:
         """One step of ``c`` by its state; True when it is to be balanced in this batch."""
         if c.balanced:
             return self.step_balanced(c, i, lower)
+        if c.state is S.ENUMERATED:
+            self.step_bound(c, i)
+            return False
+        if self.first_bounds_near(lower):  # the goal below is then measured against their LP bounds
+            self.push(c, i)
+            return False
         twin = c.twin
         if twin.bound is not c.bound and twin.bound.bound_ms is not None:
             c.bound, c.layouts = twin.bound, twin.layouts  # a twin tightened the bound they share
@@ -139,6 +147,20 @@ class ChoiceRun:
             self.step_tighten(c, i, goal)
             return False
         return True
+
+    def first_bounds_near(self, lower: float) -> bool:
+        """Before a setup at ``lower`` is tightened: the first LP bound of every setup first in the
+        queue at a work bound within ``AHEAD`` of it (True if there was any). A tightening stops
+        at a goal past the next setup's bound; a work bound there would stop it too early."""
+        near, any_ = lower * (1 + AHEAD), False
+        while self.heap and self.heap[0][0] <= near and not self.clock.expired():
+            j = self.heap[0][1]
+            if self.candidates[j].state is not S.ENUMERATED:
+                break
+            heapq.heappop(self.heap)
+            self.step_bound(self.candidates[j], j)
+            any_ = True
+        return any_
 
     def push(self, c: Candidate, i: int, lower_ms: float | None = None) -> None:
         """Back into the queue at its bound (raised to ``lower_ms``)."""
@@ -159,34 +181,52 @@ class ChoiceRun:
 
     # ------------------------------------------------------------------ ENUMERATED -> BOUNDED
     def bound_all(self) -> None:
-        """Every setup's first bound (shared by its twins); invalid and infeasible ones decided."""
-        digests: dict[int, str] = {}
+        """Every setup checked (invalid ones decided) and queued at its work bound
+        (:func:`~sapptk.choosing.bounds.work_bound`, no program built); its first LP bound
+        (:meth:`step_bound`) waits until it is first in the queue, so a setup whose work alone
+        reaches the best step time is pruned without one."""
         for i, c in enumerate(self.candidates):
             if self.clock.expired():  # stopped (or out of time) before this setup was bounded
                 continue
             with self.timed("bound", c):
                 try:
-                    c.setup.config.check(c.profile)
-                    key = twin_key(c, digests.setdefault(id(c.profile), profile_digest(c.profile)))
-                    if key not in self.twins:
-                        first = pipeline_bound(c.profile, c.setup.config, max_rounds=1,
-                                               deterministic=self.deterministic, clock=self.clock)
-                        self.twins[key] = Twin(first)
-                    c.twin = self.twins[key]
-                    c.bound, c.state = c.twin.bound, S.BOUNDED
+                    cfg = c.setup.config
+                    cfg.check(c.profile)
+                    if program_ops(cfg.schedule, cfg.stages, cfg.micro_batches, cfg.chunks, cfg.splits) \
+                            > MAX_PROGRAM_OPS:
+                        cfg.program()  # refused, with the program's size, before anything is built
+                    work = work_bound(c.profile, cfg)
                 except SapptkError as exc:
                     c.row["reason"] = str(exc)
-                    c.twin = None
-            if c.twin is None:
-                self.decide(c, "invalid")
-            elif c.bound.infeasible:
-                c.row["reason"] = c.bound.reason
-                c.row["excess_mb"] = c.bound.excess_mb
-                self.decide(c, "infeasible")
-            else:
+                    self.decide(c, "invalid")
+                    continue
+                c.state = S.ENUMERATED
                 c.sync_floor_ms = sync_floor(c, self.bw)
-                c.lower_ms = float(c.bound.bound_ms) + c.sync_floor_ms
+                c.lower_ms = work + c.sync_floor_ms
                 heapq.heappush(self.heap, (c.lower_ms, i))
+
+    def step_bound(self, c: Candidate, i: int) -> None:
+        """``ENUMERATED`` → ``BOUNDED``: the first LP bound (shared by its twins); an infeasible
+        setup is decided."""
+        with self.timed("bound", c):
+            try:
+                key = twin_key(c, self.digests.setdefault(id(c.profile), profile_digest(c.profile)))
+                if key not in self.twins:
+                    first = pipeline_bound(c.profile, c.setup.config, max_rounds=1,
+                                           deterministic=self.deterministic, clock=self.clock)
+                    self.twins[key] = Twin(first)
+                c.twin = self.twins[key]
+                c.bound, c.state = c.twin.bound, S.BOUNDED
+            except SapptkError as exc:
+                c.row["reason"] = str(exc)
+                self.decide(c, "invalid")
+                return
+        if c.bound.infeasible:
+            c.row["reason"] = c.bound.reason
+            c.row["excess_mb"] = c.bound.excess_mb
+            self.decide(c, "infeasible")
+        else:
+            self.push(c, i, float(c.bound.bound_ms) + c.sync_floor_ms)
 
     def decide(self, c: Candidate, status: str) -> None:
         """``c`` leaves the queue with ``status``."""
@@ -239,7 +279,8 @@ class ChoiceRun:
                     twin.set_bound(self.branch(c, twin.bound, ub))
             elif twin.level < c.state == S.INTEGER:
                 twin.set_bound(integer_bound(c.profile, c.setup.config, twin.bound, time_limit=self.bound_time,
-                                             deterministic=self.deterministic, clock=self.clock), S.INTEGER)
+                                             deterministic=self.deterministic, clock=self.clock,
+                                             enough_ms=math.inf if self.deterministic else goal), S.INTEGER)
             c.bound, c.layouts = twin.bound, twin.layouts
             c.state = max(c.state, twin.level)
         if c.bound.infeasible:
@@ -294,7 +335,14 @@ class ChoiceRun:
             with self.timed("prove", c):
                 if twin.long_bound is None or ub < twin.long_ub * (1 - TIE):
                     twin.long_ub = ub
-                    tight = self.layouts(c, c.bound, ub, 4 * self.bound_time) if c.layouts else None
+                    # the layouts again: also when they were too many below an earlier, worse best
+                    # (fewer fit below this one)
+                    tight = self.layouts(c, c.bound, ub, 4 * self.bound_time) \
+                        if c.layouts or ub < twin.layout_ub * (1 - TIE) else None
+                    if tight is not None and not c.layouts:
+                        twin.layouts = c.layouts = True
+                    if not c.layouts:
+                        twin.layout_ub = ub
                     twin.long_bound = self.branch(c, c.bound if tight is None else tight, ub)
                 c.bound = twin.long_bound
             self.push(c, i, float(c.bound.bound_ms) + c.sync_floor_ms)

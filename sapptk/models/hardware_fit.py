@@ -50,7 +50,7 @@ __all__ = ["FitResult", "RowPrediction", "fittable", "fit_hardware", "pipeline_o
 _SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved": "interleaved", "interleaved-1f1b": "interleaved",
               "zb-h1": "zb-h1", "zb-v": "zb-v", "dualpipe-v": "dualpipe-v"}
 _REL_STEP = 1e-3  # finite-difference step, share of each parameter's range
-_GRID_MAX = 3  # free parameters up to which a 5-point-per-parameter grid seeds the fit
+_GRID_PARAMETERS = 3  # free parameters up to which a 5-point-per-parameter grid seeds the fit
 _IDENTIFIED_TOL = 1e-6  # a Jacobian column below this share of the largest moves nothing
 _COLLINEAR_TOL = 0.02  # a new column whose smallest singular value (unit columns) is below this adds no direction
 
@@ -434,10 +434,10 @@ def _identifiability(jac: np.ndarray, names: list[str], figs: list[tuple[int, st
 def _gauss_newton(residual: Any, jacobian: Any, x0: np.ndarray, low: np.ndarray, high: np.ndarray,
                   free: list[int], iterations: int) -> np.ndarray:
     """Projected Gauss–Newton with step halving on the ``free`` coordinates, started from
-    ``x0`` and from a coarse grid's best point (or the box's middle, past :data:`_GRID_MAX`
+    ``x0`` and from a coarse grid's best point (or the box's middle, past :data:`_GRID_PARAMETERS`
     parameters); the lower cost wins."""
     starts = [x0]
-    if len(free) <= _GRID_MAX:  # a coarse grid's best point as a second start (5 points per parameter)
+    if len(free) <= _GRID_PARAMETERS:  # a coarse grid's best point as a second start (5 points per parameter)
         grid = [np.linspace(low[j], high[j], 5) for j in free]
         best, best_cost = x0, math.inf
         for point in np.array(np.meshgrid(*grid, indexing="ij")).reshape(len(free), -1).T:
